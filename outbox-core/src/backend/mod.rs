@@ -1,0 +1,81 @@
+//! The backend seam: every SQL statement lives in one module per database below this one.
+//!
+//! The [`Backend`] trait is internal and unstable; users see [`Store`](crate::Store) and
+//! [`Connection`].
+
+use async_trait::async_trait;
+
+use crate::__private::NewMessage;
+use crate::error::Result;
+
+#[cfg(feature = "postgres")]
+pub(crate) mod postgres;
+
+pub(crate) mod types;
+pub(crate) use types::*;
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// A database connection that [`enqueue`](crate::enqueue) can write to: `sqlx::PgConnection`
+/// (and so `&mut *tx` for a `sqlx::Transaction<'_, Postgres>`).
+///
+/// Sealed: the outbox's SQL lives in this crate, one module per database.
+#[async_trait]
+pub trait Connection: sealed::Sealed + Send {
+    #[doc(hidden)]
+    async fn __insert(&mut self, rows: &[NewMessage]) -> Result<(), sqlx::Error>;
+}
+
+#[cfg(feature = "postgres")]
+impl sealed::Sealed for sqlx::PgConnection {}
+
+#[cfg(feature = "postgres")]
+#[async_trait]
+impl Connection for sqlx::PgConnection {
+    async fn __insert(&mut self, rows: &[NewMessage]) -> Result<(), sqlx::Error> {
+        postgres::outbox_insert(self, rows).await
+    }
+}
+
+/// All the operations the worker and the operations tools need from a database.
+#[async_trait]
+pub(crate) trait Backend: Send + Sync + 'static {
+    /// Applies the embedded migrations.
+    async fn migrate(&self) -> Result<()>;
+
+    /// Claims up to `limit` ready messages of `topics`, marking them running.
+    async fn outbox_claim_batch(&self, params: &ClaimParams<'_>) -> Result<Vec<ClaimedMessage>>;
+
+    /// The handlers that already succeeded for these messages.
+    async fn delivery_completed(&self, message_ids: &[i64]) -> Result<Vec<(i64, String)>>;
+
+    /// Marks messages done, each only if its claim token still matches. Returns rows changed.
+    async fn outbox_mark_done(&self, done: &[Fence]) -> Result<u64>;
+
+    /// Writes one failed attempt (retry or dead), fenced; records the handlers that succeeded.
+    async fn outbox_mark_failed(&self, failure: &Failure<'_>) -> Result<bool>;
+
+    /// Pending topics with their counts, among topics not in `known`.
+    async fn outbox_unknown_topics(&self, known: &[&str]) -> Result<Vec<(String, i64)>>;
+
+    /// Registers a live worker.
+    async fn worker_register(&self, id: uuid::Uuid, name: &str) -> Result<()>;
+
+    /// Sets whether a worker is sleeping on its wake-up channel.
+    async fn worker_set_waiting(&self, id: uuid::Uuid, waiting: bool) -> Result<()>;
+
+    /// Removes a worker on shutdown.
+    async fn worker_deregister(&self, id: uuid::Uuid) -> Result<()>;
+
+    /// Opens a wake-up listener, if this backend has one.
+    async fn wakeup_listener(&self) -> Result<Option<Box<dyn WakeupListener>>>;
+}
+
+/// A connection that receives wake-up notifications.
+#[async_trait]
+pub(crate) trait WakeupListener: Send {
+    /// Waits for the next notification.
+    async fn recv(&mut self) -> Result<()>;
+}

@@ -1,0 +1,46 @@
+//! Parameter and row types of the backend seam.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use uuid::Uuid;
+
+/// What a claim asks for.
+#[derive(Debug)]
+pub(crate) struct ClaimParams<'a> {
+    pub(crate) topics: &'a [&'a str],
+    pub(crate) limit: i64,
+    pub(crate) lease: Duration,
+    pub(crate) claim_token: Uuid,
+    pub(crate) worker: &'a str,
+}
+
+/// A claimed message, running under `claim_token` until its lease runs out.
+#[derive(Debug, Clone)]
+pub(crate) struct ClaimedMessage {
+    pub(crate) id: i64,
+    pub(crate) public_id: Uuid,
+    pub(crate) topic: String,
+    pub(crate) payload: String,
+    pub(crate) idempotency_key: Option<String>,
+    pub(crate) attempts: i32,
+    pub(crate) created_at: DateTime<Utc>,
+}
+
+/// A message id and the claim token that fences writes to it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Fence {
+    pub(crate) id: i64,
+    pub(crate) claim_token: Uuid,
+}
+
+/// One failed attempt to write.
+#[derive(Debug)]
+pub(crate) struct Failure<'a> {
+    pub(crate) fence: Fence,
+    /// `None`: dead-letter now. `Some(d)`: back to pending, available after `d`.
+    pub(crate) retry_in: Option<Duration>,
+    pub(crate) error: &'a str,
+    /// Handlers of this message that succeeded in this attempt.
+    pub(crate) succeeded: &'a [&'a str],
+}

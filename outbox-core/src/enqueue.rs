@@ -1,0 +1,243 @@
+//! [`enqueue`]: write an event into the caller's transaction.
+
+use std::time::Duration;
+
+use uuid::Uuid;
+
+use crate::__private::NewMessage;
+use crate::backend::Connection;
+use crate::error::{Error, Result};
+use crate::event::Event;
+
+/// The default limit on a serialized payload: 1 MiB.
+pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 1024 * 1024;
+
+/// The longest idempotency key accepted, in bytes.
+pub const MAX_IDEMPOTENCY_KEY_BYTES: usize = 255;
+
+/// Options for [`enqueue_with`] and [`enqueue_many_with`].
+///
+/// ```
+/// use outbox_core::EnqueueOptions;
+/// use std::time::Duration;
+///
+/// let options = EnqueueOptions::new()
+///     .delay(Duration::from_secs(60))
+///     .idempotency_key("booking-created:42")
+///     .max_payload_bytes(64 * 1024);
+/// assert_eq!(options.get_delay(), Duration::from_secs(60));
+/// ```
+#[derive(Debug, Clone)]
+pub struct EnqueueOptions {
+    delay: Duration,
+    idempotency_key: Option<String>,
+    max_payload_bytes: usize,
+}
+
+impl Default for EnqueueOptions {
+    fn default() -> Self {
+        Self {
+            delay: Duration::ZERO,
+            idempotency_key: None,
+            max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
+        }
+    }
+}
+
+impl EnqueueOptions {
+    /// No delay, no explicit key, the default payload limit.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Makes the message available only after `delay` from the transaction's start.
+    pub fn delay(mut self, delay: Duration) -> Self {
+        self.delay = delay;
+        self
+    }
+
+    /// Sets the idempotency key handlers send downstream, overriding
+    /// [`Event::idempotency_key`]. Not accepted by [`enqueue_many_with`], where each event's own
+    /// key is used.
+    pub fn idempotency_key(mut self, key: impl Into<String>) -> Self {
+        self.idempotency_key = Some(key.into());
+        self
+    }
+
+    /// Refuses payloads whose JSON is larger than `bytes` (default 1 MiB).
+    pub fn max_payload_bytes(mut self, bytes: usize) -> Self {
+        self.max_payload_bytes = bytes;
+        self
+    }
+
+    /// The delay set with [`delay`](EnqueueOptions::delay).
+    pub fn get_delay(&self) -> Duration {
+        self.delay
+    }
+}
+
+/// Enqueues `event` on the caller's connection or transaction and returns the message's public
+/// id (a UUID v7).
+///
+/// One `INSERT`, never a `BEGIN` or a `COMMIT`: the message exists if and only if the caller's
+/// transaction commits. Call it as `enqueue(&mut *tx, &event)` with a `sqlx::Transaction`.
+///
+/// # Errors
+///
+/// [`Error::PayloadTooLarge`] when the JSON is over the limit, [`Error::Serialize`] when serde
+/// fails, [`Error::Database`] when the insert fails; nothing is written in each case (and after
+/// a database error PostgreSQL needs the transaction rolled back).
+///
+/// # Cancellation safety
+///
+/// Dropping the future may leave the statement sent or not; the transaction decides. Roll it
+/// back if in doubt.
+///
+/// # Example
+///
+/// ```no_run
+/// use outbox_core::{enqueue, outbox_event};
+/// use serde::{Deserialize, Serialize};
+///
+/// #[outbox_event]
+/// #[derive(Serialize, Deserialize)]
+/// struct BookingCreated { booking_id: i64 }
+///
+/// # async fn run(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+/// let mut tx = pool.begin().await?;
+/// let booking_id: i64 = sqlx::query_scalar("INSERT INTO bookings DEFAULT VALUES RETURNING id")
+///     .fetch_one(&mut *tx)
+///     .await?;
+/// enqueue(&mut *tx, &BookingCreated { booking_id }).await?;
+/// tx.commit().await?; // the booking and its event, or neither
+/// # Ok(()) }
+/// ```
+pub async fn enqueue<C, E>(conn: &mut C, event: &E) -> Result<Uuid>
+where
+    C: Connection + ?Sized,
+    E: Event,
+{
+    enqueue_with(conn, event, &EnqueueOptions::default()).await
+}
+
+/// [`enqueue`] with options: a delay, an explicit idempotency key, a payload limit.
+///
+/// # Errors
+///
+/// As [`enqueue`], plus [`Error::InvalidIdempotencyKey`] and [`Error::DelayOutOfRange`].
+///
+/// # Cancellation safety
+///
+/// As [`enqueue`].
+pub async fn enqueue_with<C, E>(conn: &mut C, event: &E, options: &EnqueueOptions) -> Result<Uuid>
+where
+    C: Connection + ?Sized,
+    E: Event,
+{
+    let key = match &options.idempotency_key {
+        Some(k) => Some(k.clone()),
+        None => event.idempotency_key(),
+    };
+    let row = new_message(event, key, options)?;
+    let id = row.public_id;
+    conn.__insert(std::slice::from_ref(&row)).await?;
+    Ok(id)
+}
+
+/// Enqueues every event of `events` in one statement and returns their public ids, in order.
+///
+/// All rows or none: it is one `INSERT` on the caller's transaction.
+///
+/// # Errors
+///
+/// As [`enqueue`]; one payload over the limit refuses the whole slice.
+///
+/// # Cancellation safety
+///
+/// As [`enqueue`].
+pub async fn enqueue_many<C, E>(conn: &mut C, events: &[E]) -> Result<Vec<Uuid>>
+where
+    C: Connection + ?Sized,
+    E: Event,
+{
+    enqueue_many_with(conn, events, &EnqueueOptions::default()).await
+}
+
+/// [`enqueue_many`] with options (delay and payload limit apply to every event).
+///
+/// # Errors
+///
+/// As [`enqueue_many`]; [`Error::Config`] when the options carry an idempotency key, since one
+/// key cannot serve many messages.
+///
+/// # Cancellation safety
+///
+/// As [`enqueue`].
+pub async fn enqueue_many_with<C, E>(
+    conn: &mut C,
+    events: &[E],
+    options: &EnqueueOptions,
+) -> Result<Vec<Uuid>>
+where
+    C: Connection + ?Sized,
+    E: Event,
+{
+    if options.idempotency_key.is_some() {
+        return Err(Error::Config(
+            "enqueue_many_with takes no idempotency key; implement Event::idempotency_key to key each event"
+                .into(),
+        ));
+    }
+    if events.is_empty() {
+        return Ok(Vec::new());
+    }
+    let rows = events
+        .iter()
+        .map(|e| new_message(e, e.idempotency_key(), options))
+        .collect::<Result<Vec<_>>>()?;
+    conn.__insert(&rows).await?;
+    Ok(rows.iter().map(|r| r.public_id).collect())
+}
+
+fn new_message<E: Event>(
+    event: &E,
+    key: Option<String>,
+    options: &EnqueueOptions,
+) -> Result<NewMessage> {
+    let payload = serde_json::to_string(event).map_err(|source| Error::Serialize {
+        topic: E::TOPIC,
+        source,
+    })?;
+    if payload.len() > options.max_payload_bytes {
+        return Err(Error::PayloadTooLarge {
+            topic: E::TOPIC,
+            size: payload.len(),
+            limit: options.max_payload_bytes,
+        });
+    }
+    if let Some(k) = &key {
+        if k.is_empty() {
+            return Err(Error::InvalidIdempotencyKey {
+                topic: E::TOPIC,
+                reason: "the key is empty; pass None to derive one from the message id",
+            });
+        }
+        if k.len() > MAX_IDEMPOTENCY_KEY_BYTES {
+            return Err(Error::InvalidIdempotencyKey {
+                topic: E::TOPIC,
+                reason: "the key is over 255 bytes; hash it or use a shorter id",
+            });
+        }
+    }
+    // 100 years: far beyond any sensible delay, well inside every timestamp type.
+    if options.delay > Duration::from_secs(100 * 365 * 24 * 3600) {
+        return Err(Error::DelayOutOfRange(options.delay));
+    }
+    Ok(NewMessage {
+        public_id: Uuid::now_v7(),
+        topic: E::TOPIC,
+        payload,
+        idempotency_key: key,
+        delay: options.delay,
+    })
+}

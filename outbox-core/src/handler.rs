@@ -1,0 +1,361 @@
+//! The [`Handler`] trait and what a delivery looks like to a handler.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use uuid::Uuid;
+
+use crate::event::Event;
+use crate::resources::Resources;
+
+/// A boxed error, the source of a [`HandlerError`].
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// Code that reacts to one event type.
+///
+/// A handler has one required method, [`handle`](Handler::handle), and a stable
+/// [`NAME`](Handler::NAME): the key of its delivery record, so that a retry of a message with
+/// several handlers runs only those that have not yet succeeded. Renaming a handler makes
+/// in-flight messages run it again; keep names stable.
+///
+/// Delivery is at least once: a handler may see the same message again after a crash or a lost
+/// outcome. Make the effect idempotent, for example by sending [`Context::idempotency_key`]
+/// downstream.
+///
+/// The optional methods override the worker's retry policy for this handler.
+///
+/// # About type parameter `Event`
+///
+/// `Event` is the payload type, a type with `#[outbox_event]`. Its topic decides which messages
+/// reach this handler.
+///
+/// # Example
+///
+/// ```
+/// use outbox_core::{outbox_event, register_handler, Context, FromResources, Handler, HandlerError};
+/// use serde::{Deserialize, Serialize};
+///
+/// #[outbox_event]
+/// #[derive(Serialize, Deserialize)]
+/// struct BookingCreated { booking_id: i64 }
+///
+/// #[derive(Default)]
+/// struct SendConfirmation;
+///
+/// #[outbox_core::async_trait]
+/// impl Handler for SendConfirmation {
+///     type Event = BookingCreated;
+///     const NAME: &'static str = "send-confirmation";
+///
+///     async fn handle(&self, event: BookingCreated, ctx: &Context) -> Result<(), HandlerError> {
+///         println!("booking {} (key {})", event.booking_id, ctx.idempotency_key());
+///         Ok(())
+///     }
+/// }
+///
+/// impl FromResources for SendConfirmation {
+///     fn from_resources(_: &outbox_core::Resources) -> Result<Self, outbox_core::ResourceError> {
+///         Ok(SendConfirmation)
+///     }
+/// }
+///
+/// register_handler!(SendConfirmation);
+/// ```
+#[async_trait]
+pub trait Handler: Send + Sync + 'static {
+    /// The event type this handler reacts to.
+    type Event: Event;
+
+    /// The handler's stable name, unique among the handlers of its topic.
+    const NAME: &'static str;
+
+    /// Handles one delivery. Return `Ok(())` when the effect is done.
+    ///
+    /// `?` on any error gives a retryable failure; use [`HandlerError::permanent`] for failures
+    /// no retry can fix and [`HandlerError::retry_after`] to ask for a specific delay.
+    async fn handle(&self, event: Self::Event, ctx: &Context) -> Result<(), HandlerError>;
+
+    /// The most attempts for messages of this handler, overriding the worker's retry policy.
+    fn max_attempts(&self) -> Option<u32> {
+        None
+    }
+
+    /// How long one call may run before it counts as a failed attempt, overriding the worker's
+    /// handler timeout.
+    fn timeout(&self) -> Option<Duration> {
+        None
+    }
+
+    /// The delay before the next attempt after attempt number `attempt` (1-based) failed,
+    /// overriding the worker's backoff. Return `None` to use the worker's.
+    fn backoff(&self, attempt: u32) -> Option<Duration> {
+        let _ = attempt;
+        None
+    }
+}
+
+/// What a failed handler call asks the worker to do next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum FailureKind {
+    /// Retry with the usual backoff, or dead-letter if this was the last attempt.
+    Retry,
+    /// Retry after this delay instead of the backoff (still bounded by the attempt limit).
+    RetryAfter(Duration),
+    /// No retry can fix this: dead-letter the message now.
+    Permanent,
+}
+
+/// A failed handler call, and what the worker should do about it.
+///
+/// Any error converts into a retryable `HandlerError` through `?`.
+///
+/// # Example
+///
+/// ```
+/// use outbox_core::{FailureKind, HandlerError};
+/// use std::time::Duration;
+///
+/// let e = HandlerError::permanent("recipient address is malformed");
+/// assert_eq!(e.kind(), FailureKind::Permanent);
+///
+/// let e = HandlerError::retry_after(Duration::from_secs(30), "rate limited");
+/// assert_eq!(e.kind(), FailureKind::RetryAfter(Duration::from_secs(30)));
+///
+/// fn parse(s: &str) -> Result<i32, HandlerError> {
+///     Ok(s.parse::<i32>()?) // a retryable failure
+/// }
+/// assert_eq!(parse("x").unwrap_err().kind(), FailureKind::Retry);
+/// ```
+pub struct HandlerError {
+    kind: FailureKind,
+    source: BoxError,
+}
+
+impl HandlerError {
+    /// A failure to retry with the usual backoff.
+    pub fn retry(source: impl Into<BoxError>) -> Self {
+        Self {
+            kind: FailureKind::Retry,
+            source: source.into(),
+        }
+    }
+
+    /// A failure to retry after `delay`, for example a provider's `Retry-After`.
+    pub fn retry_after(delay: Duration, source: impl Into<BoxError>) -> Self {
+        Self {
+            kind: FailureKind::RetryAfter(delay),
+            source: source.into(),
+        }
+    }
+
+    /// A failure no retry can fix: the message is dead-lettered now.
+    pub fn permanent(source: impl Into<BoxError>) -> Self {
+        Self {
+            kind: FailureKind::Permanent,
+            source: source.into(),
+        }
+    }
+
+    /// What the worker will do about this failure.
+    pub fn kind(&self) -> FailureKind {
+        self.kind
+    }
+
+    /// The underlying error.
+    pub fn source(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+        &*self.source
+    }
+
+    /// The error and its chain of sources as one line, `outer: inner: ...`.
+    pub fn chain_string(&self) -> String {
+        let mut out = self.source.to_string();
+        let mut next = self.source.source();
+        while let Some(e) = next {
+            let s = e.to_string();
+            if !out.ends_with(&s) {
+                out.push_str(": ");
+                out.push_str(&s);
+            }
+            next = e.source();
+        }
+        out
+    }
+}
+
+impl<E: Into<BoxError>> From<E> for HandlerError {
+    fn from(e: E) -> Self {
+        HandlerError::retry(e)
+    }
+}
+
+impl fmt::Debug for HandlerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HandlerError")
+            .field("kind", &self.kind)
+            .field("source", &self.source)
+            .finish()
+    }
+}
+
+impl fmt::Display for HandlerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.chain_string())
+    }
+}
+
+/// What a handler knows about the delivery it is handling.
+#[derive(Debug, Clone)]
+pub struct Context {
+    pub(crate) message_id: Uuid,
+    pub(crate) topic: Arc<str>,
+    pub(crate) handler: &'static str,
+    pub(crate) attempt: u32,
+    pub(crate) max_attempts: u32,
+    pub(crate) created_at: DateTime<Utc>,
+    pub(crate) idempotency_key: String,
+    pub(crate) resources: Arc<Resources>,
+}
+
+impl Context {
+    /// The message's public id (a UUID v7), stable across retries.
+    pub fn message_id(&self) -> Uuid {
+        self.message_id
+    }
+
+    /// The topic of the message.
+    pub fn topic(&self) -> &str {
+        &self.topic
+    }
+
+    /// The name of the handler being called.
+    pub fn handler_name(&self) -> &'static str {
+        self.handler
+    }
+
+    /// This attempt's number, starting at 1. Counted at claim, so a crash counts too.
+    pub fn attempt(&self) -> u32 {
+        self.attempt
+    }
+
+    /// The attempt after which a failure dead-letters the message.
+    pub fn max_attempts(&self) -> u32 {
+        self.max_attempts
+    }
+
+    /// True when a retryable failure of this attempt will dead-letter the message.
+    pub fn is_last_attempt(&self) -> bool {
+        self.attempt >= self.max_attempts
+    }
+
+    /// When the message was enqueued.
+    pub fn created_at(&self) -> DateTime<Utc> {
+        self.created_at
+    }
+
+    /// The key to send downstream so the effect happens once, identical on every retry.
+    ///
+    /// The key given at enqueue time or returned by [`Event::idempotency_key`] if there was one;
+    /// otherwise `"{message_id}:{handler_name}"`.
+    pub fn idempotency_key(&self) -> &str {
+        &self.idempotency_key
+    }
+
+    /// The worker's resources.
+    pub fn resources(&self) -> &Resources {
+        &self.resources
+    }
+
+    /// A context for calling a handler directly, in a unit test of the handler.
+    ///
+    /// ```
+    /// use outbox_core::{Context, Resources};
+    /// let ctx = Context::for_test("booking.created", "send-confirmation", Resources::new());
+    /// assert_eq!(ctx.attempt(), 1);
+    /// ```
+    pub fn for_test(topic: &str, handler: &'static str, resources: Resources) -> Self {
+        let message_id = Uuid::now_v7();
+        Self {
+            message_id,
+            topic: Arc::from(topic),
+            handler,
+            attempt: 1,
+            max_attempts: 1,
+            created_at: Utc::now(),
+            idempotency_key: format!("{message_id}:{handler}"),
+            resources: Arc::new(resources),
+        }
+    }
+
+    /// Returns the context with another attempt number, for tests of retry behaviour.
+    pub fn with_attempt(mut self, attempt: u32, max_attempts: u32) -> Self {
+        self.attempt = attempt;
+        self.max_attempts = max_attempts;
+        self
+    }
+}
+
+/// The type-erased form of a handler that the worker stores: decodes JSON, calls the typed
+/// handler.
+#[async_trait]
+pub(crate) trait ErasedHandler: Send + Sync + 'static {
+    fn topic(&self) -> &'static str;
+    fn name(&self) -> &'static str;
+    fn type_name(&self) -> &'static str;
+    fn max_attempts(&self) -> Option<u32>;
+    fn timeout(&self) -> Option<Duration>;
+    fn backoff(&self, attempt: u32) -> Option<Duration>;
+    async fn call(&self, payload: &str, ctx: &Context) -> Result<(), HandlerError>;
+}
+
+pub(crate) struct Typed<H>(pub(crate) H);
+
+#[async_trait]
+impl<H: Handler> ErasedHandler for Typed<H> {
+    fn topic(&self) -> &'static str {
+        <H::Event as Event>::TOPIC
+    }
+    fn name(&self) -> &'static str {
+        H::NAME
+    }
+    fn type_name(&self) -> &'static str {
+        std::any::type_name::<H>()
+    }
+    fn max_attempts(&self) -> Option<u32> {
+        self.0.max_attempts()
+    }
+    fn timeout(&self) -> Option<Duration> {
+        self.0.timeout()
+    }
+    fn backoff(&self, attempt: u32) -> Option<Duration> {
+        self.0.backoff(attempt)
+    }
+    async fn call(&self, payload: &str, ctx: &Context) -> Result<(), HandlerError> {
+        let event: H::Event = serde_json::from_str(payload).map_err(|e| {
+            HandlerError::retry(PayloadError {
+                type_name: std::any::type_name::<H::Event>(),
+                source: e,
+            })
+        })?;
+        self.0.handle(event, ctx).await
+    }
+}
+
+/// A stored payload does not deserialize into the handler's event type.
+#[derive(Debug, thiserror::Error)]
+#[error("payload does not deserialize into `{type_name}`: {source}; fix the payload or make the type accept it (e.g. #[serde(default)] on new fields)")]
+pub struct PayloadError {
+    type_name: &'static str,
+    #[source]
+    source: serde_json::Error,
+}
+
+pub(crate) fn erase<H: Handler>(h: H) -> Arc<dyn ErasedHandler> {
+    Arc::new(Typed(h))
+}
+
+#[allow(dead_code)]
+fn _obj_safe(_: &dyn ErasedHandler) {}

@@ -1,0 +1,94 @@
+//! Transactional outbox for Rust.
+//!
+//! Write your business change and the event "this must happen" in one database transaction;
+//! a worker turns each committed event into handler calls, at least once, with retries,
+//! exponential backoff, dead letters and numbers that show whether it keeps up.
+//!
+//! ```no_run
+//! use outbox_core::{enqueue, outbox_event, Context, Handler, HandlerError};
+//! use serde::{Deserialize, Serialize};
+//!
+//! #[outbox_event] // topic "booking.created"
+//! #[derive(Serialize, Deserialize)]
+//! struct BookingCreated { booking_id: i64, email: String }
+//!
+//! struct SendConfirmation;
+//!
+//! #[outbox_core::async_trait]
+//! impl Handler for SendConfirmation {
+//!     type Event = BookingCreated;
+//!     const NAME: &'static str = "send-confirmation";
+//!     async fn handle(&self, e: BookingCreated, ctx: &Context) -> Result<(), HandlerError> {
+//!         println!("mail {} about booking {} (key {})", e.email, e.booking_id, ctx.idempotency_key());
+//!         Ok(())
+//!     }
+//! }
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let pool = sqlx::PgPool::connect("postgres://localhost/app").await?;
+//! outbox_core::migrate(&pool).await?;
+//!
+//! let mut tx = pool.begin().await?;
+//! // ... your INSERT INTO bookings ...
+//! enqueue(&mut *tx, &BookingCreated { booking_id: 1, email: "guest@example.com".into() }).await?;
+//! tx.commit().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! # Details
+//!
+//! - [`enqueue`] is one `INSERT` on your connection: no `BEGIN`, no `COMMIT`. The event exists
+//!   if and only if your transaction commits.
+//! - `#[outbox_event]` derives the topic from the type name (`BookingCreated` ->
+//!   `booking.created`); `#[outbox_event(topic = "...")]` pins it.
+//! - Handlers implement [`Handler`], register at link time with [`register_handler!`] and take
+//!   their dependencies from [`Resources`]. [`Registry::check`] names what is missing.
+//! - The schema is applied by [`migrate`] and tracked in its own table, apart from your
+//!   application's sqlx migrations.
+//! - All SQL lives in one module per database; PostgreSQL is the `postgres` feature.
+//!
+//! # Features
+//!
+//! | feature    | default | what it adds |
+//! |------------|---------|--------------|
+//! | `macros`   | yes     | re-exports `#[outbox_event]` |
+//! | `postgres` | yes     | the PostgreSQL backend |
+//! | `cli`      | yes     | the pieces of a worker binary: arguments, signals, logging |
+
+#![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
+
+mod backend;
+mod enqueue;
+mod error;
+mod event;
+mod handler;
+mod migrate;
+mod registry;
+mod resources;
+mod store;
+
+#[doc(hidden)]
+pub mod __private;
+
+pub use async_trait::async_trait;
+pub use backend::Connection;
+pub use enqueue::{
+    enqueue, enqueue_many, enqueue_many_with, enqueue_with, EnqueueOptions,
+    DEFAULT_MAX_PAYLOAD_BYTES, MAX_IDEMPOTENCY_KEY_BYTES,
+};
+pub use error::{Error, Result};
+pub use event::{Event, EventDescriptor};
+pub use handler::{BoxError, Context, FailureKind, Handler, HandlerError, PayloadError};
+pub use migrate::migrate;
+pub use registry::{
+    assert_all_events_handled, HandlerInfo, HandlerRegistration, Registry, RegistryError,
+};
+pub use resources::{FromResources, ResourceError, Resources};
+pub use store::Store;
+
+#[cfg(feature = "macros")]
+pub use outbox_macros::outbox_event;
+
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+struct ReadmeDoctests;

@@ -1,0 +1,58 @@
+//! The outbox schema, embedded, applied by [`migrate`].
+//!
+//! Our migrations are tracked in their own table, `outbox_migrations`, never in sqlx's
+//! `_sqlx_migrations`: the host application keeps its own `sqlx::migrate!()` folder and version
+//! numbers, and the two never collide. Call [`migrate`] at start-up, before or after the
+//! application's own migrations; it is idempotent and safe to run from several processes at once
+//! (a lock serialises them). Applications that manage all DDL themselves can copy the files
+//! under `migrations/` of this crate instead, and skip the call.
+
+use crate::error::Result;
+use crate::store::Store;
+
+/// One embedded migration.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Migration {
+    pub(crate) version: i64,
+    pub(crate) description: &'static str,
+    pub(crate) sql: &'static str,
+}
+
+impl Migration {
+    /// A stable checksum of the SQL (FNV-1a), to detect a migration edited after release.
+    pub(crate) fn checksum(&self) -> i64 {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in self.sql.bytes() {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+        i64::from_ne_bytes(h.to_ne_bytes())
+    }
+}
+
+/// Creates or upgrades the outbox tables. Idempotent; safe to call from several processes at once.
+///
+/// # Errors
+///
+/// [`Error::Database`](crate::Error::Database) when the database cannot be reached or refuses
+/// the DDL; [`Error::MigrationChanged`](crate::Error::MigrationChanged) and
+/// [`Error::MigrationUnknown`](crate::Error::MigrationUnknown) when the database's outbox schema
+/// does not match this build.
+///
+/// # Cancellation safety
+///
+/// Each migration runs in its own transaction; dropping the future leaves the schema at a
+/// migration boundary, and the next call carries on.
+///
+/// # Example
+///
+/// ```no_run
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// let pool = sqlx::PgPool::connect("postgres://localhost/app").await?;
+/// // sqlx::migrate!().run(&pool).await?;  // the application's own, in _sqlx_migrations
+/// outbox_core::migrate(&pool).await?;       // ours, in outbox_migrations
+/// # Ok(()) }
+/// ```
+pub async fn migrate(store: impl Into<Store>) -> Result<()> {
+    store.into().backend().migrate().await
+}

@@ -1,0 +1,65 @@
+//! [`Store`]: a handle on the outbox tables of one database.
+
+use std::fmt;
+use std::sync::Arc;
+
+use crate::backend::Backend;
+
+/// A handle on the outbox tables of one database, built from a connection pool.
+///
+/// Every call that works on a pool ([`migrate`](crate::migrate), the worker, the operations
+/// calls) takes `impl Into<Store>`, so a `sqlx::PgPool` (or a reference to one) can be passed
+/// directly. Cloning is cheap.
+///
+/// ```no_run
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// let pool = sqlx::PgPool::connect("postgres://localhost/app").await?;
+/// let store = outbox_core::Store::from(&pool);
+/// outbox_core::migrate(store.clone()).await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Store {
+    backend: Arc<dyn Backend>,
+    kind: &'static str,
+}
+
+impl Store {
+    pub(crate) fn backend(&self) -> &dyn Backend {
+        &*self.backend
+    }
+
+    /// The database kind, `"postgres"` or `"sqlite"`.
+    pub fn kind(&self) -> &'static str {
+        self.kind
+    }
+
+    /// A store on a PostgreSQL pool.
+    #[cfg(feature = "postgres")]
+    pub fn postgres(pool: sqlx::PgPool) -> Self {
+        Self {
+            backend: Arc::new(crate::backend::postgres::PgBackend::new(pool)),
+            kind: "postgres",
+        }
+    }
+}
+
+impl fmt::Debug for Store {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Store").field("kind", &self.kind).finish()
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl From<sqlx::PgPool> for Store {
+    fn from(pool: sqlx::PgPool) -> Self {
+        Store::postgres(pool)
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl From<&sqlx::PgPool> for Store {
+    fn from(pool: &sqlx::PgPool) -> Self {
+        Store::postgres(pool.clone())
+    }
+}

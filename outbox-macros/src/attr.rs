@@ -1,0 +1,168 @@
+//! Parsing of the attribute arguments: `#[outbox_event(topic = "...", crate = "...")]`.
+//!
+//! Every value is kept with its span so that later checks can point at what the user wrote.
+
+use proc_macro2::TokenStream;
+use syn::meta::ParseNestedMeta;
+use syn::parse::Parser;
+use syn::{Expr, ExprLit, Lit, LitStr, Path};
+
+/// The arguments of one `#[outbox_event(...)]`, each `None` when not given.
+#[derive(Default)]
+pub(crate) struct Args {
+    /// `topic = "..."`: the pinned topic, as written.
+    pub(crate) topic: Option<LitStr>,
+    /// `crate = "..."`: the path to `outbox_core`, parsed from the string literal.
+    pub(crate) krate: Option<Path>,
+}
+
+/// Parses the tokens between the parentheses of `#[outbox_event(...)]`.
+pub(crate) fn parse(args: TokenStream) -> syn::Result<Args> {
+    let mut parsed = Args::default();
+    let parser = syn::meta::parser(|meta| {
+        if meta.path.is_ident("topic") {
+            let topic = string_value(&meta, "topic", "booking.created")?;
+            set_once(&meta, "topic", &mut parsed.topic, topic)
+        } else if meta.path.is_ident("crate") {
+            let lit = string_value(&meta, "crate", "::outbox_core")?;
+            let path = parse_path(&lit)?;
+            set_once(&meta, "crate", &mut parsed.krate, path)
+        } else {
+            Err(syn::Error::new_spanned(
+                &meta.path,
+                format_args!(
+                    "unknown key `{}`; valid keys are `topic` and `crate`",
+                    path_to_string(&meta.path),
+                ),
+            ))
+        }
+    });
+    parser.parse2(args)?;
+    Ok(parsed)
+}
+
+/// Reads the `= "..."` after `key`, insisting on a string literal.
+fn string_value(meta: &ParseNestedMeta<'_>, key: &str, example: &str) -> syn::Result<LitStr> {
+    let usage = format!("`{key}` takes a string literal: write `{key} = \"{example}\"`");
+    if meta.input.is_empty() || meta.input.peek(syn::Token![,]) {
+        return Err(syn::Error::new_spanned(&meta.path, usage));
+    }
+    let value = meta.value()?;
+    match value.parse::<Expr>()? {
+        Expr::Lit(ExprLit {
+            lit: Lit::Str(lit), ..
+        }) => Ok(lit),
+        other => Err(syn::Error::new_spanned(other, usage)),
+    }
+}
+
+/// Parses the path held by the string literal of `crate = "..."`.
+fn parse_path(lit: &LitStr) -> syn::Result<Path> {
+    lit.parse::<Path>().map_err(|_| {
+        syn::Error::new(
+            lit.span(),
+            format_args!(
+                "`crate` must name the path to `outbox_core`, e.g. `crate = \"::outbox_core\"` \
+                 or `crate = \"::my_reexport::outbox_core\"`; `{}` is not a path",
+                lit.value(),
+            ),
+        )
+    })
+}
+
+/// Stores `value` into `slot`, or points at the repeated key if `slot` is already taken.
+fn set_once<T>(
+    meta: &ParseNestedMeta<'_>,
+    key: &str,
+    slot: &mut Option<T>,
+    value: T,
+) -> syn::Result<()> {
+    if slot.is_some() {
+        return Err(syn::Error::new_spanned(
+            &meta.path,
+            format_args!("`{key}` specified more than once"),
+        ));
+    }
+    *slot = Some(value);
+    Ok(())
+}
+
+/// Renders a key path the way the user wrote it, e.g. `foo` or `foo::bar`.
+fn path_to_string(path: &Path) -> String {
+    let segments: Vec<String> = path
+        .segments
+        .iter()
+        .map(|segment| segment.ident.to_string())
+        .collect();
+    let joined = segments.join("::");
+    if path.leading_colon.is_some() {
+        format!("::{joined}")
+    } else {
+        joined
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use quote::quote;
+
+    fn error_of(args: TokenStream) -> String {
+        match parse(args) {
+            Ok(_) => panic!("expected an error"),
+            Err(error) => error.to_string(),
+        }
+    }
+
+    #[test]
+    fn empty_arguments_leave_everything_unset() {
+        let args = parse(TokenStream::new()).expect("empty arguments parse");
+        assert!(args.topic.is_none());
+        assert!(args.krate.is_none());
+    }
+
+    #[test]
+    fn both_keys_are_read() {
+        let args = parse(quote!(topic = "a.b", crate = "::re::outbox_core")).expect("valid");
+        assert_eq!(args.topic.map(|lit| lit.value()).as_deref(), Some("a.b"));
+        let krate = args.krate.expect("crate is set");
+        assert_eq!(
+            quote!(#krate).to_string(),
+            quote!(::re::outbox_core).to_string()
+        );
+    }
+
+    #[test]
+    fn mistakes_are_explained() {
+        let cases = [
+            (
+                quote!(topc = "a"),
+                "unknown key `topc`; valid keys are `topic` and `crate`",
+            ),
+            (
+                quote!(topic = "a", topic = "b"),
+                "`topic` specified more than once",
+            ),
+            (
+                quote!(crate = "::a", crate = "::b"),
+                "`crate` specified more than once",
+            ),
+            (
+                quote!(topic = booking.created),
+                "`topic` takes a string literal: write `topic = \"booking.created\"`",
+            ),
+            (
+                quote!(topic),
+                "`topic` takes a string literal: write `topic = \"booking.created\"`",
+            ),
+            (
+                quote!(crate = "not a path"),
+                "`crate` must name the path to `outbox_core`, e.g. `crate = \"::outbox_core\"` \
+                 or `crate = \"::my_reexport::outbox_core\"`; `not a path` is not a path",
+            ),
+        ];
+        for (args, expected) in cases {
+            assert_eq!(error_of(args.clone()), expected, "arguments: {args}");
+        }
+    }
+}

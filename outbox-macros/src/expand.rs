@@ -1,0 +1,152 @@
+//! The generated code: the `Event` impl and the registration of the event type.
+
+use proc_macro2::{Span, TokenStream};
+use quote::quote;
+use syn::ext::IdentExt;
+use syn::{Item, LitStr, Path};
+
+use crate::{attr, validate};
+
+/// Expands `#[outbox_event(args)] input`.
+///
+/// On success the original item is emitted unchanged, followed by
+///
+/// ```text
+/// #[automatically_derived]
+/// impl ::outbox_core::Event for BookingCreated {
+///     const TOPIC: &'static str = "booking.created";
+/// }
+/// const _: () = {
+///     ::outbox_core::__private::inventory::submit! {
+///         ::outbox_core::__private::EventDescriptor::__new(
+///             "booking.created",
+///             ::core::concat!(::core::module_path!(), "::", "BookingCreated"),
+///         )
+///     }
+/// };
+/// ```
+///
+/// Mistakes in the arguments and in the item are all reported, not only the first one.
+pub(crate) fn outbox_event(args: TokenStream, input: TokenStream) -> syn::Result<TokenStream> {
+    let args = attr::parse(args);
+    let event_type =
+        syn::parse2::<Item>(input.clone()).and_then(|item| validate::event_type(&item).cloned());
+    let (args, ident) = both(args, event_type)?;
+    let topic = validate::topic(args.topic.as_ref(), &ident)?;
+
+    let krate = args.krate.unwrap_or_else(default_crate_path);
+    let topic = LitStr::new(&topic, Span::call_site());
+    let type_name = LitStr::new(&ident.unraw().to_string(), ident.span());
+
+    Ok(quote! {
+        #input
+
+        #[automatically_derived]
+        impl #krate::Event for #ident {
+            const TOPIC: &'static str = #topic;
+        }
+
+        const _: () = {
+            #krate::__private::inventory::submit! {
+                #krate::__private::EventDescriptor::__new(
+                    #topic,
+                    ::core::concat!(::core::module_path!(), "::", #type_name),
+                )
+            }
+        };
+    })
+}
+
+/// Both values, or every error of the two.
+fn both<A, B>(a: syn::Result<A>, b: syn::Result<B>) -> syn::Result<(A, B)> {
+    match (a, b) {
+        (Ok(a), Ok(b)) => Ok((a, b)),
+        (Err(mut error), Err(other)) => {
+            error.combine(other);
+            Err(error)
+        }
+        (Err(error), Ok(_)) | (Ok(_), Err(error)) => Err(error),
+    }
+}
+
+/// `::outbox_core`, the path used when `crate = "..."` is not given.
+fn default_crate_path() -> Path {
+    syn::parse_quote!(::outbox_core)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn expand(args: TokenStream, input: TokenStream) -> String {
+        outbox_event(args, input).expect("valid input").to_string()
+    }
+
+    #[test]
+    fn derives_the_topic_and_registers_the_type() {
+        let expanded = expand(
+            TokenStream::new(),
+            quote!(
+                #[derive(Serialize)]
+                pub struct BookingCreated {
+                    id: i64,
+                }
+            ),
+        );
+        let expected = quote! {
+            #[derive(Serialize)]
+            pub struct BookingCreated {
+                id: i64,
+            }
+
+            #[automatically_derived]
+            impl ::outbox_core::Event for BookingCreated {
+                const TOPIC: &'static str = "booking.created";
+            }
+
+            const _: () = {
+                ::outbox_core::__private::inventory::submit! {
+                    ::outbox_core::__private::EventDescriptor::__new(
+                        "booking.created",
+                        ::core::concat!(::core::module_path!(), "::", "BookingCreated"),
+                    )
+                }
+            };
+        };
+        assert_eq!(expanded, expected.to_string());
+    }
+
+    #[test]
+    fn uses_the_pinned_topic_and_crate_path() {
+        let expanded = expand(
+            quote!(topic = "booking.made", crate = "::app::outbox_core"),
+            quote!(
+                enum R {
+                    A,
+                }
+            ),
+        );
+        assert!(expanded.contains("impl :: app :: outbox_core :: Event for R"));
+        assert!(expanded.contains("const TOPIC : & 'static str = \"booking.made\""));
+        assert!(expanded.contains(":: app :: outbox_core :: __private :: inventory :: submit !"));
+    }
+
+    #[test]
+    fn raw_type_names_are_registered_without_the_prefix() {
+        let expanded = expand(
+            TokenStream::new(),
+            quote!(
+                struct r#Type;
+            ),
+        );
+        assert!(expanded.contains("impl :: outbox_core :: Event for r#Type"));
+        assert!(expanded.contains("\"::\" , \"Type\""));
+    }
+
+    #[test]
+    fn reports_argument_and_item_mistakes_together() {
+        let error =
+            outbox_event(quote!(topc = "a"), quote!(union U { a: u8 })).expect_err("two mistakes");
+        assert_eq!(error.into_iter().count(), 2);
+    }
+}

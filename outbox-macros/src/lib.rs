@@ -1,0 +1,81 @@
+//! The `#[outbox_event]` attribute of the `outbox` transactional-outbox framework.
+//!
+//! This crate is an implementation detail of `outbox-core`, which re-exports the attribute as
+//! `outbox_core::outbox_event`. Depend on `outbox-core` and write `use outbox_core::outbox_event;`
+//! rather than depending on this crate directly: the generated code names items of `outbox-core`.
+//!
+//! The crate is split by stage:
+//!
+//! - `attr` parses the arguments (`topic = "..."`, `crate = "..."`),
+//! - `validate` checks the annotated item and the topic,
+//! - `case` derives a topic from the type name,
+//! - `expand` writes the generated code.
+//!
+//! Every stage returns [`syn::Error`]; only this file turns errors into `compile_error!`.
+
+mod attr;
+mod case;
+mod expand;
+mod validate;
+
+use proc_macro::TokenStream;
+
+/// Marks a struct or an enum as an outbox event payload.
+///
+/// The attribute implements `outbox_core::Event` for the type and registers it, so the worker
+/// can name events that no linked handler serves. The type must also derive
+/// `serde::Serialize` and `serde::Deserialize`: payloads are stored as JSON.
+///
+/// # Topic
+///
+/// Without arguments the topic is derived from the type name, word by word, lowercase and
+/// joined with `.`:
+///
+/// | type name                | topic                     |
+/// |--------------------------|---------------------------|
+/// | `BookingCreated`         | `booking.created`         |
+/// | `PropertyIndexRequested` | `property.index.requested`|
+/// | `HTTPCallFailed`         | `http.call.failed`        |
+/// | `UserV2Created`          | `user.v2.created`         |
+///
+/// Renaming the type then changes the topic, and rows already in the outbox table would no
+/// longer reach their handlers. Pin the topic to keep it stable:
+///
+/// ```ignore
+/// use outbox_core::outbox_event;
+/// use serde::{Deserialize, Serialize};
+///
+/// #[outbox_event(topic = "booking.created")]
+/// #[derive(Serialize, Deserialize)]
+/// struct BookingConfirmed {
+///     booking_id: i64,
+/// }
+/// ```
+///
+/// A topic is checked at compile time: it must not be empty, must be at most 64 characters
+/// long, and may only use lowercase ASCII letters, digits, `.`, `_` and `-`.
+///
+/// # Arguments
+///
+/// - `topic = "..."`: the topic, instead of the one derived from the type name.
+/// - `crate = "..."`: the path to `outbox_core`, for crates that reach it through a
+///   re-export, e.g. `crate = "::my_app_support::outbox_core"`. Defaults to `::outbox_core`.
+///
+/// # Limits
+///
+/// Generic types and unions are rejected: a topic names one concrete payload type, and
+/// payloads are serialized with serde.
+#[proc_macro_attribute]
+pub fn outbox_event(args: TokenStream, input: TokenStream) -> TokenStream {
+    let input = proc_macro2::TokenStream::from(input);
+    match expand::outbox_event(args.into(), input.clone()) {
+        Ok(expanded) => expanded.into(),
+        Err(error) => {
+            // Keep the item itself so that one mistake in the attribute does not turn every
+            // use of the type into a "cannot find type" error.
+            let mut tokens = error.into_compile_error();
+            tokens.extend(input);
+            tokens.into()
+        }
+    }
+}

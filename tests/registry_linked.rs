@@ -1,0 +1,24 @@
+//! A handler crate that is linked registers its handler, and the registry finds it.
+
+// Referring to the crate is what links it; without this line its registration is dropped.
+use fixture_handlers as _;
+
+use outbox_core::{HandlerInfo, Registry};
+
+#[test]
+fn linked_handler_crate_is_found() {
+    let registry = Registry::linked();
+    let topics = registry.topics();
+    assert_eq!(
+        topics.get("fixture.shipped"),
+        Some(&vec![HandlerInfo {
+            name: "shipment-notifier",
+            type_name: "fixture_handlers::ShipmentNotifier"
+        }])
+    );
+    assert!(registry.events().any(
+        |e| e.topic() == "fixture.shipped" && e.type_name() == "fixture_events::FixtureShipped"
+    ));
+    registry.check().unwrap();
+    outbox_core::assert_all_events_handled();
+}

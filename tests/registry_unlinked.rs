@@ -1,0 +1,81 @@
+//! A handler crate that is not linked registers nothing, and the registry says so by name.
+
+use fixture_events::FixtureShipped;
+use outbox_core::{
+    outbox_event, register_handler, Context, FromResources, Handler, HandlerError, Registry,
+    ResourceError, Resources,
+};
+use serde::{Deserialize, Serialize};
+
+#[outbox_event]
+#[derive(Serialize, Deserialize)]
+struct RoomCleaned {
+    room: String,
+}
+
+macro_rules! handler_named {
+    ($ty:ident, $name:literal) => {
+        struct $ty;
+        #[outbox_core::async_trait]
+        impl Handler for $ty {
+            type Event = RoomCleaned;
+            const NAME: &'static str = $name;
+            async fn handle(&self, _: RoomCleaned, _: &Context) -> Result<(), HandlerError> {
+                Ok(())
+            }
+        }
+        impl FromResources for $ty {
+            fn from_resources(_: &Resources) -> Result<Self, ResourceError> {
+                Ok($ty)
+            }
+        }
+        register_handler!($ty);
+    };
+}
+
+handler_named!(NotifyHousekeeping, "notify");
+handler_named!(NotifyFrontDesk, "notify");
+
+#[test]
+fn unlinked_handler_is_named_as_missing() {
+    // The event type is linked (it is used here); its handler's crate is not.
+    let _ = std::mem::size_of::<FixtureShipped>();
+    let registry = Registry::linked();
+    assert!(!registry.topics().contains_key("fixture.shipped"));
+
+    let err = registry.check().unwrap_err();
+    let text = err.to_string();
+    assert!(text.contains("fixture_events::FixtureShipped"), "{text}");
+    assert!(
+        text.contains("`fixture.shipped` has no handler")
+            || text.contains("(topic `fixture.shipped`) has no handler"),
+        "{text}"
+    );
+    assert!(
+        text.contains("registry_unlinked::NotifyFrontDesk")
+            && text.contains("registry_unlinked::NotifyHousekeeping"),
+        "{text}"
+    );
+    assert!(text.contains("share the name `notify`"), "{text}");
+    assert_eq!(err.problems().len(), 2, "{text}");
+
+    // Allowing the topic removes that problem, and only that one.
+    let err = Registry::linked()
+        .allow_unhandled("fixture.shipped")
+        .check()
+        .unwrap_err();
+    assert_eq!(err.problems().len(), 1);
+
+    let panic = std::panic::catch_unwind(outbox_core::assert_all_events_handled).unwrap_err();
+    let msg = panic.downcast_ref::<String>().cloned().unwrap_or_default();
+    assert!(msg.contains("fixture_events::FixtureShipped"), "{msg}");
+}
+
+#[test]
+fn an_empty_registry_fails_its_check() {
+    let err = Registry::empty().check().unwrap_err();
+    assert!(
+        err.to_string().contains("no handlers are registered"),
+        "{err}"
+    );
+}

@@ -1,0 +1,9 @@
+use outbox_core::outbox_event;
+
+#[outbox_event(topic = "")]
+#[derive(serde::Serialize, serde::Deserialize)]
+struct BookingCreated {
+    booking_id: i64,
+}
+
+fn main() {}

@@ -1,0 +1,8 @@
+use outbox_core::outbox_event;
+
+#[outbox_event]
+fn booking_created() {}
+
+fn main() {
+    booking_created();
+}

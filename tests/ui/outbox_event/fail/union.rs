@@ -1,0 +1,10 @@
+use outbox_core::outbox_event;
+
+#[outbox_event]
+#[repr(C)]
+union PaymentAmount {
+    cents: u64,
+    millis: u64,
+}
+
+fn main() {}
