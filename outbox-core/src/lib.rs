@@ -58,6 +58,8 @@
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
 mod backend;
+#[cfg(feature = "cli")]
+pub mod cli;
 mod enqueue;
 mod error;
 mod event;
@@ -66,6 +68,7 @@ mod migrate;
 mod registry;
 mod resources;
 mod store;
+mod worker;
 
 #[doc(hidden)]
 pub mod __private;
@@ -85,6 +88,7 @@ pub use registry::{
 };
 pub use resources::{FromResources, ResourceError, Resources};
 pub use store::Store;
+pub use worker::{BatchReport, RetryPolicy, Wakeup, Worker, WorkerBuilder, WorkerConfig};
 
 #[cfg(feature = "macros")]
 pub use outbox_macros::outbox_event;

@@ -270,6 +270,10 @@ pub struct RegistryError {
 }
 
 impl RegistryError {
+    pub(crate) fn from_problems(problems: Vec<String>) -> Self {
+        Self { problems }
+    }
+
     /// The problems found, one sentence each.
     pub fn problems(&self) -> &[String] {
         &self.problems

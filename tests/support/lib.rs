@@ -112,3 +112,21 @@ impl TestDb {
             .expect("count outbox rows")
     }
 }
+
+/// Events shared by the tests and the test worker binary.
+pub mod events {
+    use outbox_core::outbox_event;
+    use serde::{Deserialize, Serialize};
+
+    /// A unit of work for the test worker: record `n`, after sleeping `sleep_ms`.
+    #[outbox_event(topic = "test.work")]
+    #[derive(Debug, Clone, Serialize, Deserialize)]
+    pub struct Work {
+        /// A number to record.
+        pub n: i64,
+        /// How long the handler sleeps before recording.
+        #[serde(default)]
+        pub sleep_ms: u64,
+    }
+}
+

@@ -60,11 +60,8 @@ pub(crate) trait Backend: Send + Sync + 'static {
     /// Pending topics with their counts, among topics not in `known`.
     async fn outbox_unknown_topics(&self, known: &[&str]) -> Result<Vec<(String, i64)>>;
 
-    /// Registers a live worker.
-    async fn worker_register(&self, id: uuid::Uuid, name: &str) -> Result<()>;
-
-    /// Sets whether a worker is sleeping on its wake-up channel.
-    async fn worker_set_waiting(&self, id: uuid::Uuid, waiting: bool) -> Result<()>;
+    /// Records a live worker and whether it is sleeping on its wake-up channel.
+    async fn worker_set_waiting(&self, id: uuid::Uuid, name: &str, waiting: bool) -> Result<()>;
 
     /// Removes a worker on shutdown.
     async fn worker_deregister(&self, id: uuid::Uuid) -> Result<()>;

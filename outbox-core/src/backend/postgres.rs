@@ -142,6 +142,7 @@ impl Backend for PgBackend {
                     idempotency_key: r.try_get("idempotency_key")?,
                     attempts: r.try_get("attempts")?,
                     created_at: r.try_get("created_at")?,
+                    claim_token: p.claim_token,
                 })
             })
             .collect::<Result<Vec<_>, sqlx::Error>>()
@@ -214,27 +215,17 @@ impl Backend for PgBackend {
         .await?)
     }
 
-    async fn worker_register(&self, id: Uuid, name: &str) -> Result<()> {
-        sqlx::query(
-            "INSERT INTO outbox_workers (id, name) VALUES ($1, $2) ON CONFLICT (id) DO NOTHING",
-        )
-        .bind(id)
-        .bind(name)
-        .execute(&self.pool)
-        .await?;
-        Ok(())
-    }
-
-    async fn worker_set_waiting(&self, id: Uuid, waiting: bool) -> Result<()> {
+    async fn worker_set_waiting(&self, id: Uuid, name: &str, waiting: bool) -> Result<()> {
         // Rows of workers that died without deregistering stop counting after a minute, so
         // producers do not notify for ever on their behalf.
         sqlx::query(
             "WITH gone AS (DELETE FROM outbox_workers WHERE heartbeat_at < now() - interval '1 minute' AND id <> $1) \
-             INSERT INTO outbox_workers (id, name, waiting) VALUES ($1, '', $2) \
+             INSERT INTO outbox_workers (id, name, waiting) VALUES ($1, $3, $2) \
              ON CONFLICT (id) DO UPDATE SET waiting = $2, heartbeat_at = now()",
         )
         .bind(id)
         .bind(waiting)
+        .bind(name)
         .execute(&self.pool)
         .await?;
         Ok(())

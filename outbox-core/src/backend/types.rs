@@ -25,6 +25,7 @@ pub(crate) struct ClaimedMessage {
     pub(crate) idempotency_key: Option<String>,
     pub(crate) attempts: i32,
     pub(crate) created_at: DateTime<Utc>,
+    pub(crate) claim_token: Uuid,
 }
 
 /// A message id and the claim token that fences writes to it.

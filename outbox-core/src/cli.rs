@@ -1,0 +1,302 @@
+//! The pieces of a worker binary: arguments, logging, signals and exit codes.
+//!
+//! A user's worker `main` is a few lines:
+//!
+//! ```no_run
+//! // use my_handlers as _; // link the crates whose handlers this worker runs
+//!
+//! #[tokio::main]
+//! async fn main() -> std::process::ExitCode {
+//!     outbox_core::cli::run_worker(|_args, builder| builder).await
+//! }
+//! ```
+//!
+//! It then understands `--once`, `--list-topics`, `--database-url` (or `DATABASE_URL`) and the
+//! tuning flags of [`WorkerArgs`], stops cleanly on SIGTERM or SIGINT, and exits with one of the
+//! codes in [`exit`].
+
+use std::future::Future;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Parser;
+
+use crate::registry::Registry;
+use crate::worker::{RetryPolicy, Wakeup, Worker, WorkerBuilder, WorkerConfig};
+
+/// Exit codes of a worker binary, for scripts.
+pub mod exit {
+    /// Ran and stopped cleanly (or `--once` finished its batch).
+    pub const OK: u8 = 0;
+    /// Failed while running.
+    pub const FAILURE: u8 = 1;
+    /// Bad command line (clap's own code).
+    pub const USAGE: u8 = 2;
+    /// The handlers or the configuration are not sound (missing resource, duplicate name,
+    /// no handlers, bad setting).
+    pub const CONFIG: u8 = 3;
+    /// The database could not be reached or migrated.
+    pub const DATABASE: u8 = 4;
+}
+
+/// The command line of a worker binary.
+#[derive(Debug, Clone, Parser)]
+#[command(about = "Runs outbox handlers until stopped")]
+pub struct WorkerArgs {
+    /// The database URL.
+    #[arg(long, env = "DATABASE_URL")]
+    pub database_url: String,
+    /// Claim one batch, run it, write the outcomes and exit.
+    #[arg(long)]
+    pub once: bool,
+    /// Print topic -> handlers, declared events without a handler and pending topics nobody
+    /// handles, then exit.
+    #[arg(long)]
+    pub list_topics: bool,
+    /// Do not apply the outbox migrations at start-up.
+    #[arg(long)]
+    pub no_migrate: bool,
+    /// Handler calls in flight at once.
+    #[arg(long)]
+    pub concurrency: Option<usize>,
+    /// Messages per claim.
+    #[arg(long)]
+    pub batch_size: Option<usize>,
+    /// Lease in seconds.
+    #[arg(long, value_parser = seconds)]
+    pub lease: Option<Duration>,
+    /// Poll interval in seconds.
+    #[arg(long, value_parser = seconds)]
+    pub poll_interval: Option<Duration>,
+    /// Handler timeout in seconds.
+    #[arg(long, value_parser = seconds)]
+    pub handler_timeout: Option<Duration>,
+    /// Shutdown grace period in seconds.
+    #[arg(long, value_parser = seconds)]
+    pub shutdown_timeout: Option<Duration>,
+    /// Attempts before a message is dead-lettered.
+    #[arg(long)]
+    pub max_attempts: Option<u32>,
+    /// First retry delay in seconds.
+    #[arg(long, value_parser = seconds)]
+    pub retry_base: Option<Duration>,
+    /// Longest retry delay in seconds.
+    #[arg(long, value_parser = seconds)]
+    pub retry_max: Option<Duration>,
+    /// Exact retry delays, without jitter.
+    #[arg(long)]
+    pub no_jitter: bool,
+    /// Poll only (no LISTEN), e.g. behind PgBouncer in transaction mode.
+    #[arg(long)]
+    pub poll_only: bool,
+}
+
+fn seconds(s: &str) -> Result<Duration, String> {
+    let v: f64 = s.parse().map_err(|_| format!("`{s}` is not a number of seconds"))?;
+    Duration::try_from_secs_f64(v).map_err(|_| format!("`{s}` is not a valid number of seconds (use 0 or more)"))
+}
+
+impl WorkerArgs {
+    /// Applies the flags to `config`.
+    pub fn apply(&self, mut config: WorkerConfig) -> WorkerConfig {
+        if let Some(n) = self.concurrency {
+            config = config.concurrency(n);
+        }
+        if let Some(n) = self.batch_size {
+            config = config.batch_size(n);
+        }
+        if let Some(d) = self.lease {
+            config = config.lease(d);
+        }
+        if let Some(d) = self.poll_interval {
+            config = config.poll_interval(d);
+        }
+        if let Some(d) = self.handler_timeout {
+            config = config.handler_timeout(d);
+        }
+        if let Some(d) = self.shutdown_timeout {
+            config = config.shutdown_timeout(d);
+        }
+        let mut retry: RetryPolicy = config.retry.clone();
+        if let Some(n) = self.max_attempts {
+            retry = retry.max_attempts(n);
+        }
+        if let Some(d) = self.retry_base {
+            retry = retry.base(d);
+        }
+        if let Some(d) = self.retry_max {
+            retry = retry.max_delay(d);
+        }
+        if self.no_jitter {
+            retry = retry.jitter(false);
+        }
+        config = config.retry(retry);
+        if self.poll_only {
+            config = config.wakeup(Wakeup::Poll);
+        }
+        config
+    }
+}
+
+/// Installs a `tracing` subscriber that reads `RUST_LOG` (default `info`), unless one is set.
+pub fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+}
+
+/// Completes on SIGTERM or SIGINT (Ctrl-C).
+///
+/// # Cancellation safety
+///
+/// Cancellation safe.
+pub async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = tokio::signal::ctrl_c() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+/// Runs a worker binary: parses [`WorkerArgs`], connects, migrates, builds a worker from the
+/// linked handlers (passed through `configure` to add resources or handlers), then runs until
+/// SIGTERM or SIGINT, once, or lists topics.
+///
+/// # Cancellation safety
+///
+/// Meant to be the whole of `main`; not cancellation safe.
+pub async fn run_worker<F>(configure: F) -> ExitCode
+where
+    F: FnOnce(&WorkerArgs, WorkerBuilder) -> WorkerBuilder,
+{
+    init_logging();
+    let args = WorkerArgs::parse();
+    run_worker_with(args, configure, shutdown_signal()).await
+}
+
+/// [`run_worker`] with arguments already parsed and a stop signal of your own.
+///
+/// # Cancellation safety
+///
+/// Not cancellation safe.
+pub async fn run_worker_with<F>(args: WorkerArgs, configure: F, stop: impl Future<Output = ()> + Send) -> ExitCode
+where
+    F: FnOnce(&WorkerArgs, WorkerBuilder) -> WorkerBuilder,
+{
+    let store = match connect(&args.database_url).await {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(exit::DATABASE);
+        }
+    };
+    if !args.no_migrate {
+        if let Err(e) = crate::migrate(store.clone()).await {
+            eprintln!("error: could not apply the outbox migrations: {}", full(&e));
+            return ExitCode::from(exit::DATABASE);
+        }
+    }
+    let builder = Worker::builder(store).registry(Registry::linked()).config(args.apply(WorkerConfig::default()));
+    let worker = match configure(&args, builder).build() {
+        Ok(w) => w,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(exit::CONFIG);
+        }
+    };
+    if args.list_topics {
+        return list_topics(&worker).await;
+    }
+    if args.once {
+        return match worker.run_once().await {
+            Ok(r) => {
+                println!("claimed {} done {} retried {} dead {}", r.claimed, r.done, r.retried, r.dead);
+                ExitCode::from(exit::OK)
+            }
+            Err(e) => {
+                eprintln!("error: {}", full(&e));
+                ExitCode::from(exit::DATABASE)
+            }
+        };
+    }
+    match worker.run_until(stop).await {
+        Ok(()) => ExitCode::from(exit::OK),
+        Err(e) => {
+            eprintln!("error: {}", full(&e));
+            ExitCode::from(exit::FAILURE)
+        }
+    }
+}
+
+async fn list_topics(worker: &Worker) -> ExitCode {
+    for (topic, handlers) in worker.topics() {
+        println!("{topic}: {}", handlers.join(", "));
+    }
+    for e in Registry::linked().unhandled_events() {
+        println!("warning: declared event {} (topic {}) has no handler", e.type_name(), e.topic());
+    }
+    match worker.unhandled_pending_topics().await {
+        Ok(topics) => {
+            for (topic, n) in topics {
+                println!("warning: {n} pending message(s) of topic {topic} have no handler here");
+            }
+            ExitCode::from(exit::OK)
+        }
+        Err(e) => {
+            eprintln!("error: {}", full(&e));
+            ExitCode::from(exit::DATABASE)
+        }
+    }
+}
+
+/// Connects to `url` and returns a [`Store`](crate::Store) for it.
+///
+/// # Errors
+///
+/// [`Error::Database`](crate::Error::Database) when the URL is bad or the server unreachable;
+/// [`Error::Config`](crate::Error::Config) for a database kind this build does not support.
+///
+/// # Cancellation safety
+///
+/// Cancellation safe.
+pub async fn connect(url: &str) -> crate::Result<crate::Store> {
+    #[cfg(feature = "postgres")]
+    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(10)
+            .acquire_timeout(Duration::from_secs(10))
+            .connect(url)
+            .await
+            .map_err(|e| crate::Error::Config(format!("cannot connect to the database: {e}")))?;
+        return Ok(crate::Store::postgres(pool));
+    }
+    Err(crate::Error::Config(format!(
+        "unsupported database URL `{}`: use postgres://",
+        url.split(':').next().unwrap_or("")
+    )))
+}
+
+fn full(e: &crate::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = std::error::Error::source(e);
+    while let Some(inner) = src {
+        s.push_str(": ");
+        s.push_str(&inner.to_string());
+        src = inner.source();
+    }
+    s
+}

@@ -1,0 +1,291 @@
+//! [`WorkerConfig`] and [`RetryPolicy`].
+
+use std::time::Duration;
+
+use rand::Rng;
+
+use crate::error::{Error, Result};
+
+/// When and how often a failed message is retried.
+///
+/// The defaults follow the classic schedule: 2 s, doubling, capped at 256 s, 8 attempts, with
+/// full jitter (each delay is drawn uniformly from zero to the computed value, so messages that
+/// failed together do not retry together). Turn jitter off to get exact delays, e.g. in tests.
+///
+/// ```
+/// use outbox_core::RetryPolicy;
+/// use std::time::Duration;
+///
+/// let policy = RetryPolicy::default().jitter(false);
+/// let delays: Vec<u64> = (1..=8).map(|a| policy.backoff(a).as_secs()).collect();
+/// assert_eq!(delays, [2, 4, 8, 16, 32, 64, 128, 256]);
+/// assert_eq!(policy.get_max_attempts(), 8);
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct RetryPolicy {
+    base: Duration,
+    max_delay: Duration,
+    max_attempts: u32,
+    jitter: bool,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        Self {
+            base: Duration::from_secs(2),
+            max_delay: Duration::from_secs(256),
+            max_attempts: 8,
+            jitter: true,
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// The delay after the first failure (default 2 s); it doubles with each attempt.
+    pub fn base(mut self, base: Duration) -> Self {
+        self.base = base;
+        self
+    }
+
+    /// The longest delay (default 256 s).
+    pub fn max_delay(mut self, max: Duration) -> Self {
+        self.max_delay = max;
+        self
+    }
+
+    /// Attempts before a message is dead-lettered (default 8). Counted at claim, so a crash
+    /// counts as an attempt.
+    pub fn max_attempts(mut self, attempts: u32) -> Self {
+        self.max_attempts = attempts;
+        self
+    }
+
+    /// Full jitter on (default) or off.
+    pub fn jitter(mut self, on: bool) -> Self {
+        self.jitter = on;
+        self
+    }
+
+    /// The configured attempt limit.
+    pub fn get_max_attempts(&self) -> u32 {
+        self.max_attempts
+    }
+
+    /// The delay before the next attempt after attempt number `attempt` (1-based) failed:
+    /// `min(base * 2^(attempt-1), max_delay)`, then with full jitter a uniform draw below it.
+    pub fn backoff(&self, attempt: u32) -> Duration {
+        let exp = attempt.saturating_sub(1).min(63);
+        let raw = self
+            .base
+            .checked_mul(1u32.checked_shl(exp).unwrap_or(u32::MAX))
+            .unwrap_or(self.max_delay);
+        let capped = raw.min(self.max_delay);
+        if self.jitter && !capped.is_zero() {
+            capped.mul_f64(rand::rng().random_range(0.0..=1.0))
+        } else {
+            capped
+        }
+    }
+
+    fn validate(&self) -> Result<()> {
+        if self.max_attempts == 0 {
+            return Err(Error::Config("RetryPolicy::max_attempts must be at least 1".into()));
+        }
+        if self.max_delay < self.base {
+            return Err(Error::Config("RetryPolicy::max_delay must be at least RetryPolicy::base".into()));
+        }
+        Ok(())
+    }
+}
+
+/// How an idle worker learns about new messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Wakeup {
+    /// LISTEN on a channel that producers notify only while a worker waits, plus polling.
+    #[default]
+    Listen,
+    /// Polling only: works behind PgBouncer in transaction mode.
+    Poll,
+}
+
+/// How a worker runs: concurrency, batches, leases, timeouts and retries.
+///
+/// ```
+/// use outbox_core::{RetryPolicy, WorkerConfig};
+/// use std::time::Duration;
+///
+/// let config = WorkerConfig::default()
+///     .concurrency(32)
+///     .batch_size(200)
+///     .lease(Duration::from_secs(120))
+///     .handler_timeout(Duration::from_secs(30))
+///     .retry(RetryPolicy::default().max_attempts(5));
+/// ```
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    pub(crate) name: String,
+    pub(crate) concurrency: usize,
+    pub(crate) batch_size: usize,
+    pub(crate) lease: Duration,
+    pub(crate) poll_interval: Duration,
+    pub(crate) handler_timeout: Duration,
+    pub(crate) shutdown_timeout: Duration,
+    pub(crate) retry: RetryPolicy,
+    pub(crate) wakeup: Wakeup,
+    pub(crate) flush_interval: Duration,
+    pub(crate) report_interval: Duration,
+    pub(crate) max_error_bytes: usize,
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        Self {
+            name: default_name(),
+            concurrency: 32,
+            batch_size: 100,
+            lease: Duration::from_secs(300),
+            poll_interval: Duration::from_secs(1),
+            handler_timeout: Duration::from_secs(60),
+            shutdown_timeout: Duration::from_secs(30),
+            retry: RetryPolicy::default(),
+            wakeup: Wakeup::Listen,
+            flush_interval: Duration::from_millis(5),
+            report_interval: Duration::from_secs(300),
+            max_error_bytes: 4096,
+        }
+    }
+}
+
+fn default_name() -> String {
+    let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "worker".into());
+    format!("{host}:{}", std::process::id())
+}
+
+impl WorkerConfig {
+    /// The worker's name in the `claimed_by` column and the logs (default `host:pid`).
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = name.into();
+        self
+    }
+
+    /// Handler calls in flight at once (default 32).
+    pub fn concurrency(mut self, n: usize) -> Self {
+        self.concurrency = n;
+        self
+    }
+
+    /// Messages claimed per statement, at most (default 100).
+    pub fn batch_size(mut self, n: usize) -> Self {
+        self.batch_size = n;
+        self
+    }
+
+    /// How long a claim is held before another worker may take the message (default 300 s).
+    /// Must be longer than every handler timeout.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// How often an idle worker looks for work without a wake-up (default 1 s).
+    pub fn poll_interval(mut self, interval: Duration) -> Self {
+        self.poll_interval = interval;
+        self
+    }
+
+    /// How long one handler call may run (default 60 s); a handler may override it.
+    pub fn handler_timeout(mut self, timeout: Duration) -> Self {
+        self.handler_timeout = timeout;
+        self
+    }
+
+    /// How long a stopping worker waits for handlers in flight (default 30 s).
+    pub fn shutdown_timeout(mut self, timeout: Duration) -> Self {
+        self.shutdown_timeout = timeout;
+        self
+    }
+
+    /// The retry policy (default: 2 s doubling to 256 s, 8 attempts, full jitter).
+    pub fn retry(mut self, retry: RetryPolicy) -> Self {
+        self.retry = retry;
+        self
+    }
+
+    /// How an idle worker is woken (default [`Wakeup::Listen`]).
+    pub fn wakeup(mut self, wakeup: Wakeup) -> Self {
+        self.wakeup = wakeup;
+        self
+    }
+
+    /// How often successful outcomes are written in one batch (default 5 ms).
+    pub fn flush_interval(mut self, interval: Duration) -> Self {
+        self.flush_interval = interval;
+        self
+    }
+
+    /// How often the worker logs pending topics it has no handler for (default 300 s).
+    pub fn report_interval(mut self, interval: Duration) -> Self {
+        self.report_interval = interval;
+        self
+    }
+
+    /// The most bytes of an error kept in `last_error` (default 4096).
+    pub fn max_error_bytes(mut self, bytes: usize) -> Self {
+        self.max_error_bytes = bytes;
+        self
+    }
+
+    pub(crate) fn validate(&self, longest_timeout: Duration) -> Result<()> {
+        self.retry.validate()?;
+        if self.concurrency == 0 || self.batch_size == 0 {
+            return Err(Error::Config("concurrency and batch_size must be at least 1".into()));
+        }
+        if self.poll_interval.is_zero() {
+            return Err(Error::Config("poll_interval must be above zero".into()));
+        }
+        if self.lease <= longest_timeout {
+            return Err(Error::Config(format!(
+                "lease ({:?}) must be longer than the longest handler timeout ({longest_timeout:?}), \
+                 or a slow handler's message could be claimed twice at once",
+                self.lease
+            )));
+        }
+        if self.max_error_bytes < 64 {
+            return Err(Error::Config("max_error_bytes must be at least 64".into()));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_without_jitter_doubles_and_caps() {
+        let p = RetryPolicy::default().jitter(false);
+        assert_eq!(p.backoff(0), Duration::from_secs(2));
+        assert_eq!(p.backoff(1), Duration::from_secs(2));
+        assert_eq!(p.backoff(8), Duration::from_secs(256));
+        assert_eq!(p.backoff(9), Duration::from_secs(256));
+        assert_eq!(p.backoff(40), Duration::from_secs(256));
+        assert_eq!(p.backoff(u32::MAX), Duration::from_secs(256));
+    }
+
+    #[test]
+    fn full_jitter_stays_below_the_computed_delay() {
+        let p = RetryPolicy::default();
+        let draws: Vec<Duration> = (0..200).map(|_| p.backoff(3)).collect();
+        assert!(draws.iter().all(|d| *d <= Duration::from_secs(8)));
+        assert!(draws.iter().any(|d| *d != draws[0]), "jitter varies the delay");
+    }
+
+    #[test]
+    fn lease_must_outlast_the_handler_timeout() {
+        let c = WorkerConfig::default().lease(Duration::from_secs(10));
+        assert!(c.validate(Duration::from_secs(10)).is_err());
+        assert!(c.validate(Duration::from_secs(9)).is_ok());
+        assert!(WorkerConfig::default().retry(RetryPolicy::default().max_attempts(0)).validate(Duration::ZERO).is_err());
+    }
+}

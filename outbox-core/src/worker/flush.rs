@@ -1,0 +1,72 @@
+//! Writes successful outcomes in batches: one statement for many messages.
+//!
+//! A batch lost to a crash only means those messages are delivered again after their lease.
+
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+
+use crate::backend::Fence;
+use crate::store::Store;
+
+/// Collects done messages and writes them every `interval` or every `max` messages.
+pub(crate) async fn run_flusher(store: Store, mut rx: mpsc::UnboundedReceiver<Fence>, interval: Duration, max: usize) {
+    let mut buf: Vec<Fence> = Vec::with_capacity(max);
+    let mut failures: u32 = 0;
+    loop {
+        let open = if buf.is_empty() {
+            match rx.recv().await {
+                Some(f) => {
+                    buf.push(f);
+                    true
+                }
+                None => false,
+            }
+        } else {
+            true
+        };
+        if open {
+            let deadline = tokio::time::sleep(interval);
+            tokio::pin!(deadline);
+            while buf.len() < max {
+                tokio::select! {
+                    biased;
+                    f = rx.recv() => match f {
+                        Some(f) => buf.push(f),
+                        None => break,
+                    },
+                    () = &mut deadline => break,
+                }
+            }
+        }
+        if buf.is_empty() {
+            return;
+        }
+        match store.backend().outbox_mark_done(&buf).await {
+            Ok(n) => {
+                if (n as usize) < buf.len() {
+                    tracing::warn!(
+                        written = n,
+                        batch = buf.len(),
+                        "some done outcomes were not written: their lease ran out and another claim took them"
+                    );
+                }
+                buf.clear();
+                failures = 0;
+            }
+            Err(e) => {
+                failures += 1;
+                tracing::warn!(error = %e, batch = buf.len(), failures, "could not write done outcomes; retrying");
+                if failures >= 20 {
+                    tracing::error!(batch = buf.len(), "giving up on a batch of done outcomes; those messages will be redelivered after their lease");
+                    buf.clear();
+                    failures = 0;
+                }
+                tokio::time::sleep(Duration::from_millis(100 * u64::from(failures.min(20)))).await;
+            }
+        }
+        if !open && buf.is_empty() && rx.is_closed() && rx.is_empty() {
+            return;
+        }
+    }
+}

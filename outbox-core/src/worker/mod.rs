@@ -1,0 +1,555 @@
+//! The [`Worker`]: claims messages, runs handlers, writes outcomes.
+//!
+//! - The claim is one short statement (`FOR UPDATE SKIP LOCKED` on PostgreSQL) that marks up to
+//!   a batch of due messages of this worker's topics as running, counts the attempt, and sets a
+//!   lease deadline and a fresh claim token. No transaction or connection is held while handlers
+//!   run.
+//! - Every outcome write is fenced by that claim token: a worker whose lease ran out cannot
+//!   overwrite the outcome of a newer claim.
+//! - Successes are written in batches by a flusher; each failure is written on its own.
+
+mod config;
+mod flush;
+mod process;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{mpsc, Notify, Semaphore};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use uuid::Uuid;
+
+pub use config::{RetryPolicy, Wakeup, WorkerConfig};
+
+use crate::backend::{ClaimParams, ClaimedMessage, Fence};
+use crate::error::{Error, Result};
+use crate::handler::{erase, ErasedHandler, Handler};
+use crate::registry::{duplicate_names, Registry, RegistryError};
+use crate::resources::Resources;
+use crate::store::Store;
+use process::{failure, run_message, Outcome};
+
+/// After work was found, an idle worker keeps polling this often for [`HOT_WINDOW`] before it
+/// goes back to sleeping on its wake-up channel: bursts are picked up fast, and producers only
+/// pay for a NOTIFY when the worker really sleeps.
+const HOT_POLL: Duration = Duration::from_millis(1);
+const HOT_WINDOW: Duration = Duration::from_millis(50);
+
+/// Builds a [`Worker`]: a store, handlers from the registry and added explicitly, resources,
+/// and a config.
+///
+/// ```no_run
+/// use outbox_core::{Registry, Worker, WorkerConfig};
+///
+/// # async fn run(pool: sqlx::PgPool) -> Result<(), outbox_core::Error> {
+/// let worker = Worker::builder(&pool)
+///     .registry(Registry::linked())
+///     .resource(reqwest_client_or_any_shared_value())
+///     .config(WorkerConfig::default().concurrency(16))
+///     .build()?;
+/// worker.run_until(async { let _ = tokio::signal::ctrl_c().await; }).await?;
+/// # Ok(()) }
+/// # fn reqwest_client_or_any_shared_value() -> u8 { 0 }
+/// ```
+pub struct WorkerBuilder {
+    store: Store,
+    registry: Registry,
+    explicit: Vec<Arc<dyn ErasedHandler>>,
+    resources: Resources,
+    config: WorkerConfig,
+}
+
+impl WorkerBuilder {
+    /// Uses the handlers of `registry` (default: none; pass [`Registry::linked`] for all linked
+    /// ones, or a filtered registry).
+    pub fn registry(mut self, registry: Registry) -> Self {
+        self.registry = registry;
+        self
+    }
+
+    /// Adds a handler instance, beside those of the registry.
+    pub fn handler<H: Handler>(mut self, handler: H) -> Self {
+        self.explicit.push(erase(handler));
+        self
+    }
+
+    /// Adds a shared value handlers can use (an HTTP client, an API key, a pool).
+    pub fn resource<T: Send + Sync + 'static>(mut self, value: T) -> Self {
+        self.resources.insert(value);
+        self
+    }
+
+    /// Replaces the resources.
+    pub fn resources(mut self, resources: Resources) -> Self {
+        self.resources = resources;
+        self
+    }
+
+    /// Sets the config.
+    pub fn config(mut self, config: WorkerConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// Builds the registered handlers from the resources and checks everything.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Resource`] when a handler cannot be built, [`Error::Registry`] when there are no
+    /// handlers or two handlers of a topic share a name, [`Error::Config`] for bad settings.
+    pub fn build(self) -> Result<Worker> {
+        let mut handlers: Vec<Arc<dyn ErasedHandler>> = Vec::new();
+        for reg in self.registry.handlers() {
+            handlers.push(reg.build(&self.resources)?);
+        }
+        handlers.extend(self.explicit);
+        if handlers.is_empty() {
+            return Err(RegistryError::from_problems(vec![
+                "the worker has no handlers: pass Registry::linked() and make sure the handler crates are linked \
+                 (`use my_handlers as _;`), or add handlers with WorkerBuilder::handler"
+                    .into(),
+            ])
+            .into());
+        }
+        let dups = duplicate_names(handlers.iter().map(|h| (h.topic(), h.name(), h.type_name())));
+        if !dups.is_empty() {
+            return Err(RegistryError::from_problems(dups).into());
+        }
+        let longest = handlers
+            .iter()
+            .map(|h| h.timeout().unwrap_or(self.config.handler_timeout))
+            .max()
+            .unwrap_or(self.config.handler_timeout);
+        self.config.validate(longest)?;
+        let mut topics: BTreeMap<&'static str, Vec<Arc<dyn ErasedHandler>>> = BTreeMap::new();
+        for h in handlers {
+            topics.entry(h.topic()).or_default().push(h);
+        }
+        Ok(Worker {
+            inner: Arc::new(Inner {
+                store: self.store,
+                topics,
+                unhandled_events: self.registry.unhandled_events().iter().map(|e| (e.topic(), e.type_name())).collect(),
+                resources: Arc::new(self.resources),
+                config: self.config,
+                id: Uuid::now_v7(),
+            }),
+        })
+    }
+}
+
+struct Inner {
+    store: Store,
+    topics: BTreeMap<&'static str, Vec<Arc<dyn ErasedHandler>>>,
+    unhandled_events: Vec<(&'static str, &'static str)>,
+    resources: Arc<Resources>,
+    config: WorkerConfig,
+    id: Uuid,
+}
+
+/// A worker: turns committed messages into handler calls until stopped.
+///
+/// Build it with [`Worker::builder`]; run it with [`run_until`](Worker::run_until) (a task in
+/// your service, or the `cli` module's binary), or [`run_once`](Worker::run_once) for one batch.
+#[derive(Clone)]
+pub struct Worker {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Worker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Worker")
+            .field("name", &self.inner.config.name)
+            .field("topics", &self.topics())
+            .finish()
+    }
+}
+
+/// Counts of what one [`Worker::run_once`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BatchReport {
+    /// Messages claimed.
+    pub claimed: usize,
+    /// Messages whose handlers all succeeded.
+    pub done: usize,
+    /// Messages sent back to wait for a retry.
+    pub retried: usize,
+    /// Messages dead-lettered.
+    pub dead: usize,
+}
+
+/// State shared by the claim loop and the message tasks.
+struct Run {
+    done_tx: mpsc::UnboundedSender<Fence>,
+    in_flight: Mutex<HashSet<Uuid>>,
+    report: Mutex<BatchReport>,
+}
+
+impl Worker {
+    /// Starts building a worker on `store` (a `sqlx::PgPool`, or a [`Store`]).
+    pub fn builder(store: impl Into<Store>) -> WorkerBuilder {
+        WorkerBuilder {
+            store: store.into(),
+            registry: Registry::empty(),
+            explicit: Vec::new(),
+            resources: Resources::new(),
+            config: WorkerConfig::default(),
+        }
+    }
+
+    /// Topic -> handler names of this worker.
+    pub fn topics(&self) -> BTreeMap<&'static str, Vec<&'static str>> {
+        self.inner
+            .topics
+            .iter()
+            .map(|(t, hs)| (*t, hs.iter().map(|h| h.name()).collect()))
+            .collect()
+    }
+
+    /// Pending topics in the database that this worker has no handler for, with their counts.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Database`] when the query fails.
+    pub async fn unhandled_pending_topics(&self) -> Result<Vec<(String, i64)>> {
+        let known: Vec<&str> = self.inner.topics.keys().copied().collect();
+        self.inner.store.backend().outbox_unknown_topics(&known).await
+    }
+
+    /// Claims one batch, runs it to the end, writes every outcome and returns what happened.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Database`] when the claim fails. Outcome-write failures are retried and then
+    /// left to lease expiry.
+    ///
+    /// # Cancellation safety
+    ///
+    /// Not cancellation safe: dropping the future leaves claimed messages to lease expiry.
+    pub async fn run_once(&self) -> Result<BatchReport> {
+        let (done_tx, done_rx) = mpsc::unbounded_channel();
+        let flusher = tokio::spawn(flush::run_flusher(
+            self.inner.store.clone(),
+            done_rx,
+            self.inner.config.flush_interval,
+            self.inner.config.batch_size.max(1),
+        ));
+        let run = Arc::new(Run { done_tx, in_flight: Mutex::new(HashSet::new()), report: Mutex::new(BatchReport::default()) });
+        let tracker = TaskTracker::new();
+        let claimed = self.claim(self.inner.config.batch_size).await;
+        let claimed = match claimed {
+            Ok(c) => c,
+            Err(e) => {
+                drop(run);
+                let _ = flusher.await;
+                return Err(e);
+            }
+        };
+        let n = claimed.len();
+        self.spawn_all(claimed, &tracker, &run, &Arc::new(Semaphore::new(self.inner.config.concurrency))).await;
+        tracker.close();
+        tracker.wait().await;
+        let report = lock(&run.report).to_owned();
+        drop(run);
+        let _ = flusher.await;
+        Ok(BatchReport { claimed: n, ..report })
+    }
+
+    /// Runs until `signal` completes, then stops claiming, lets handlers in flight finish
+    /// within the shutdown timeout, writes their outcomes and returns.
+    ///
+    /// Messages still running at the deadline are logged by id and left to lease expiry.
+    /// Database errors are logged and retried with backoff; they never end the loop.
+    ///
+    /// # Errors
+    ///
+    /// None today; the `Result` leaves room for start-up checks.
+    ///
+    /// # Cancellation safety
+    ///
+    /// Not cancellation safe: complete `signal` instead of dropping the future, or messages in
+    /// flight wait for their lease.
+    pub async fn run_until(&self, signal: impl Future<Output = ()> + Send) -> Result<()> {
+        let stop = CancellationToken::new();
+        let worker = self.clone();
+        let loop_stop = stop.clone();
+        let main = tokio::spawn(async move { worker.main_loop(loop_stop).await });
+        signal.await;
+        tracing::info!(worker = %self.inner.config.name, "stop requested: no new claims, finishing handlers in flight");
+        stop.cancel();
+        match main.await {
+            Ok(r) => r,
+            Err(e) => Err(Error::Config(format!("the worker loop failed: {e}"))),
+        }
+    }
+
+    async fn main_loop(&self, stop: CancellationToken) -> Result<()> {
+        let cfg = &self.inner.config;
+        self.report_unhandled().await;
+        let (done_tx, done_rx) = mpsc::unbounded_channel();
+        let flusher = tokio::spawn(flush::run_flusher(self.inner.store.clone(), done_rx, cfg.flush_interval, cfg.batch_size.max(1)));
+        let run = Arc::new(Run { done_tx, in_flight: Mutex::new(HashSet::new()), report: Mutex::new(BatchReport::default()) });
+        let tracker = TaskTracker::new();
+        let permits = Arc::new(Semaphore::new(cfg.concurrency));
+        let wake = Arc::new(Notify::new());
+        let listener_stop = stop.child_token();
+        if cfg.wakeup == Wakeup::Listen {
+            tokio::spawn(listen(self.inner.store.clone(), wake.clone(), listener_stop.clone()));
+        }
+        let reporter = {
+            let w = self.clone();
+            let s = stop.child_token();
+            tokio::spawn(async move {
+                loop {
+                    tokio::select! {
+                        () = s.cancelled() => return,
+                        () = tokio::time::sleep(w.inner.config.report_interval) => w.report_unhandled().await,
+                    }
+                }
+            })
+        };
+
+        let mut db_failures: u32 = 0;
+        let mut hot_until = Instant::now();
+        let mut waiting = false;
+        while !stop.is_cancelled() {
+            // Wait for room: never claim more than can start now.
+            let free = permits.available_permits();
+            if free == 0 {
+                tokio::select! {
+                    () = stop.cancelled() => break,
+                    p = permits.clone().acquire_owned() => drop(p),
+                }
+                continue;
+            }
+            let want = free.min(cfg.batch_size);
+            let claimed = match self.claim(want).await {
+                Ok(c) => {
+                    db_failures = 0;
+                    c
+                }
+                Err(e) => {
+                    db_failures += 1;
+                    let delay = Duration::from_millis(100u64 << db_failures.min(6)).min(Duration::from_secs(5));
+                    tracing::warn!(error = %e, retry_in = ?delay, "claim failed; the database may be down, retrying");
+                    tokio::select! {
+                        () = stop.cancelled() => break,
+                        () = tokio::time::sleep(delay) => {}
+                    }
+                    continue;
+                }
+            };
+            let got = claimed.len();
+            if got > 0 {
+                hot_until = Instant::now() + HOT_WINDOW;
+                if waiting {
+                    waiting = false;
+                    self.set_waiting(false).await;
+                }
+                self.spawn_all(claimed, &tracker, &run, &permits).await;
+                if got == want {
+                    continue; // a full batch: there is probably more
+                }
+            }
+            // Idle: poll fast for a while after activity, then sleep on the wake-up channel.
+            let now = Instant::now();
+            let nap = if now < hot_until {
+                HOT_POLL
+            } else {
+                if cfg.wakeup == Wakeup::Listen && !waiting {
+                    // Say we wait, then look once more, so a message committed in between is seen.
+                    waiting = true;
+                    self.set_waiting(true).await;
+                    continue;
+                }
+                cfg.poll_interval
+            };
+            tokio::select! {
+                () = stop.cancelled() => break,
+                () = wake.notified() => {}
+                () = tokio::time::sleep(nap) => {}
+            }
+        }
+
+        listener_stop.cancel();
+        reporter.abort();
+        tracker.close();
+        if tokio::time::timeout(cfg.shutdown_timeout, tracker.wait()).await.is_err() {
+            let ids: Vec<String> = lock(&run.in_flight).iter().map(Uuid::to_string).collect();
+            tracing::warn!(
+                count = ids.len(),
+                ids = %ids.join(","),
+                "shutdown timeout reached; these messages are left to lease expiry"
+            );
+        }
+        drop(run);
+        let _ = flusher.await;
+        if let Err(e) = self.inner.store.backend().worker_deregister(self.inner.id).await {
+            tracing::debug!(error = %e, "could not deregister the worker row");
+        }
+        tracing::info!(worker = %cfg.name, "worker stopped");
+        Ok(())
+    }
+
+    async fn set_waiting(&self, waiting: bool) {
+        if let Err(e) = self.inner.store.backend().worker_set_waiting(self.inner.id, &self.inner.config.name, waiting).await {
+            tracing::debug!(error = %e, "could not update the worker's waiting flag");
+        }
+    }
+
+    async fn claim(&self, limit: usize) -> Result<Vec<ClaimedMessage>> {
+        let topics: Vec<&str> = self.inner.topics.keys().copied().collect();
+        let token = Uuid::now_v7();
+        let start = Instant::now();
+        let claimed = self
+            .inner
+            .store
+            .backend()
+            .outbox_claim_batch(&ClaimParams {
+                topics: &topics,
+                limit: i64::try_from(limit).unwrap_or(i64::MAX),
+                lease: self.inner.config.lease,
+                claim_token: token,
+                worker: &self.inner.config.name,
+            })
+            .await?;
+        tracing::trace!(claimed = claimed.len(), elapsed = ?start.elapsed(), "claim");
+        Ok(claimed)
+    }
+
+    /// Starts one task per claimed message, each holding a concurrency permit.
+    async fn spawn_all(&self, claimed: Vec<ClaimedMessage>, tracker: &TaskTracker, run: &Arc<Run>, permits: &Arc<Semaphore>) {
+        let multi: Vec<i64> = claimed
+            .iter()
+            .filter(|m| m.attempts > 1 && self.inner.topics.get(m.topic.as_str()).is_some_and(|h| h.len() > 1))
+            .map(|m| m.id)
+            .collect();
+        let mut completed: HashMap<i64, HashSet<String>> = HashMap::new();
+        if !multi.is_empty() {
+            match self.inner.store.backend().delivery_completed(&multi).await {
+                Ok(rows) => {
+                    for (id, handler) in rows {
+                        completed.entry(id).or_default().insert(handler);
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "could not read per-handler progress; every handler of those messages runs again"),
+            }
+        }
+        for msg in claimed {
+            let Ok(permit) = permits.clone().acquire_owned().await else { return };
+            let done = completed.remove(&msg.id).unwrap_or_default();
+            let worker = self.clone();
+            let run = run.clone();
+            lock(&run.in_flight).insert(msg.public_id);
+            tracker.spawn(async move {
+                worker.process(msg, done, &run).await;
+                drop(permit);
+            });
+        }
+    }
+
+    async fn process(&self, msg: ClaimedMessage, completed: HashSet<String>, run: &Run) {
+        let Some(handlers) = self.inner.topics.get(msg.topic.as_str()) else {
+            return; // never claimed: the claim only asks for our topics
+        };
+        let outcome = run_message(&msg, handlers, &completed, &self.inner.config, &self.inner.resources).await;
+        let fence = Fence { id: msg.id, claim_token: msg.claim_token };
+        match outcome {
+            Outcome::Done => {
+                lock(&run.report).done += 1;
+                if run.done_tx.send(fence).is_err() {
+                    tracing::warn!(message_id = %msg.public_id, "outcome writer stopped; the message will be redelivered");
+                }
+            }
+            Outcome::Failed { retry_in, error, succeeded } => {
+                {
+                    let mut r = lock(&run.report);
+                    if retry_in.is_some() {
+                        r.retried += 1;
+                    } else {
+                        r.dead += 1;
+                    }
+                }
+                let f = failure(fence, retry_in, &error, &succeeded);
+                let mut tries = 0u32;
+                loop {
+                    match self.inner.store.backend().outbox_mark_failed(&f).await {
+                        Ok(true) => break,
+                        Ok(false) => {
+                            tracing::warn!(message_id = %msg.public_id, "outcome not written: the lease ran out and another claim owns the message");
+                            break;
+                        }
+                        Err(e) if tries < 10 => {
+                            tries += 1;
+                            tracing::warn!(message_id = %msg.public_id, error = %e, "could not write a failed outcome; retrying");
+                            tokio::time::sleep(Duration::from_millis(100 * u64::from(tries))).await;
+                        }
+                        Err(e) => {
+                            tracing::error!(message_id = %msg.public_id, error = %e, "giving up writing a failed outcome; the message is retried after its lease");
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        lock(&run.in_flight).remove(&msg.public_id);
+    }
+
+    async fn report_unhandled(&self) {
+        for (topic, type_name) in &self.inner.unhandled_events {
+            tracing::warn!(topic, event = type_name, "declared event has no handler in this worker");
+        }
+        match self.unhandled_pending_topics().await {
+            Ok(topics) => {
+                for (topic, count) in topics {
+                    tracing::warn!(topic = %topic, pending = count, "pending messages of a topic this worker has no handler for; they stay pending");
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "could not list pending topics"),
+        }
+    }
+}
+
+/// Keeps a wake-up listener connected; reconnects with backoff, while polling goes on.
+async fn listen(store: Store, wake: Arc<Notify>, stop: CancellationToken) {
+    let mut failures: u32 = 0;
+    while !stop.is_cancelled() {
+        let listener = tokio::select! {
+            () = stop.cancelled() => return,
+            l = store.backend().wakeup_listener() => l,
+        };
+        let mut listener = match listener {
+            Ok(Some(l)) => l,
+            Ok(None) => return,
+            Err(e) => {
+                failures += 1;
+                tracing::warn!(error = %e, "wake-up listener could not connect; polling meanwhile");
+                tokio::select! {
+                    () = stop.cancelled() => return,
+                    () = tokio::time::sleep(Duration::from_millis(200u64 << failures.min(5))) => {}
+                }
+                continue;
+            }
+        };
+        failures = 0;
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => return,
+                r = listener.recv() => match r {
+                    Ok(()) => wake.notify_one(),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "wake-up listener lost its connection; reconnecting");
+                        break;
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}

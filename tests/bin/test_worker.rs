@@ -1,0 +1,52 @@
+//! A worker binary for the process tests: handlers that record each run in a table, sleep on
+//! request, and fail on request. Built on `outbox_core::cli` exactly as a user's worker is.
+//!
+//! Events: topic `test.work` (handler `record`). Each run inserts a row into `effects`
+//! (message_id, handler, n); the test decides whether that table has a unique key.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use outbox_core::{register_handler, Context, FromResources, Handler, HandlerError, ResourceError, Resources};
+use outbox_tests::events::Work;
+use sqlx::PgPool;
+
+struct Record {
+    pool: PgPool,
+}
+
+#[outbox_core::async_trait]
+impl Handler for Record {
+    type Event = Work;
+    const NAME: &'static str = "record";
+
+    async fn handle(&self, work: Work, ctx: &Context) -> Result<(), HandlerError> {
+        if work.sleep_ms > 0 {
+            tokio::time::sleep(Duration::from_millis(work.sleep_ms)).await;
+        }
+        sqlx::query("INSERT INTO effects (message_id, handler, n) VALUES ($1, $2, $3)")
+            .bind(ctx.message_id())
+            .bind(ctx.handler_name())
+            .bind(work.n)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+}
+
+impl FromResources for Record {
+    fn from_resources(resources: &Resources) -> Result<Self, ResourceError> {
+        Ok(Record { pool: resources.require::<PgPool>()?.clone() })
+    }
+}
+
+register_handler!(Record);
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    outbox_core::cli::run_worker(|args, builder| {
+        let pool = PgPool::connect_lazy(&args.database_url).expect("database URL parses");
+        builder.resource(pool)
+    })
+    .await
+}
