@@ -92,8 +92,11 @@ pub struct WorkerArgs {
 }
 
 fn seconds(s: &str) -> Result<Duration, String> {
-    let v: f64 = s.parse().map_err(|_| format!("`{s}` is not a number of seconds"))?;
-    Duration::try_from_secs_f64(v).map_err(|_| format!("`{s}` is not a valid number of seconds (use 0 or more)"))
+    let v: f64 = s
+        .parse()
+        .map_err(|_| format!("`{s}` is not a number of seconds"))?;
+    Duration::try_from_secs_f64(v)
+        .map_err(|_| format!("`{s}` is not a valid number of seconds (use 0 or more)"))
 }
 
 impl WorkerArgs {
@@ -142,7 +145,10 @@ impl WorkerArgs {
 pub fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
 }
 
 /// Completes on SIGTERM or SIGINT (Ctrl-C).
@@ -193,7 +199,11 @@ where
 /// # Cancellation safety
 ///
 /// Not cancellation safe.
-pub async fn run_worker_with<F>(args: WorkerArgs, configure: F, stop: impl Future<Output = ()> + Send) -> ExitCode
+pub async fn run_worker_with<F>(
+    args: WorkerArgs,
+    configure: F,
+    stop: impl Future<Output = ()> + Send,
+) -> ExitCode
 where
     F: FnOnce(&WorkerArgs, WorkerBuilder) -> WorkerBuilder,
 {
@@ -210,7 +220,9 @@ where
             return ExitCode::from(exit::DATABASE);
         }
     }
-    let builder = Worker::builder(store).registry(Registry::linked()).config(args.apply(WorkerConfig::default()));
+    let builder = Worker::builder(store)
+        .registry(Registry::linked())
+        .config(args.apply(WorkerConfig::default()));
     let worker = match configure(&args, builder).build() {
         Ok(w) => w,
         Err(e) => {
@@ -224,7 +236,10 @@ where
     if args.once {
         return match worker.run_once().await {
             Ok(r) => {
-                println!("claimed {} done {} retried {} dead {}", r.claimed, r.done, r.retried, r.dead);
+                println!(
+                    "claimed {} done {} retried {} dead {}",
+                    r.claimed, r.done, r.retried, r.dead
+                );
                 ExitCode::from(exit::OK)
             }
             Err(e) => {
@@ -247,7 +262,11 @@ async fn list_topics(worker: &Worker) -> ExitCode {
         println!("{topic}: {}", handlers.join(", "));
     }
     for e in Registry::linked().unhandled_events() {
-        println!("warning: declared event {} (topic {}) has no handler", e.type_name(), e.topic());
+        println!(
+            "warning: declared event {} (topic {}) has no handler",
+            e.type_name(),
+            e.topic()
+        );
     }
     match worker.unhandled_pending_topics().await {
         Ok(topics) => {
@@ -284,8 +303,12 @@ pub async fn connect(url: &str) -> crate::Result<crate::Store> {
             .map_err(|e| crate::Error::Config(format!("cannot connect to the database: {e}")))?;
         return Ok(crate::Store::postgres(pool));
     }
+    #[cfg(feature = "sqlite")]
+    if url.starts_with("sqlite:") {
+        return Ok(crate::Store::sqlite(crate::sqlite_pool(url).await?));
+    }
     Err(crate::Error::Config(format!(
-        "unsupported database URL `{}`: use postgres://",
+        "unsupported database URL `{}`: use postgres:// or sqlite:",
         url.split(':').next().unwrap_or("")
     )))
 }

@@ -52,6 +52,7 @@
 //! | feature    | default | what it adds |
 //! |------------|---------|--------------|
 //! | `macros`   | yes     | re-exports `#[outbox_event]` |
+//! | `sqlite`   | yes     | the SQLite backend (bundled SQLite), the embedded default |
 //! | `postgres` | yes     | the PostgreSQL backend |
 //! | `cli`      | yes     | the pieces of a worker binary: arguments, signals, logging |
 
@@ -74,6 +75,8 @@ mod worker;
 pub mod __private;
 
 pub use async_trait::async_trait;
+#[cfg(feature = "sqlite")]
+pub use backend::sqlite::{sqlite_options, sqlite_pool};
 pub use backend::Connection;
 pub use enqueue::{
     enqueue, enqueue_many, enqueue_many_with, enqueue_with, EnqueueOptions,

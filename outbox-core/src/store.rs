@@ -42,6 +42,16 @@ impl Store {
             kind: "postgres",
         }
     }
+
+    /// A store on a SQLite pool. Open the pool with [`sqlite_pool`](crate::sqlite_pool) (or
+    /// the options of [`sqlite_options`](crate::sqlite_options)): WAL and a busy timeout.
+    #[cfg(feature = "sqlite")]
+    pub fn sqlite(pool: sqlx::SqlitePool) -> Self {
+        Self {
+            backend: Arc::new(crate::backend::sqlite::SqliteBackend::new(pool)),
+            kind: "sqlite",
+        }
+    }
 }
 
 impl fmt::Debug for Store {
@@ -61,5 +71,19 @@ impl From<sqlx::PgPool> for Store {
 impl From<&sqlx::PgPool> for Store {
     fn from(pool: &sqlx::PgPool) -> Self {
         Store::postgres(pool.clone())
+    }
+}
+
+#[cfg(feature = "sqlite")]
+impl From<sqlx::SqlitePool> for Store {
+    fn from(pool: sqlx::SqlitePool) -> Self {
+        Store::sqlite(pool)
+    }
+}
+
+#[cfg(feature = "sqlite")]
+impl From<&sqlx::SqlitePool> for Store {
+    fn from(pool: &sqlx::SqlitePool) -> Self {
+        Store::sqlite(pool.clone())
     }
 }

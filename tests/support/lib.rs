@@ -3,7 +3,8 @@
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::{ConnectOptions, Connection, PgConnection, PgPool};
+use sqlx::{ConnectOptions, Connection, PgConnection, PgPool, SqlitePool};
+use uuid::Uuid;
 
 /// The server the PostgreSQL tests use: `DATABASE_URL`, or the local test server.
 pub fn database_url() -> String {
@@ -106,10 +107,278 @@ impl TestDb {
 
     /// The number of outbox messages in the database.
     pub async fn count(&self) -> i64 {
+        scalar(&self.pool, "SELECT count(*) FROM outbox_messages").await
+    }
+
+    /// The number of outbox messages in `status`.
+    pub async fn count_status(&self, status: &str) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM outbox_messages WHERE status = $1")
+            .bind(status)
+            .fetch_one(&self.pool)
+            .await
+            .expect("count by status")
+    }
+
+    /// (status, attempts, last_error) of one message.
+    pub async fn status(&self, id: Uuid) -> (String, i32, Option<String>) {
+        sqlx::query_as(
+            "SELECT status, attempts, last_error FROM outbox_messages WHERE public_id = $1",
+        )
+        .bind(id)
+        .fetch_one(&self.pool)
+        .await
+        .expect("message status")
+    }
+
+    /// Makes every pending message due now, instead of waiting for its backoff.
+    pub async fn make_due(&self) {
+        sqlx::query("UPDATE outbox_messages SET available_at = now() WHERE status = 'pending'")
+            .execute(&self.pool)
+            .await
+            .expect("make due");
+    }
+
+    /// Seconds until the message is available (negative when due).
+    pub async fn delay_secs(&self, id: Uuid) -> f64 {
+        sqlx::query_scalar("SELECT extract(epoch FROM available_at - now())::float8 FROM outbox_messages WHERE public_id = $1")
+            .bind(id)
+            .fetch_one(&self.pool)
+            .await
+            .expect("delay")
+    }
+
+    /// Seconds between creation and availability.
+    pub async fn scheduled_secs(&self, id: Uuid) -> f64 {
+        sqlx::query_scalar(
+            "SELECT extract(epoch FROM available_at - created_at)::float8 FROM outbox_messages WHERE public_id = $1",
+        )
+        .bind(id)
+        .fetch_one(&self.pool)
+        .await
+        .expect("scheduled delay")
+    }
+
+    /// Replaces the claim token of a running message, as a newer claim would. True if it was running.
+    pub async fn steal_claim(&self, id: Uuid, token: Uuid) -> bool {
+        sqlx::query("UPDATE outbox_messages SET claim_token = $1, attempts = attempts + 1 WHERE public_id = $2 AND status = 'running'")
+            .bind(token)
+            .bind(id)
+            .execute(&self.pool)
+            .await
+            .expect("steal claim")
+            .rows_affected()
+            == 1
+    }
+
+    /// (status, claim token, last_error) of one message.
+    pub async fn claim_state(&self, id: Uuid) -> (String, Option<Uuid>, Option<String>) {
+        sqlx::query_as(
+            "SELECT status, claim_token, last_error FROM outbox_messages WHERE public_id = $1",
+        )
+        .bind(id)
+        .fetch_one(&self.pool)
+        .await
+        .expect("claim state")
+    }
+
+    /// The handlers recorded as succeeded for a message.
+    pub async fn deliveries(&self, id: Uuid) -> Vec<String> {
+        sqlx::query_scalar(
+            "SELECT d.handler FROM outbox_deliveries d JOIN outbox_messages m ON m.id = d.message_id \
+             WHERE m.public_id = $1 ORDER BY d.handler",
+        )
+        .bind(id)
+        .fetch_all(&self.pool)
+        .await
+        .expect("deliveries")
+    }
+
+    /// Inserts `n` messages of `topic` with a raw JSON payload, bypassing `enqueue`.
+    pub async fn insert_raw(&self, topic: &str, payload: &str, n: i64) {
+        sqlx::query(
+            "INSERT INTO outbox_messages (public_id, topic, payload) \
+             SELECT gen_random_uuid(), $1, $2::jsonb FROM generate_series(1, $3)",
+        )
+        .bind(topic)
+        .bind(payload)
+        .bind(n)
+        .execute(&self.pool)
+        .await
+        .expect("raw insert");
+    }
+
+    /// The applied outbox migration versions.
+    pub async fn migration_versions(&self) -> Vec<i64> {
+        sqlx::query_scalar("SELECT version FROM outbox_migrations ORDER BY version")
+            .fetch_all(&self.pool)
+            .await
+            .expect("migration versions")
+    }
+}
+
+async fn scalar(pool: &PgPool, sql: &'static str) -> i64 {
+    sqlx::query_scalar(sql).fetch_one(pool).await.expect(sql)
+}
+
+/// A SQLite database of its own for one test: a file in a temporary directory, migrated.
+#[derive(Debug)]
+pub struct SqliteDb {
+    /// A pool on the database (WAL, busy timeout).
+    pub pool: SqlitePool,
+    /// The URL of the database, for child processes.
+    pub url: String,
+    dir: tempfile::TempDir,
+}
+
+/// Creates a fresh SQLite database file and applies the outbox migrations.
+pub async fn sqlite() -> SqliteDb {
+    let db = sqlite_empty().await;
+    outbox_core::migrate(&db.pool)
+        .await
+        .expect("outbox migrations apply on SQLite");
+    db
+}
+
+/// Creates a fresh, empty SQLite database file.
+pub async fn sqlite_empty() -> SqliteDb {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let url = format!("sqlite://{}", dir.path().join("outbox.sqlite").display());
+    let pool = outbox_core::sqlite_pool(&url).await.expect("open SQLite");
+    SqliteDb { pool, url, dir }
+}
+
+fn now_ms_sql() -> &'static str {
+    "CAST(unixepoch('subsec') * 1000 AS INTEGER)"
+}
+
+impl SqliteDb {
+    /// Closes the pool; the directory goes with `self`.
+    pub async fn drop_db(self) {
+        self.pool.close().await;
+        drop(self.dir);
+    }
+
+    /// The number of outbox messages in the database.
+    pub async fn count(&self) -> i64 {
         sqlx::query_scalar("SELECT count(*) FROM outbox_messages")
             .fetch_one(&self.pool)
             .await
-            .expect("count outbox rows")
+            .expect("count")
+    }
+
+    /// The number of outbox messages in `status`.
+    pub async fn count_status(&self, status: &str) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM outbox_messages WHERE status = ?1")
+            .bind(status)
+            .fetch_one(&self.pool)
+            .await
+            .expect("count by status")
+    }
+
+    /// (status, attempts, last_error) of one message.
+    pub async fn status(&self, id: Uuid) -> (String, i32, Option<String>) {
+        sqlx::query_as(
+            "SELECT status, attempts, last_error FROM outbox_messages WHERE public_id = ?1",
+        )
+        .bind(id.to_string())
+        .fetch_one(&self.pool)
+        .await
+        .expect("message status")
+    }
+
+    /// Makes every pending message due now.
+    pub async fn make_due(&self) {
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "UPDATE outbox_messages SET available_at = {} WHERE status = 'pending'",
+            now_ms_sql()
+        )))
+        .execute(&self.pool)
+        .await
+        .expect("make due");
+    }
+
+    /// Seconds until the message is available.
+    pub async fn delay_secs(&self, id: Uuid) -> f64 {
+        sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "SELECT (available_at - {}) / 1000.0 FROM outbox_messages WHERE public_id = ?1",
+            now_ms_sql()
+        )))
+        .bind(id.to_string())
+        .fetch_one(&self.pool)
+        .await
+        .expect("delay")
+    }
+
+    /// Seconds between creation and availability.
+    pub async fn scheduled_secs(&self, id: Uuid) -> f64 {
+        sqlx::query_scalar(
+            "SELECT (available_at - created_at) / 1000.0 FROM outbox_messages WHERE public_id = ?1",
+        )
+        .bind(id.to_string())
+        .fetch_one(&self.pool)
+        .await
+        .expect("scheduled delay")
+    }
+
+    /// Replaces the claim token of a running message. True if it was running.
+    pub async fn steal_claim(&self, id: Uuid, token: Uuid) -> bool {
+        sqlx::query("UPDATE outbox_messages SET claim_token = ?1, attempts = attempts + 1 WHERE public_id = ?2 AND status = 'running'")
+            .bind(token.to_string())
+            .bind(id.to_string())
+            .execute(&self.pool)
+            .await
+            .expect("steal claim")
+            .rows_affected()
+            == 1
+    }
+
+    /// (status, claim token, last_error) of one message.
+    pub async fn claim_state(&self, id: Uuid) -> (String, Option<Uuid>, Option<String>) {
+        let (s, t, e): (String, Option<String>, Option<String>) = sqlx::query_as(
+            "SELECT status, claim_token, last_error FROM outbox_messages WHERE public_id = ?1",
+        )
+        .bind(id.to_string())
+        .fetch_one(&self.pool)
+        .await
+        .expect("claim state");
+        (s, t.map(|t| Uuid::parse_str(&t).expect("uuid text")), e)
+    }
+
+    /// The handlers recorded as succeeded for a message.
+    pub async fn deliveries(&self, id: Uuid) -> Vec<String> {
+        sqlx::query_scalar(
+            "SELECT d.handler FROM outbox_deliveries d JOIN outbox_messages m ON m.id = d.message_id \
+             WHERE m.public_id = ?1 ORDER BY d.handler",
+        )
+        .bind(id.to_string())
+        .fetch_all(&self.pool)
+        .await
+        .expect("deliveries")
+    }
+
+    /// Inserts `n` messages of `topic` with a raw JSON payload, bypassing `enqueue`.
+    pub async fn insert_raw(&self, topic: &str, payload: &str, n: i64) {
+        for _ in 0..n {
+            sqlx::query(sqlx::AssertSqlSafe(format!(
+                "INSERT INTO outbox_messages (public_id, topic, payload, available_at, created_at) \
+                 VALUES (?1, ?2, ?3, {0}, {0})",
+                now_ms_sql()
+            )))
+            .bind(Uuid::now_v7().to_string())
+            .bind(topic)
+            .bind(payload)
+            .execute(&self.pool)
+            .await
+            .expect("raw insert");
+        }
+    }
+
+    /// The applied outbox migration versions.
+    pub async fn migration_versions(&self) -> Vec<i64> {
+        sqlx::query_scalar("SELECT version FROM outbox_migrations ORDER BY version")
+            .fetch_all(&self.pool)
+            .await
+            .expect("migration versions")
     }
 }
 
@@ -129,4 +398,3 @@ pub mod events {
         pub sleep_ms: u64,
     }
 }
-

@@ -10,6 +10,8 @@ use crate::error::Result;
 
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;
+#[cfg(feature = "sqlite")]
+pub(crate) mod sqlite;
 
 pub(crate) mod types;
 pub(crate) use types::*;
@@ -19,7 +21,7 @@ mod sealed {
 }
 
 /// A database connection that [`enqueue`](crate::enqueue) can write to: `sqlx::PgConnection`
-/// (and so `&mut *tx` for a `sqlx::Transaction<'_, Postgres>`).
+/// or `sqlx::SqliteConnection` (and so `&mut *tx` for a `sqlx::Transaction` of either).
 ///
 /// Sealed: the outbox's SQL lives in this crate, one module per database.
 #[async_trait]
@@ -36,6 +38,17 @@ impl sealed::Sealed for sqlx::PgConnection {}
 impl Connection for sqlx::PgConnection {
     async fn __insert(&mut self, rows: &[NewMessage]) -> Result<(), sqlx::Error> {
         postgres::outbox_insert(self, rows).await
+    }
+}
+
+#[cfg(feature = "sqlite")]
+impl sealed::Sealed for sqlx::SqliteConnection {}
+
+#[cfg(feature = "sqlite")]
+#[async_trait]
+impl Connection for sqlx::SqliteConnection {
+    async fn __insert(&mut self, rows: &[NewMessage]) -> Result<(), sqlx::Error> {
+        sqlite::outbox_insert(self, rows).await
     }
 }
 

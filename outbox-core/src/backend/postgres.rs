@@ -16,11 +16,18 @@ const WAKEUP_CHANNEL: &str = "outbox_wakeup";
 /// The advisory lock key that serialises migrations ("outbox" in ASCII).
 const MIGRATION_LOCK: i64 = 0x6f75_7462_6f78;
 
-pub(crate) const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    description: "outbox messages, deliveries and workers",
-    sql: include_str!("../../migrations/postgres/0001_outbox.sql"),
-}];
+pub(crate) const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        description: "outbox messages, deliveries and workers",
+        sql: include_str!("../../migrations/postgres/0001_outbox.sql"),
+    },
+    Migration {
+        version: 2,
+        description: "processed-id records",
+        sql: include_str!("../../migrations/postgres/0002_processed.sql"),
+    },
+];
 
 pub(crate) struct PgBackend {
     pool: PgPool,

@@ -89,10 +89,14 @@ impl RetryPolicy {
 
     fn validate(&self) -> Result<()> {
         if self.max_attempts == 0 {
-            return Err(Error::Config("RetryPolicy::max_attempts must be at least 1".into()));
+            return Err(Error::Config(
+                "RetryPolicy::max_attempts must be at least 1".into(),
+            ));
         }
         if self.max_delay < self.base {
-            return Err(Error::Config("RetryPolicy::max_delay must be at least RetryPolicy::base".into()));
+            return Err(Error::Config(
+                "RetryPolicy::max_delay must be at least RetryPolicy::base".into(),
+            ));
         }
         Ok(())
     }
@@ -239,7 +243,9 @@ impl WorkerConfig {
     pub(crate) fn validate(&self, longest_timeout: Duration) -> Result<()> {
         self.retry.validate()?;
         if self.concurrency == 0 || self.batch_size == 0 {
-            return Err(Error::Config("concurrency and batch_size must be at least 1".into()));
+            return Err(Error::Config(
+                "concurrency and batch_size must be at least 1".into(),
+            ));
         }
         if self.poll_interval.is_zero() {
             return Err(Error::Config("poll_interval must be above zero".into()));
@@ -278,7 +284,10 @@ mod tests {
         let p = RetryPolicy::default();
         let draws: Vec<Duration> = (0..200).map(|_| p.backoff(3)).collect();
         assert!(draws.iter().all(|d| *d <= Duration::from_secs(8)));
-        assert!(draws.iter().any(|d| *d != draws[0]), "jitter varies the delay");
+        assert!(
+            draws.iter().any(|d| *d != draws[0]),
+            "jitter varies the delay"
+        );
     }
 
     #[test]
@@ -286,6 +295,9 @@ mod tests {
         let c = WorkerConfig::default().lease(Duration::from_secs(10));
         assert!(c.validate(Duration::from_secs(10)).is_err());
         assert!(c.validate(Duration::from_secs(9)).is_ok());
-        assert!(WorkerConfig::default().retry(RetryPolicy::default().max_attempts(0)).validate(Duration::ZERO).is_err());
+        assert!(WorkerConfig::default()
+            .retry(RetryPolicy::default().max_attempts(0))
+            .validate(Duration::ZERO)
+            .is_err());
     }
 }

@@ -10,7 +10,12 @@ use crate::backend::Fence;
 use crate::store::Store;
 
 /// Collects done messages and writes them every `interval` or every `max` messages.
-pub(crate) async fn run_flusher(store: Store, mut rx: mpsc::UnboundedReceiver<Fence>, interval: Duration, max: usize) {
+pub(crate) async fn run_flusher(
+    store: Store,
+    mut rx: mpsc::UnboundedReceiver<Fence>,
+    interval: Duration,
+    max: usize,
+) {
     let mut buf: Vec<Fence> = Vec::with_capacity(max);
     let mut failures: u32 = 0;
     loop {

@@ -114,7 +114,11 @@ impl WorkerBuilder {
             ])
             .into());
         }
-        let dups = duplicate_names(handlers.iter().map(|h| (h.topic(), h.name(), h.type_name())));
+        let dups = duplicate_names(
+            handlers
+                .iter()
+                .map(|h| (h.topic(), h.name(), h.type_name())),
+        );
         if !dups.is_empty() {
             return Err(RegistryError::from_problems(dups).into());
         }
@@ -132,7 +136,12 @@ impl WorkerBuilder {
             inner: Arc::new(Inner {
                 store: self.store,
                 topics,
-                unhandled_events: self.registry.unhandled_events().iter().map(|e| (e.topic(), e.type_name())).collect(),
+                unhandled_events: self
+                    .registry
+                    .unhandled_events()
+                    .iter()
+                    .map(|e| (e.topic(), e.type_name()))
+                    .collect(),
                 resources: Arc::new(self.resources),
                 config: self.config,
                 id: Uuid::now_v7(),
@@ -216,7 +225,11 @@ impl Worker {
     /// [`Error::Database`] when the query fails.
     pub async fn unhandled_pending_topics(&self) -> Result<Vec<(String, i64)>> {
         let known: Vec<&str> = self.inner.topics.keys().copied().collect();
-        self.inner.store.backend().outbox_unknown_topics(&known).await
+        self.inner
+            .store
+            .backend()
+            .outbox_unknown_topics(&known)
+            .await
     }
 
     /// Claims one batch, runs it to the end, writes every outcome and returns what happened.
@@ -237,7 +250,11 @@ impl Worker {
             self.inner.config.flush_interval,
             self.inner.config.batch_size.max(1),
         ));
-        let run = Arc::new(Run { done_tx, in_flight: Mutex::new(HashSet::new()), report: Mutex::new(BatchReport::default()) });
+        let run = Arc::new(Run {
+            done_tx,
+            in_flight: Mutex::new(HashSet::new()),
+            report: Mutex::new(BatchReport::default()),
+        });
         let tracker = TaskTracker::new();
         let claimed = self.claim(self.inner.config.batch_size).await;
         let claimed = match claimed {
@@ -249,13 +266,22 @@ impl Worker {
             }
         };
         let n = claimed.len();
-        self.spawn_all(claimed, &tracker, &run, &Arc::new(Semaphore::new(self.inner.config.concurrency))).await;
+        self.spawn_all(
+            claimed,
+            &tracker,
+            &run,
+            &Arc::new(Semaphore::new(self.inner.config.concurrency)),
+        )
+        .await;
         tracker.close();
         tracker.wait().await;
         let report = lock(&run.report).to_owned();
         drop(run);
         let _ = flusher.await;
-        Ok(BatchReport { claimed: n, ..report })
+        Ok(BatchReport {
+            claimed: n,
+            ..report
+        })
     }
 
     /// Runs until `signal` completes, then stops claiming, lets handlers in flight finish
@@ -290,14 +316,27 @@ impl Worker {
         let cfg = &self.inner.config;
         self.report_unhandled().await;
         let (done_tx, done_rx) = mpsc::unbounded_channel();
-        let flusher = tokio::spawn(flush::run_flusher(self.inner.store.clone(), done_rx, cfg.flush_interval, cfg.batch_size.max(1)));
-        let run = Arc::new(Run { done_tx, in_flight: Mutex::new(HashSet::new()), report: Mutex::new(BatchReport::default()) });
+        let flusher = tokio::spawn(flush::run_flusher(
+            self.inner.store.clone(),
+            done_rx,
+            cfg.flush_interval,
+            cfg.batch_size.max(1),
+        ));
+        let run = Arc::new(Run {
+            done_tx,
+            in_flight: Mutex::new(HashSet::new()),
+            report: Mutex::new(BatchReport::default()),
+        });
         let tracker = TaskTracker::new();
         let permits = Arc::new(Semaphore::new(cfg.concurrency));
         let wake = Arc::new(Notify::new());
         let listener_stop = stop.child_token();
         if cfg.wakeup == Wakeup::Listen {
-            tokio::spawn(listen(self.inner.store.clone(), wake.clone(), listener_stop.clone()));
+            tokio::spawn(listen(
+                self.inner.store.clone(),
+                wake.clone(),
+                listener_stop.clone(),
+            ));
         }
         let reporter = {
             let w = self.clone();
@@ -333,7 +372,8 @@ impl Worker {
                 }
                 Err(e) => {
                     db_failures += 1;
-                    let delay = Duration::from_millis(100u64 << db_failures.min(6)).min(Duration::from_secs(5));
+                    let delay = Duration::from_millis(100u64 << db_failures.min(6))
+                        .min(Duration::from_secs(5));
                     tracing::warn!(error = %e, retry_in = ?delay, "claim failed; the database may be down, retrying");
                     tokio::select! {
                         () = stop.cancelled() => break,
@@ -377,7 +417,10 @@ impl Worker {
         listener_stop.cancel();
         reporter.abort();
         tracker.close();
-        if tokio::time::timeout(cfg.shutdown_timeout, tracker.wait()).await.is_err() {
+        if tokio::time::timeout(cfg.shutdown_timeout, tracker.wait())
+            .await
+            .is_err()
+        {
             let ids: Vec<String> = lock(&run.in_flight).iter().map(Uuid::to_string).collect();
             tracing::warn!(
                 count = ids.len(),
@@ -387,7 +430,13 @@ impl Worker {
         }
         drop(run);
         let _ = flusher.await;
-        if let Err(e) = self.inner.store.backend().worker_deregister(self.inner.id).await {
+        if let Err(e) = self
+            .inner
+            .store
+            .backend()
+            .worker_deregister(self.inner.id)
+            .await
+        {
             tracing::debug!(error = %e, "could not deregister the worker row");
         }
         tracing::info!(worker = %cfg.name, "worker stopped");
@@ -395,7 +444,13 @@ impl Worker {
     }
 
     async fn set_waiting(&self, waiting: bool) {
-        if let Err(e) = self.inner.store.backend().worker_set_waiting(self.inner.id, &self.inner.config.name, waiting).await {
+        if let Err(e) = self
+            .inner
+            .store
+            .backend()
+            .worker_set_waiting(self.inner.id, &self.inner.config.name, waiting)
+            .await
+        {
             tracing::debug!(error = %e, "could not update the worker's waiting flag");
         }
     }
@@ -421,10 +476,23 @@ impl Worker {
     }
 
     /// Starts one task per claimed message, each holding a concurrency permit.
-    async fn spawn_all(&self, claimed: Vec<ClaimedMessage>, tracker: &TaskTracker, run: &Arc<Run>, permits: &Arc<Semaphore>) {
+    async fn spawn_all(
+        &self,
+        claimed: Vec<ClaimedMessage>,
+        tracker: &TaskTracker,
+        run: &Arc<Run>,
+        permits: &Arc<Semaphore>,
+    ) {
         let multi: Vec<i64> = claimed
             .iter()
-            .filter(|m| m.attempts > 1 && self.inner.topics.get(m.topic.as_str()).is_some_and(|h| h.len() > 1))
+            .filter(|m| {
+                m.attempts > 1
+                    && self
+                        .inner
+                        .topics
+                        .get(m.topic.as_str())
+                        .is_some_and(|h| h.len() > 1)
+            })
             .map(|m| m.id)
             .collect();
         let mut completed: HashMap<i64, HashSet<String>> = HashMap::new();
@@ -435,11 +503,15 @@ impl Worker {
                         completed.entry(id).or_default().insert(handler);
                     }
                 }
-                Err(e) => tracing::warn!(error = %e, "could not read per-handler progress; every handler of those messages runs again"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not read per-handler progress; every handler of those messages runs again")
+                }
             }
         }
         for msg in claimed {
-            let Ok(permit) = permits.clone().acquire_owned().await else { return };
+            let Ok(permit) = permits.clone().acquire_owned().await else {
+                return;
+            };
             let done = completed.remove(&msg.id).unwrap_or_default();
             let worker = self.clone();
             let run = run.clone();
@@ -455,8 +527,18 @@ impl Worker {
         let Some(handlers) = self.inner.topics.get(msg.topic.as_str()) else {
             return; // never claimed: the claim only asks for our topics
         };
-        let outcome = run_message(&msg, handlers, &completed, &self.inner.config, &self.inner.resources).await;
-        let fence = Fence { id: msg.id, claim_token: msg.claim_token };
+        let outcome = run_message(
+            &msg,
+            handlers,
+            &completed,
+            &self.inner.config,
+            &self.inner.resources,
+        )
+        .await;
+        let fence = Fence {
+            id: msg.id,
+            claim_token: msg.claim_token,
+        };
         match outcome {
             Outcome::Done => {
                 lock(&run.report).done += 1;
@@ -464,7 +546,11 @@ impl Worker {
                     tracing::warn!(message_id = %msg.public_id, "outcome writer stopped; the message will be redelivered");
                 }
             }
-            Outcome::Failed { retry_in, error, succeeded } => {
+            Outcome::Failed {
+                retry_in,
+                error,
+                succeeded,
+            } => {
                 {
                     let mut r = lock(&run.report);
                     if retry_in.is_some() {
@@ -500,7 +586,11 @@ impl Worker {
 
     async fn report_unhandled(&self) {
         for (topic, type_name) in &self.inner.unhandled_events {
-            tracing::warn!(topic, event = type_name, "declared event has no handler in this worker");
+            tracing::warn!(
+                topic,
+                event = type_name,
+                "declared event has no handler in this worker"
+            );
         }
         match self.unhandled_pending_topics().await {
             Ok(topics) => {

@@ -38,7 +38,10 @@ pub(crate) async fn run_message(
     let mut errors = Vec::new();
     let mut retry_in: Option<Duration> = Some(Duration::ZERO);
     for h in handlers.iter().filter(|h| !completed.contains(h.name())) {
-        let max_attempts = h.max_attempts().unwrap_or(config.retry.get_max_attempts()).max(1);
+        let max_attempts = h
+            .max_attempts()
+            .unwrap_or(config.retry.get_max_attempts())
+            .max(1);
         let ctx = Context {
             message_id: msg.public_id,
             topic: topic.clone(),
@@ -60,7 +63,9 @@ pub(crate) async fn run_message(
             handler = h.name(),
         );
         let timeout = h.timeout().unwrap_or(config.handler_timeout);
-        let result = call_handler(&**h, &msg.payload, &ctx, timeout).instrument(span.clone()).await;
+        let result = call_handler(&**h, &msg.payload, &ctx, timeout)
+            .instrument(span.clone())
+            .await;
         match result {
             Ok(()) => succeeded.push(h.name()),
             Err(e) => {
@@ -70,11 +75,18 @@ pub(crate) async fn run_message(
                     FailureKind::Permanent => None,
                     _ if attempt >= max_attempts => None,
                     FailureKind::RetryAfter(d) => Some(d),
-                    _ => Some(h.backoff(attempt).unwrap_or_else(|| config.retry.backoff(attempt))),
+                    _ => Some(
+                        h.backoff(attempt)
+                            .unwrap_or_else(|| config.retry.backoff(attempt)),
+                    ),
                 };
                 match delay {
-                    None => tracing::error!(error = %chain, "handler failed; the message is dead-lettered"),
-                    Some(d) => tracing::warn!(error = %chain, retry_in = ?d, "handler failed; will retry"),
+                    None => {
+                        tracing::error!(error = %chain, "handler failed; the message is dead-lettered")
+                    }
+                    Some(d) => {
+                        tracing::warn!(error = %chain, retry_in = ?d, "handler failed; will retry")
+                    }
                 }
                 // The message goes dead if any handler must stop; otherwise it waits for the
                 // longest delay any failing handler asked for.
@@ -115,7 +127,9 @@ async fn call_handler(
                 .unwrap_or_else(|| "non-string panic payload".to_string());
             Err(HandlerError::retry(format!("handler panicked: {msg}")))
         }
-        Err(_) => Err(HandlerError::retry(format!("handler timed out after {timeout:?}"))),
+        Err(_) => Err(HandlerError::retry(format!(
+            "handler timed out after {timeout:?}"
+        ))),
     }
 }
 
@@ -139,7 +153,12 @@ pub(crate) fn failure<'a>(
     error: &'a str,
     succeeded: &'a [&'a str],
 ) -> Failure<'a> {
-    Failure { fence, retry_in, error, succeeded }
+    Failure {
+        fence,
+        retry_in,
+        error,
+        succeeded,
+    }
 }
 
 #[cfg(test)]

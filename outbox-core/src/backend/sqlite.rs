@@ -1,0 +1,314 @@
+//! Every SQL statement for SQLite.
+//!
+//! SQLite has one writer at a time, so each claim is a single `UPDATE ... WHERE id IN (SELECT
+//! ... LIMIT n) RETURNING` statement: atomic under the write lock, so several workers on one
+//! file always take different messages. There is no `SKIP LOCKED` and no LISTEN; idle workers
+//! poll (fast right after activity).
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
+use sqlx::{Row, SqliteConnection};
+use uuid::Uuid;
+
+use super::{Backend, ClaimParams, ClaimedMessage, Failure, Fence, WakeupListener};
+use crate::__private::NewMessage;
+use crate::error::{Error, Result};
+use crate::migrate::Migration;
+
+pub(crate) const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        description: "outbox messages and deliveries",
+        sql: include_str!("../../migrations/sqlite/0001_outbox.sql"),
+    },
+    Migration {
+        version: 2,
+        description: "processed-id records",
+        sql: include_str!("../../migrations/sqlite/0002_processed.sql"),
+    },
+];
+
+pub(crate) struct SqliteBackend {
+    pool: SqlitePool,
+}
+
+impl SqliteBackend {
+    pub(crate) fn new(pool: SqlitePool) -> Self {
+        Self { pool }
+    }
+}
+
+/// Now, in Unix milliseconds.
+pub(crate) fn now_ms() -> i64 {
+    let d = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+fn ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// The connect options the outbox expects on SQLite: WAL, a busy timeout, foreign keys, and the
+/// file created if missing.
+///
+/// # Errors
+///
+/// When `url` is not a valid SQLite URL.
+pub fn sqlite_options(url: &str) -> Result<SqliteConnectOptions> {
+    let opts: SqliteConnectOptions = url
+        .parse()
+        .map_err(|e| Error::Config(format!("`{url}` is not a SQLite URL: {e}")))?;
+    Ok(opts
+        .create_if_missing(true)
+        .journal_mode(SqliteJournalMode::Wal)
+        .busy_timeout(Duration::from_secs(10))
+        .foreign_keys(true))
+}
+
+/// Opens a pool on `url` with [`sqlite_options`].
+///
+/// # Errors
+///
+/// When the URL is invalid or the file cannot be opened.
+pub async fn sqlite_pool(url: &str) -> Result<SqlitePool> {
+    Ok(SqlitePoolOptions::new()
+        .max_connections(8)
+        .connect_with(sqlite_options(url)?)
+        .await?)
+}
+
+pub(crate) async fn outbox_insert(
+    conn: &mut SqliteConnection,
+    rows: &[NewMessage],
+) -> Result<(), sqlx::Error> {
+    let now = now_ms();
+    if let [row] = rows {
+        sqlx::query(
+            "INSERT INTO outbox_messages (public_id, topic, payload, idempotency_key, available_at, created_at) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        )
+        .bind(row.public_id.to_string())
+        .bind(row.topic)
+        .bind(&row.payload)
+        .bind(&row.idempotency_key)
+        .bind(now.saturating_add(ms(row.delay)))
+        .bind(now)
+        .execute(conn)
+        .await?;
+        return Ok(());
+    }
+    // One statement for the whole slice: the rows travel as one JSON array.
+    let batch: Vec<serde_json::Value> = rows
+        .iter()
+        .map(|r| {
+            serde_json::json!([
+                r.public_id.to_string(),
+                r.topic,
+                r.payload,
+                r.idempotency_key,
+                now.saturating_add(ms(r.delay)),
+            ])
+        })
+        .collect();
+    let batch = serde_json::Value::Array(batch).to_string();
+    sqlx::query(
+        "INSERT INTO outbox_messages (public_id, topic, payload, idempotency_key, available_at, created_at) \
+         SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4, ?2 FROM json_each(?1)",
+    )
+    .bind(batch)
+    .bind(now)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+fn parse_uuid(s: &str) -> Result<Uuid, sqlx::Error> {
+    Uuid::parse_str(s).map_err(|e| sqlx::Error::Decode(Box::new(e)))
+}
+
+#[async_trait]
+impl Backend for SqliteBackend {
+    async fn migrate(&self) -> Result<()> {
+        let mut conn = self.pool.acquire().await?;
+        // BEGIN IMMEDIATE takes the write lock first, so concurrent migrators queue up.
+        let mut tx = sqlx::Connection::begin_with(&mut *conn, "BEGIN IMMEDIATE").await?;
+        sqlx::query(
+            "CREATE TABLE IF NOT EXISTS outbox_migrations ( \
+                version INTEGER PRIMARY KEY, description TEXT NOT NULL, \
+                checksum INTEGER NOT NULL, applied_at INTEGER NOT NULL)",
+        )
+        .execute(&mut *tx)
+        .await?;
+        let applied: Vec<(i64, i64)> =
+            sqlx::query_as("SELECT version, checksum FROM outbox_migrations ORDER BY version")
+                .fetch_all(&mut *tx)
+                .await?;
+        for (v, sum) in &applied {
+            match MIGRATIONS.iter().find(|m| m.version == *v) {
+                None => return Err(Error::MigrationUnknown { version: *v }),
+                Some(m) if m.checksum() != *sum => {
+                    return Err(Error::MigrationChanged { version: *v })
+                }
+                Some(_) => {}
+            }
+        }
+        for m in MIGRATIONS
+            .iter()
+            .filter(|m| applied.iter().all(|(v, _)| *v != m.version))
+        {
+            sqlx::raw_sql(m.sql).execute(&mut *tx).await?;
+            sqlx::query("INSERT INTO outbox_migrations (version, description, checksum, applied_at) VALUES (?1, ?2, ?3, ?4)")
+                .bind(m.version)
+                .bind(m.description)
+                .bind(m.checksum())
+                .bind(now_ms())
+                .execute(&mut *tx)
+                .await?;
+            tracing::info!(
+                version = m.version,
+                description = m.description,
+                "applied outbox migration"
+            );
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn outbox_claim_batch(&self, p: &ClaimParams<'_>) -> Result<Vec<ClaimedMessage>> {
+        let now = now_ms();
+        let token = p.claim_token.to_string();
+        let mut out = Vec::new();
+        // One statement per topic keeps each claim on the ready index, in due order.
+        for topic in p.topics {
+            let want = p.limit - i64::try_from(out.len()).unwrap_or(i64::MAX);
+            if want <= 0 {
+                break;
+            }
+            let rows = sqlx::query(
+                "UPDATE outbox_messages \
+                 SET status = 'running', attempts = attempts + 1, claim_token = ?1, claimed_by = ?2, \
+                     claimed_at = ?3, available_at = ?4 \
+                 WHERE id IN ( \
+                     SELECT id FROM outbox_messages \
+                     WHERE topic = ?5 AND status IN ('pending', 'running') AND available_at <= ?3 \
+                     ORDER BY available_at, id LIMIT ?6) \
+                 RETURNING id, public_id, topic, payload, idempotency_key, attempts, created_at",
+            )
+            .bind(&token)
+            .bind(p.worker)
+            .bind(now)
+            .bind(now.saturating_add(ms(p.lease)))
+            .bind(*topic)
+            .bind(want)
+            .fetch_all(&self.pool)
+            .await?;
+            for r in rows {
+                let created: i64 = r.try_get("created_at")?;
+                out.push(ClaimedMessage {
+                    id: r.try_get("id")?,
+                    public_id: parse_uuid(r.try_get("public_id")?)?,
+                    topic: r.try_get("topic")?,
+                    payload: r.try_get("payload")?,
+                    idempotency_key: r.try_get("idempotency_key")?,
+                    attempts: r.try_get("attempts")?,
+                    created_at: DateTime::<Utc>::from_timestamp_millis(created).unwrap_or_default(),
+                    claim_token: p.claim_token,
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    async fn delivery_completed(&self, message_ids: &[i64]) -> Result<Vec<(i64, String)>> {
+        let ids = serde_json::to_string(message_ids).unwrap_or_else(|_| "[]".into());
+        Ok(sqlx::query_as(
+            "SELECT message_id, handler FROM outbox_deliveries WHERE message_id IN (SELECT value FROM json_each(?1))",
+        )
+        .bind(ids)
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    async fn outbox_mark_done(&self, done: &[Fence]) -> Result<u64> {
+        let pairs: Vec<serde_json::Value> = done
+            .iter()
+            .map(|f| serde_json::json!([f.id, f.claim_token.to_string()]))
+            .collect();
+        let r = sqlx::query(
+            "UPDATE outbox_messages SET status = 'done', processed_at = ?2, claim_token = NULL \
+             WHERE status = 'running' AND id IN ( \
+                 SELECT m.id FROM json_each(?1) AS d \
+                 JOIN outbox_messages AS m ON m.id = d.value ->> 0 AND m.claim_token = d.value ->> 1)",
+        )
+        .bind(serde_json::Value::Array(pairs).to_string())
+        .bind(now_ms())
+        .execute(&self.pool)
+        .await?;
+        Ok(r.rows_affected())
+    }
+
+    async fn outbox_mark_failed(&self, f: &Failure<'_>) -> Result<bool> {
+        let now = now_ms();
+        let mut conn = self.pool.acquire().await?;
+        let mut tx = sqlx::Connection::begin_with(&mut *conn, "BEGIN IMMEDIATE").await?;
+        let retry_at = now.saturating_add(f.retry_in.map(ms).unwrap_or(0));
+        let r = sqlx::query(
+            "UPDATE outbox_messages \
+             SET status = CASE WHEN ?3 THEN 'dead' ELSE 'pending' END, \
+                 available_at = CASE WHEN ?3 THEN available_at ELSE ?4 END, \
+                 processed_at = CASE WHEN ?3 THEN ?5 ELSE NULL END, \
+                 last_error = ?6, claim_token = NULL \
+             WHERE id = ?1 AND claim_token = ?2 AND status = 'running'",
+        )
+        .bind(f.fence.id)
+        .bind(f.fence.claim_token.to_string())
+        .bind(f.retry_in.is_none())
+        .bind(retry_at)
+        .bind(now)
+        .bind(f.error)
+        .execute(&mut *tx)
+        .await?;
+        for handler in f.succeeded {
+            sqlx::query(
+                "INSERT INTO outbox_deliveries (message_id, handler, completed_at) VALUES (?1, ?2, ?3) \
+                 ON CONFLICT DO NOTHING",
+            )
+            .bind(f.fence.id)
+            .bind(*handler)
+            .bind(now)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(r.rows_affected() > 0)
+    }
+
+    async fn outbox_unknown_topics(&self, known: &[&str]) -> Result<Vec<(String, i64)>> {
+        let known = serde_json::to_string(known).unwrap_or_else(|_| "[]".into());
+        Ok(sqlx::query_as(
+            "SELECT topic, count(*) FROM outbox_messages \
+             WHERE status IN ('pending', 'running') AND topic NOT IN (SELECT value FROM json_each(?1)) \
+             GROUP BY topic ORDER BY topic",
+        )
+        .bind(known)
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    async fn worker_set_waiting(&self, _id: Uuid, _name: &str, _waiting: bool) -> Result<()> {
+        Ok(())
+    }
+
+    async fn worker_deregister(&self, _id: Uuid) -> Result<()> {
+        Ok(())
+    }
+
+    async fn wakeup_listener(&self) -> Result<Option<Box<dyn WakeupListener>>> {
+        Ok(None)
+    }
+}
