@@ -20,6 +20,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
+use futures_util::FutureExt;
+use tokio_util::sync::CancellationToken;
 
 use crate::registry::Registry;
 use crate::worker::{RetryPolicy, Wakeup, Worker, WorkerBuilder, WorkerConfig};
@@ -191,7 +193,14 @@ where
 {
     init_logging();
     let args = WorkerArgs::parse();
-    run_worker_with(args, configure, shutdown_signal()).await
+    // Listen for signals from the start, so a stop during connect or migrate is clean too.
+    let stop = CancellationToken::new();
+    let on_signal = stop.clone();
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        on_signal.cancel();
+    });
+    run_worker_with(args, configure, stop.cancelled_owned()).await
 }
 
 /// [`run_worker`] with arguments already parsed and a stop signal of your own.
@@ -207,19 +216,26 @@ pub async fn run_worker_with<F>(
 where
     F: FnOnce(&WorkerArgs, WorkerBuilder) -> WorkerBuilder,
 {
-    let store = match connect(&args.database_url).await {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return ExitCode::from(exit::DATABASE);
+    let stop = stop.shared();
+    let start = async {
+        let store = connect(&args.database_url).await.map_err(|e| format!("error: {}", full(&e)))?;
+        if !args.no_migrate {
+            crate::migrate(store.clone())
+                .await
+                .map_err(|e| format!("error: could not apply the outbox migrations: {}", full(&e)))?;
         }
+        Ok::<_, String>(store)
     };
-    if !args.no_migrate {
-        if let Err(e) = crate::migrate(store.clone()).await {
-            eprintln!("error: could not apply the outbox migrations: {}", full(&e));
-            return ExitCode::from(exit::DATABASE);
-        }
-    }
+    let store = tokio::select! {
+        () = stop.clone() => return ExitCode::from(exit::OK),
+        r = start => match r {
+            Ok(store) => store,
+            Err(line) => {
+                eprintln!("{line}");
+                return ExitCode::from(exit::DATABASE);
+            }
+        },
+    };
     let builder = Worker::builder(store)
         .registry(Registry::linked())
         .config(args.apply(WorkerConfig::default()));
@@ -295,12 +311,15 @@ async fn list_topics(worker: &Worker) -> ExitCode {
 pub async fn connect(url: &str) -> crate::Result<crate::Store> {
     #[cfg(feature = "postgres")]
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        use sqlx::ConnectOptions;
+        let options: sqlx::postgres::PgConnectOptions = url.parse()?;
+        // One direct connection first: it fails fast and with the real cause (a pool retries
+        // until its timeout and then only says that it timed out).
+        sqlx::Connection::close(options.connect().await?).await?;
         let pool = sqlx::postgres::PgPoolOptions::new()
             .max_connections(10)
             .acquire_timeout(Duration::from_secs(10))
-            .connect(url)
-            .await
-            .map_err(|e| crate::Error::Config(format!("cannot connect to the database: {e}")))?;
+            .connect_lazy_with(options);
         return Ok(crate::Store::postgres(pool));
     }
     #[cfg(feature = "sqlite")]
@@ -317,8 +336,11 @@ fn full(e: &crate::Error) -> String {
     let mut s = e.to_string();
     let mut src = std::error::Error::source(e);
     while let Some(inner) = src {
-        s.push_str(": ");
-        s.push_str(&inner.to_string());
+        let text = inner.to_string();
+        if !s.ends_with(&text) {
+            s.push_str(": ");
+            s.push_str(&text);
+        }
         src = inner.source();
     }
     s

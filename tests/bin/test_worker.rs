@@ -7,7 +7,9 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use outbox_core::{register_handler, Context, FromResources, Handler, HandlerError, ResourceError, Resources};
+use outbox_core::{
+    register_handler, Context, FromResources, Handler, HandlerError, ResourceError, Resources,
+};
 use outbox_tests::events::Work;
 use sqlx::PgPool;
 
@@ -36,7 +38,9 @@ impl Handler for Record {
 
 impl FromResources for Record {
     fn from_resources(resources: &Resources) -> Result<Self, ResourceError> {
-        Ok(Record { pool: resources.require::<PgPool>()?.clone() })
+        Ok(Record {
+            pool: resources.require::<PgPool>()?.clone(),
+        })
     }
 }
 

@@ -1,0 +1,523 @@
+//! The worker as a real process: several workers sharing a queue, SIGKILL in the middle of a
+//! handler, SIGTERM with handlers in flight, database connections killed under a running
+//! worker, and the `--once` / `--list-topics` / bad-URL paths of the command line.
+//!
+//! Every test runs `test-worker` (tests/bin/test_worker.rs) as child processes on a fresh
+//! database of its own; its handler `record` sleeps `sleep_ms` and then inserts a row into
+//! `effects`, a table each test creates.
+
+use std::collections::{BTreeMap, HashSet};
+use std::future::Future;
+use std::os::unix::process::ExitStatusExt;
+use std::process::{ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use outbox_core::enqueue_many;
+use outbox_tests::events::Work;
+use outbox_tests::{pg, TestDb};
+use sqlx::{Connection, PgConnection, PgPool};
+use tokio::process::{Child, Command};
+use uuid::Uuid;
+
+const POLL: Duration = Duration::from_millis(50);
+
+/// A `test-worker` child process on `url`, logging warnings to the test's stderr.
+fn spawn_worker(url: &str, flags: &[&str]) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_test-worker"))
+        .arg("--database-url")
+        .arg(url)
+        .args(flags)
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::inherit())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn test-worker")
+}
+
+fn pid(child: &Child) -> u32 {
+    child.id().expect("the worker is still running")
+}
+
+/// Sends SIGTERM with the `kill` command.
+fn sigterm(pid: u32) {
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .expect("run kill");
+    assert!(status.success(), "kill -TERM {pid} failed: {status}");
+}
+
+/// Waits for `child` to exit, at most `limit`.
+async fn wait_exit(child: &mut Child, limit: Duration, what: &str) -> ExitStatus {
+    match tokio::time::timeout(limit, child.wait()).await {
+        Ok(status) => status.expect("wait for the worker"),
+        Err(_) => panic!("{what}: the worker did not exit within {limit:?}"),
+    }
+}
+
+/// Runs a query again while the database refuses it (connections killed under the pool).
+async fn retry<T, F, Fut>(what: &str, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, sqlx::Error>>,
+{
+    let mut tries = 0;
+    loop {
+        match f().await {
+            Ok(v) => return v,
+            Err(e) if tries < 50 => {
+                tries += 1;
+                eprintln!("{what}: {e}; retrying");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("{what}: {e}"),
+        }
+    }
+}
+
+/// Message counts by status.
+async fn counts(pool: &PgPool) -> BTreeMap<String, i64> {
+    let rows: Vec<(String, i64)> = retry("count by status", || {
+        sqlx::query_as("SELECT status, count(*) FROM outbox_messages GROUP BY status")
+            .fetch_all(pool)
+    })
+    .await;
+    rows.into_iter().collect()
+}
+
+fn get(c: &BTreeMap<String, i64>, status: &str) -> i64 {
+    c.get(status).copied().unwrap_or(0)
+}
+
+/// Polls the status counts until `done` holds, or panics after `limit` with the counts.
+async fn wait_for(
+    pool: &PgPool,
+    limit: Duration,
+    what: &str,
+    done: impl Fn(&BTreeMap<String, i64>) -> bool,
+) -> BTreeMap<String, i64> {
+    let deadline = Instant::now() + limit;
+    loop {
+        let c = counts(pool).await;
+        if done(&c) {
+            return c;
+        }
+        if Instant::now() > deadline {
+            panic!("timed out after {limit:?} waiting for {what}; status counts: {c:?}");
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+async fn scalar(pool: &PgPool, sql: &'static str) -> i64 {
+    retry(sql, || sqlx::query_scalar(sql).fetch_one(pool)).await
+}
+
+async fn effects_table(pool: &PgPool, unique: bool) {
+    let key = if unique { ", UNIQUE (message_id)" } else { "" };
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "CREATE TABLE effects (message_id uuid NOT NULL, handler text NOT NULL, n bigint NOT NULL{key})"
+    )))
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+/// Enqueues `n` Work events in one transaction and returns their public ids.
+async fn enqueue_work(db: &TestDb, n: i64, sleep_ms: impl Fn(i64) -> u64) -> Vec<Uuid> {
+    let events: Vec<Work> = (0..n)
+        .map(|i| Work {
+            n: i,
+            sleep_ms: sleep_ms(i),
+        })
+        .collect();
+    let mut tx = db.pool.begin().await.unwrap();
+    let ids = enqueue_many(&mut *tx, &events).await.unwrap();
+    tx.commit().await.unwrap();
+    ids
+}
+
+/// (public_id, attempts, claim_token) of the rows now `running`.
+async fn running_rows(pool: &PgPool) -> Vec<(Uuid, i32, Option<Uuid>)> {
+    sqlx::query_as(
+        "SELECT public_id, attempts, claim_token FROM outbox_messages \
+         WHERE status = 'running' ORDER BY public_id",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn two_workers_drain_2000_messages_exactly_once() {
+    let db = pg().await;
+    effects_table(&db.pool, true).await;
+
+    // Both workers are up and asleep on LISTEN before the burst, so both take part.
+    let flags = ["--batch-size", "10"];
+    let mut a = spawn_worker(&db.url, &flags);
+    let mut b = spawn_worker(&db.url, &flags);
+    let (pid_a, pid_b) = (pid(&a), pid(&b));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while scalar(
+        &db.pool,
+        "SELECT count(*) FROM outbox_workers WHERE waiting",
+    )
+    .await
+        < 2
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the two workers did not both register as waiting within 20 s"
+        );
+        tokio::time::sleep(POLL).await;
+    }
+
+    let started = Instant::now();
+    enqueue_work(&db, 2000, |i| (i % 3) as u64).await;
+    let c = wait_for(&db.pool, Duration::from_secs(60), "2000 done", |c| {
+        get(c, "done") == 2000
+    })
+    .await;
+    eprintln!(
+        "two workers drained 2000 messages in {:?}",
+        started.elapsed()
+    );
+    assert_eq!(c.len(), 1, "only done rows are left: {c:?}");
+
+    assert_eq!(scalar(&db.pool, "SELECT count(*) FROM effects").await, 2000);
+    assert_eq!(
+        scalar(&db.pool, "SELECT count(DISTINCT message_id) FROM effects").await,
+        2000
+    );
+    assert_eq!(
+        scalar(
+            &db.pool,
+            "SELECT count(*) FROM outbox_messages m JOIN effects e ON e.message_id = m.public_id"
+        )
+        .await,
+        2000,
+        "every effect belongs to a message"
+    );
+    // A second run of any message would have hit the unique key, failed, and been retried.
+    let over: Vec<(Uuid, i32, Option<String>)> = sqlx::query_as(
+        "SELECT public_id, attempts, last_error FROM outbox_messages \
+         WHERE attempts <> 1 OR last_error IS NOT NULL LIMIT 5",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert!(over.is_empty(), "messages run more than once: {over:?}");
+
+    let by_worker: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT claimed_by, count(*) FROM outbox_messages GROUP BY claimed_by ORDER BY claimed_by",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    eprintln!("claims per worker: {by_worker:?}");
+    assert_eq!(by_worker.len(), 2, "both workers claimed: {by_worker:?}");
+    for suffix in [format!(":{pid_a}"), format!(":{pid_b}")] {
+        assert!(
+            by_worker.iter().any(|(name, _)| name.ends_with(&suffix)),
+            "no claims by the worker with pid {suffix}: {by_worker:?}"
+        );
+    }
+
+    sigterm(pid_a);
+    sigterm(pid_b);
+    let sa = wait_exit(&mut a, Duration::from_secs(15), "worker a after SIGTERM").await;
+    let sb = wait_exit(&mut b, Duration::from_secs(15), "worker b after SIGTERM").await;
+    assert_eq!(sa.code(), Some(0), "worker a: {sa}");
+    assert_eq!(sb.code(), Some(0), "worker b: {sb}");
+    assert_eq!(
+        scalar(&db.pool, "SELECT count(*) FROM outbox_workers").await,
+        0,
+        "stopped workers deregister"
+    );
+    db.drop_db().await;
+}
+
+#[tokio::test]
+async fn sigkill_mid_handler_redelivers_after_lease() {
+    let db = pg().await;
+    effects_table(&db.pool, false).await;
+    let ids = enqueue_work(&db, 50, |_| 1500).await;
+    let flags = [
+        "--lease",
+        "3",
+        "--handler-timeout",
+        "2",
+        "--concurrency",
+        "50",
+    ];
+
+    let mut first = spawn_worker(&db.url, &flags);
+    wait_for(&db.pool, Duration::from_secs(20), "running messages", |c| {
+        get(c, "running") > 0
+    })
+    .await;
+    first.start_kill().unwrap();
+    let status = wait_exit(&mut first, Duration::from_secs(5), "SIGKILLed worker").await;
+    assert_eq!(status.signal(), Some(9), "killed by SIGKILL: {status}");
+
+    // What was in flight at the kill stays claimed: nothing is lost, nothing is marked.
+    let in_flight = running_rows(&db.pool).await;
+    assert!(!in_flight.is_empty(), "messages were running at the kill");
+    assert!(in_flight.iter().all(|(_, attempts, _)| *attempts == 1));
+    let c = counts(&db.pool).await;
+    assert_eq!(c.values().sum::<i64>(), 50, "no message lost: {c:?}");
+    assert_eq!(get(&c, "dead"), 0, "{c:?}");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        running_rows(&db.pool).await,
+        in_flight,
+        "the rows of the dead worker stay running, same claim"
+    );
+    eprintln!("{} message(s) in flight at the SIGKILL", in_flight.len());
+
+    let mut second = spawn_worker(&db.url, &flags);
+    let pid2 = pid(&second);
+    wait_for(&db.pool, Duration::from_secs(30), "50 done", |c| {
+        get(c, "done") == 50
+    })
+    .await;
+
+    let per_message: Vec<(Uuid, i32, String, i64)> = sqlx::query_as(
+        "SELECT m.public_id, m.attempts, m.claimed_by, \
+                (SELECT count(*) FROM effects e WHERE e.message_id = m.public_id) \
+         FROM outbox_messages m",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(per_message.len(), ids.len());
+    let killed: HashSet<Uuid> = in_flight.iter().map(|(id, _, _)| *id).collect();
+    let mut total = 0;
+    for (id, attempts, claimed_by, effects) in &per_message {
+        total += effects;
+        assert!(*effects >= 1, "message {id} has no effect");
+        if killed.contains(id) {
+            assert_eq!(
+                *attempts, 2,
+                "message {id} was in flight at the kill and ran again"
+            );
+            assert!(
+                claimed_by.ends_with(&format!(":{pid2}")),
+                "message {id} was finished by the second worker, not {claimed_by}"
+            );
+        } else {
+            assert_eq!(*attempts, 1, "message {id} was done before the kill");
+        }
+    }
+    assert!(total >= 50, "{total} effects for 50 messages");
+    eprintln!("{total} effects for 50 messages after the SIGKILL");
+
+    sigterm(pid2);
+    let status = wait_exit(&mut second, Duration::from_secs(15), "second worker").await;
+    assert_eq!(status.code(), Some(0), "second worker: {status}");
+    db.drop_db().await;
+}
+
+#[tokio::test]
+async fn sigterm_lets_in_flight_handlers_finish() {
+    let db = pg().await;
+    effects_table(&db.pool, true).await;
+    enqueue_work(&db, 20, |_| 1000).await;
+
+    let mut worker = spawn_worker(
+        &db.url,
+        &["--concurrency", "20", "--shutdown-timeout", "10"],
+    );
+    wait_for(&db.pool, Duration::from_secs(20), "running messages", |c| {
+        get(c, "running") > 0
+    })
+    .await;
+    let running: Vec<Uuid> = running_rows(&db.pool)
+        .await
+        .into_iter()
+        .map(|(id, _, _)| id)
+        .collect();
+    let stop = Instant::now();
+    sigterm(pid(&worker));
+    let status = wait_exit(&mut worker, Duration::from_secs(15), "worker after SIGTERM").await;
+    eprintln!(
+        "worker exited {:?} after SIGTERM with {} message(s) in flight",
+        stop.elapsed(),
+        running.len()
+    );
+    assert_eq!(status.code(), Some(0), "exit after SIGTERM: {status}");
+
+    let c = counts(&db.pool).await;
+    assert_eq!(get(&c, "running"), 0, "nothing left running: {c:?}");
+    assert_eq!(get(&c, "dead"), 0, "{c:?}");
+    let left: Vec<(Uuid, String, i32, i64)> = sqlx::query_as(
+        "SELECT m.public_id, m.status, m.attempts, \
+                (SELECT count(*) FROM effects e WHERE e.message_id = m.public_id) \
+         FROM outbox_messages m WHERE m.public_id = ANY($1)",
+    )
+    .bind(&running)
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(left.len(), running.len());
+    for (id, status, attempts, effects) in left {
+        assert_eq!(status, "done", "message {id} in flight at SIGTERM");
+        assert_eq!(attempts, 1, "message {id}");
+        assert_eq!(effects, 1, "message {id} has its effect");
+    }
+    // The stopped worker claimed nothing after the signal.
+    assert_eq!(
+        get(&c, "done"),
+        i64::try_from(running.len()).unwrap(),
+        "{c:?}"
+    );
+    db.drop_db().await;
+}
+
+#[tokio::test]
+async fn pg_terminate_backend_mid_drain_still_completes() {
+    let db = pg().await;
+    effects_table(&db.pool, false).await;
+    enqueue_work(&db, 3000, |i| (i % 6) as u64).await;
+
+    // A short lease: a claim whose reply is lost with its connection is retried in seconds.
+    let mut worker = spawn_worker(&db.url, &["--lease", "10", "--handler-timeout", "5"]);
+    let started = Instant::now();
+    wait_for(&db.pool, Duration::from_secs(30), "300 done", |c| {
+        get(c, "done") >= 300
+    })
+    .await;
+
+    let mut admin = PgConnection::connect(&db.url).await.unwrap();
+    for round in 1..=2 {
+        let killed: Vec<bool> = sqlx::query_scalar(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+             WHERE datname = $1 AND pid <> pg_backend_pid()",
+        )
+        .bind(&db.name)
+        .fetch_all(&mut admin)
+        .await
+        .unwrap();
+        let c = counts(&db.pool).await;
+        eprintln!(
+            "terminate round {round} after {:?}: {} backend(s) killed; counts {c:?}",
+            started.elapsed(),
+            killed.len()
+        );
+        assert!(
+            !killed.is_empty(),
+            "round {round}: the worker had connections"
+        );
+        if round == 1 {
+            assert!(
+                get(&c, "done") < 3000,
+                "the drain ended before the first kill"
+            );
+            tokio::time::sleep(Duration::from_millis(400)).await;
+        }
+    }
+    admin.close().await.ok();
+
+    let c = wait_for(&db.pool, Duration::from_secs(60), "3000 done", |c| {
+        get(c, "done") == 3000
+    })
+    .await;
+    eprintln!(
+        "drained 3000 messages through two kills in {:?}",
+        started.elapsed()
+    );
+    assert_eq!(c.len(), 1, "only done rows are left: {c:?}");
+    assert_eq!(
+        scalar(&db.pool, "SELECT count(DISTINCT message_id) FROM effects").await,
+        3000,
+        "every message has an effect"
+    );
+    let retried = scalar(
+        &db.pool,
+        "SELECT count(*) FROM outbox_messages WHERE attempts > 1",
+    )
+    .await;
+    let effects = scalar(&db.pool, "SELECT count(*) FROM effects").await;
+    eprintln!("{retried} message(s) ran more than once; {effects} effects");
+
+    assert!(
+        worker.try_wait().unwrap().is_none(),
+        "the worker survived the killed connections"
+    );
+    sigterm(pid(&worker));
+    let status = wait_exit(&mut worker, Duration::from_secs(15), "worker after SIGTERM").await;
+    assert_eq!(status.code(), Some(0), "exit after SIGTERM: {status}");
+    db.drop_db().await;
+}
+
+/// Runs `test-worker` to completion with captured output.
+async fn run_to_end(args: &[&str]) -> (ExitStatus, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_test-worker"))
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .env_remove("DATABASE_URL")
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(30), out)
+        .await
+        .unwrap_or_else(|_| panic!("test-worker {args:?} did not finish within 30 s"))
+        .expect("run test-worker");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    eprint!("{stderr}");
+    (out.status, stdout, stderr)
+}
+
+#[tokio::test]
+async fn once_runs_one_batch_and_list_topics_lists() {
+    let db = pg().await;
+    effects_table(&db.pool, true).await;
+    enqueue_work(&db, 12, |_| 0).await;
+
+    let (status, stdout, _) =
+        run_to_end(&["--database-url", &db.url, "--once", "--batch-size", "5"]).await;
+    assert_eq!(status.code(), Some(0), "--once: {status}\n{stdout}");
+    assert!(
+        stdout.contains("claimed 5 done 5 retried 0 dead 0"),
+        "--once output: {stdout}"
+    );
+    let c = counts(&db.pool).await;
+    assert_eq!(get(&c, "done"), 5, "{c:?}");
+    assert_eq!(get(&c, "pending"), 7, "{c:?}");
+    assert_eq!(scalar(&db.pool, "SELECT count(*) FROM effects").await, 5);
+
+    let (status, stdout, _) = run_to_end(&["--database-url", &db.url, "--list-topics"]).await;
+    assert_eq!(status.code(), Some(0), "--list-topics: {status}\n{stdout}");
+    assert!(
+        stdout.lines().any(|l| l == "test.work: record"),
+        "--list-topics output: {stdout}"
+    );
+    assert_eq!(
+        get(&counts(&db.pool).await, "done"),
+        5,
+        "--list-topics runs nothing"
+    );
+
+    let started = Instant::now();
+    let (status, stdout, stderr) =
+        run_to_end(&["--database-url", "postgres://127.0.0.1:1/none"]).await;
+    eprintln!("bad database URL failed after {:?}", started.elapsed());
+    assert_eq!(
+        status.code(),
+        Some(i32::from(outbox_core::cli::exit::DATABASE)),
+        "unreachable database: {status}\nstdout: {stdout}\nstderr: {stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "no panic: {stderr}");
+    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "one line of error: {stderr}");
+    assert!(lines[0].starts_with("error: "), "an error line: {stderr}");
+    assert!(
+        lines[0].to_lowercase().contains("connect"),
+        "says it could not connect: {stderr}"
+    );
+    db.drop_db().await;
+}
