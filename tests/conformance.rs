@@ -430,6 +430,60 @@ conformance! {
         assert_eq!(db.status(id).await.0, "done");
     }
 
+    async fn stats_dead_letters_and_purge(db) {
+        let (w, _) = worker(&db.pool);
+        let mut tx = db.pool.begin().await.unwrap();
+        enqueue_many(&mut *tx, &(0..5).map(|n| job(n, Mode::Ok)).collect::<Vec<_>>()).await.unwrap();
+        let retried = enqueue(&mut *tx, &job(10, Mode::Fail)).await.unwrap();
+        let dead = enqueue_many(&mut *tx, &[job(11, Mode::Permanent), job(12, Mode::Permanent)]).await.unwrap();
+        tx.commit().await.unwrap();
+        db.insert_raw("nobody.handles", "{}", 3).await;
+        w.run_once().await.unwrap();
+
+        let stats = Store::from(&db.pool).stats().await.unwrap();
+        let topics: Vec<&str> = stats.topics.iter().map(|t| t.topic.as_str()).collect();
+        assert_eq!(topics, ["nobody.handles", "test.job"]);
+        let job_stats = &stats.topics[1];
+        assert_eq!(
+            (job_stats.ready, job_stats.scheduled, job_stats.in_flight, job_stats.dead, job_stats.done_last_5m),
+            (0, 1, 0, 2, 5)
+        );
+        assert_eq!(job_stats.oldest_ready_age, None);
+        let unknown = &stats.topics[0];
+        assert_eq!((unknown.ready, unknown.pending()), (3, 3));
+        assert!(unknown.oldest_ready_age.is_some());
+        assert_eq!((stats.total.ready, stats.total.scheduled, stats.total.dead, stats.total.done_last_5m), (3, 1, 2, 5));
+
+        let store = Store::from(&db.pool);
+        let listed = store.dead_letters(&outbox_core::DeadLetterFilter::default()).await.unwrap();
+        assert_eq!(listed.len(), 2);
+        assert!(listed.iter().all(|m| m.status == "dead" && m.last_error.as_deref().unwrap().contains("recipient rejected")));
+        let filtered = outbox_core::DeadLetterFilter { topic: Some("other".into()), ..Default::default() };
+        assert!(store.dead_letters(&filtered).await.unwrap().is_empty());
+        let old = outbox_core::DeadLetterFilter { older_than: Some(Duration::from_secs(3600)), ..Default::default() };
+        assert!(store.dead_letters(&old).await.unwrap().is_empty(), "none has been dead for an hour");
+        let shown = store.message(dead[0]).await.unwrap().unwrap();
+        assert_eq!((shown.topic.as_str(), shown.attempts), ("test.job", 1));
+        assert!(shown.payload.contains("Permanent") && shown.processed_at.is_some());
+        assert!(store.message(uuid::Uuid::now_v7()).await.unwrap().is_none());
+
+        assert_eq!(store.retry_dead(&outbox_core::DeadSelection::One(dead[0])).await.unwrap(), 1);
+        assert_eq!(db.status(dead[0]).await.0, "pending");
+        assert_eq!(db.status(dead[0]).await.1, 0, "attempts reset");
+        assert_eq!(store.discard_dead(&outbox_core::DeadSelection::Topic("test.job".into())).await.unwrap(), 1);
+        assert_eq!(store.retry_dead(&outbox_core::DeadSelection::All).await.unwrap(), 0);
+
+        // Purge: nothing done is old enough yet; with a zero retention the five done rows go,
+        // in batches of two, and pending rows stay.
+        assert_eq!(store.purge_done(Duration::from_secs(3600), 2).await.unwrap(), 0);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert_eq!(store.purge_done(Duration::from_millis(1), 2).await.unwrap(), 5);
+        assert_eq!(db.count_status("done").await, 0);
+        assert_eq!(db.count_status("pending").await, 5, "3 unhandled, the retried one, the revived one");
+        assert_eq!(db.status(retried).await.0, "pending");
+        assert!(store.purge_done(Duration::ZERO, 0).await.is_err(), "a zero batch is refused");
+    }
+
     async fn a_success_outcome_is_fenced_by_its_claim_token(db) {
         let report = stale_outcome(&db, Duration::from_secs(3)).await;
         assert_eq!(report.done, 1, "the old worker's handler succeeded");

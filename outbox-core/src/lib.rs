@@ -54,7 +54,8 @@
 //! | `macros`   | yes     | re-exports `#[outbox_event]` |
 //! | `sqlite`   | yes     | the SQLite backend (bundled SQLite), the embedded default |
 //! | `postgres` | yes     | the PostgreSQL backend |
-//! | `cli`      | yes     | the pieces of a worker binary: arguments, signals, logging |
+//! | `cli`      | yes     | the pieces of a worker binary (arguments, signals, logging) and the `outbox` operations binary |
+//! | `prometheus` | yes   | a Prometheus `/metrics` and a `/health` endpoint ([`observe`]) |
 
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
@@ -65,7 +66,12 @@ mod enqueue;
 mod error;
 mod event;
 mod handler;
+mod health;
+pub mod metrics;
 mod migrate;
+#[cfg(feature = "prometheus")]
+pub mod observe;
+mod ops;
 mod registry;
 mod resources;
 mod store;
@@ -85,7 +91,11 @@ pub use enqueue::{
 pub use error::{Error, Result};
 pub use event::{Event, EventDescriptor};
 pub use handler::{BoxError, Context, FailureKind, Handler, HandlerError, PayloadError};
+pub use health::Health;
 pub use migrate::migrate;
+pub use ops::{
+    DeadLetterFilter, DeadSelection, MessageInfo, Stats, TopicStats, DEFAULT_PURGE_BATCH,
+};
 pub use registry::{
     assert_all_events_handled, HandlerInfo, HandlerRegistration, Registry, RegistryError,
 };

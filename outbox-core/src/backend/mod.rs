@@ -14,6 +14,15 @@ pub(crate) mod postgres;
 pub(crate) mod sqlite;
 
 pub(crate) mod types;
+
+/// The (public id, topic) a selection of dead letters filters on; `None` means any.
+pub(crate) fn selection(which: &crate::ops::DeadSelection) -> (Option<uuid::Uuid>, Option<&str>) {
+    match which {
+        crate::ops::DeadSelection::One(id) => (Some(*id), None),
+        crate::ops::DeadSelection::Topic(t) => (None, Some(t.as_str())),
+        crate::ops::DeadSelection::All => (None, None),
+    }
+}
 pub(crate) use types::*;
 
 mod sealed {
@@ -72,6 +81,34 @@ pub(crate) trait Backend: Send + Sync + 'static {
 
     /// Pending topics with their counts, among topics not in `known`.
     async fn outbox_unknown_topics(&self, known: &[&str]) -> Result<Vec<(String, i64)>>;
+
+    /// Per-topic counts for [`Store::stats`](crate::Store::stats).
+    async fn outbox_stats(&self) -> Result<Vec<crate::ops::TopicStats>>;
+
+    /// Dead letters, newest first.
+    async fn outbox_dead_list(
+        &self,
+        filter: &crate::ops::DeadLetterFilter,
+    ) -> Result<Vec<crate::ops::MessageInfo>>;
+
+    /// One message by public id.
+    async fn outbox_message(&self, id: uuid::Uuid) -> Result<Option<crate::ops::MessageInfo>>;
+
+    /// Dead letters back to pending, attempts reset.
+    async fn outbox_dead_retry(&self, which: &crate::ops::DeadSelection) -> Result<u64>;
+
+    /// Deletes dead letters.
+    async fn outbox_dead_discard(&self, which: &crate::ops::DeadSelection) -> Result<u64>;
+
+    /// Deletes one batch of DONE rows older than `older_than`.
+    async fn outbox_purge_done(&self, older_than: std::time::Duration, batch: i64) -> Result<u64>;
+
+    /// Deletes one batch of processed-id records older than `older_than`.
+    async fn outbox_purge_processed(
+        &self,
+        older_than: std::time::Duration,
+        batch: i64,
+    ) -> Result<u64>;
 
     /// Records a live worker and whether it is sleeping on its wake-up channel.
     async fn worker_set_waiting(&self, id: uuid::Uuid, name: &str, waiting: bool) -> Result<()>;

@@ -5,10 +5,12 @@ use sqlx::postgres::{PgListener, PgPool};
 use sqlx::{PgConnection, Row};
 use uuid::Uuid;
 
+use super::selection;
 use super::{Backend, ClaimParams, ClaimedMessage, Failure, Fence, WakeupListener};
 use crate::__private::NewMessage;
 use crate::error::{Error, Result};
 use crate::migrate::Migration;
+use crate::ops::{DeadLetterFilter, DeadSelection, MessageInfo, TopicStats};
 
 /// The channel producers notify when a worker is waiting.
 const WAKEUP_CHANNEL: &str = "outbox_wakeup";
@@ -27,7 +29,30 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         description: "processed-id records",
         sql: include_str!("../../migrations/postgres/0002_processed.sql"),
     },
+    Migration {
+        version: 3,
+        description: "partial indexes for operations",
+        sql: include_str!("../../migrations/postgres/0003_ops_indexes.sql"),
+    },
 ];
+
+const MESSAGE_COLUMNS: &str =
+    "public_id, topic, status, attempts, payload::text AS payload, last_error, \
+     created_at, available_at, processed_at";
+
+fn message_info(r: &sqlx::postgres::PgRow) -> Result<MessageInfo, sqlx::Error> {
+    Ok(MessageInfo {
+        id: r.try_get("public_id")?,
+        topic: r.try_get("topic")?,
+        status: r.try_get("status")?,
+        attempts: r.try_get("attempts")?,
+        payload: r.try_get("payload")?,
+        last_error: r.try_get("last_error")?,
+        created_at: r.try_get("created_at")?,
+        available_at: r.try_get("available_at")?,
+        processed_at: r.try_get("processed_at")?,
+    })
+}
 
 pub(crate) struct PgBackend {
     pool: PgPool,
@@ -220,6 +245,136 @@ impl Backend for PgBackend {
         .bind(known)
         .fetch_all(&self.pool)
         .await?)
+    }
+
+    async fn outbox_stats(&self) -> Result<Vec<TopicStats>> {
+        // Each part reads through its own partial index: pending/running, dead, recent done.
+        let rows: Vec<(String, i64, i64, i64, i64, i64, Option<f64>)> = sqlx::query_as(
+            "WITH live AS ( \
+                SELECT topic, \
+                       count(*) FILTER (WHERE available_at <= now()) AS ready, \
+                       count(*) FILTER (WHERE status = 'pending' AND available_at > now()) AS scheduled, \
+                       count(*) FILTER (WHERE status = 'running' AND available_at > now()) AS in_flight, \
+                       extract(epoch FROM now() - min(available_at) FILTER (WHERE available_at <= now()))::float8 AS oldest \
+                FROM outbox_messages WHERE status IN ('pending', 'running') GROUP BY topic \
+             ), dead AS ( \
+                SELECT topic, count(*) AS dead FROM outbox_messages WHERE status = 'dead' GROUP BY topic \
+             ), done AS ( \
+                SELECT topic, count(*) AS done FROM outbox_messages \
+                WHERE status = 'done' AND processed_at > now() - interval '5 minutes' GROUP BY topic \
+             ), topics AS ( \
+                SELECT topic FROM live UNION SELECT topic FROM dead UNION SELECT topic FROM done \
+             ) \
+             SELECT t.topic, coalesce(l.ready, 0), coalesce(l.scheduled, 0), coalesce(l.in_flight, 0), \
+                    coalesce(d.dead, 0), coalesce(o.done, 0), l.oldest \
+             FROM topics t \
+             LEFT JOIN live l ON l.topic = t.topic \
+             LEFT JOIN dead d ON d.topic = t.topic \
+             LEFT JOIN done o ON o.topic = t.topic \
+             ORDER BY t.topic",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(
+                |(topic, ready, scheduled, in_flight, dead, done_last_5m, oldest)| TopicStats {
+                    topic,
+                    ready,
+                    scheduled,
+                    in_flight,
+                    dead,
+                    done_last_5m,
+                    oldest_ready_age: oldest
+                        .and_then(|s| std::time::Duration::try_from_secs_f64(s.max(0.0)).ok()),
+                },
+            )
+            .collect())
+    }
+
+    async fn outbox_dead_list(&self, f: &DeadLetterFilter) -> Result<Vec<MessageInfo>> {
+        let sql = sqlx::AssertSqlSafe(format!(
+            "SELECT {MESSAGE_COLUMNS} FROM outbox_messages \
+             WHERE status = 'dead' AND ($1::text IS NULL OR topic = $1) \
+               AND ($2::float8 IS NULL OR processed_at <= now() - make_interval(secs => $2)) \
+             ORDER BY processed_at DESC LIMIT $3"
+        ));
+        let rows = sqlx::query(sql)
+            .bind(f.topic.as_deref())
+            .bind(f.older_than.map(secs))
+            .bind(i64::from(f.limit.unwrap_or(100)))
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(rows.iter().map(message_info).collect::<Result<_, _>>()?)
+    }
+
+    async fn outbox_message(&self, id: Uuid) -> Result<Option<MessageInfo>> {
+        let sql = sqlx::AssertSqlSafe(format!(
+            "SELECT {MESSAGE_COLUMNS} FROM outbox_messages WHERE public_id = $1"
+        ));
+        let row = sqlx::query(sql).bind(id).fetch_optional(&self.pool).await?;
+        Ok(row.as_ref().map(message_info).transpose()?)
+    }
+
+    async fn outbox_dead_retry(&self, which: &DeadSelection) -> Result<u64> {
+        let (id, topic) = selection(which);
+        let r = sqlx::query(
+            "UPDATE outbox_messages \
+             SET status = 'pending', attempts = 0, available_at = now(), processed_at = NULL, claim_token = NULL \
+             WHERE status = 'dead' AND ($1::uuid IS NULL OR public_id = $1) AND ($2::text IS NULL OR topic = $2)",
+        )
+        .bind(id)
+        .bind(topic)
+        .execute(&self.pool)
+        .await?;
+        Ok(r.rows_affected())
+    }
+
+    async fn outbox_dead_discard(&self, which: &DeadSelection) -> Result<u64> {
+        let (id, topic) = selection(which);
+        let r = sqlx::query(
+            "DELETE FROM outbox_messages \
+             WHERE status = 'dead' AND ($1::uuid IS NULL OR public_id = $1) AND ($2::text IS NULL OR topic = $2)",
+        )
+        .bind(id)
+        .bind(topic)
+        .execute(&self.pool)
+        .await?;
+        Ok(r.rows_affected())
+    }
+
+    async fn outbox_purge_done(&self, older_than: std::time::Duration, batch: i64) -> Result<u64> {
+        let r = sqlx::query(
+            // `= ANY(ARRAY(...))` keeps the delete on the primary key; `IN (...)` lets the
+            // planner hash-join against a scan of the whole table.
+            "DELETE FROM outbox_messages WHERE id = ANY(ARRAY( \
+                SELECT id FROM outbox_messages \
+                WHERE status = 'done' AND processed_at < now() - make_interval(secs => $1) \
+                ORDER BY processed_at LIMIT $2))",
+        )
+        .bind(secs(older_than))
+        .bind(batch)
+        .execute(&self.pool)
+        .await?;
+        Ok(r.rows_affected())
+    }
+
+    async fn outbox_purge_processed(
+        &self,
+        older_than: std::time::Duration,
+        batch: i64,
+    ) -> Result<u64> {
+        let r = sqlx::query(
+            "DELETE FROM outbox_processed WHERE ctid = ANY(ARRAY( \
+                SELECT ctid FROM outbox_processed \
+                WHERE processed_at < now() - make_interval(secs => $1) \
+                ORDER BY processed_at LIMIT $2))",
+        )
+        .bind(secs(older_than))
+        .bind(batch)
+        .execute(&self.pool)
+        .await?;
+        Ok(r.rows_affected())
     }
 
     async fn worker_set_waiting(&self, id: Uuid, name: &str, waiting: bool) -> Result<()> {

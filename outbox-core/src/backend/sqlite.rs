@@ -13,10 +13,12 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePo
 use sqlx::{Row, SqliteConnection};
 use uuid::Uuid;
 
+use super::selection;
 use super::{Backend, ClaimParams, ClaimedMessage, Failure, Fence, WakeupListener};
 use crate::__private::NewMessage;
 use crate::error::{Error, Result};
 use crate::migrate::Migration;
+use crate::ops::{DeadLetterFilter, DeadSelection, MessageInfo, TopicStats};
 
 pub(crate) const MIGRATIONS: &[Migration] = &[
     Migration {
@@ -29,7 +31,34 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         description: "processed-id records",
         sql: include_str!("../../migrations/sqlite/0002_processed.sql"),
     },
+    Migration {
+        version: 3,
+        description: "partial indexes for operations",
+        sql: include_str!("../../migrations/sqlite/0003_ops_indexes.sql"),
+    },
 ];
+
+const MESSAGE_COLUMNS: &str =
+    "public_id, topic, status, attempts, payload, last_error, created_at, available_at, processed_at";
+
+fn time(ms: i64) -> DateTime<Utc> {
+    DateTime::<Utc>::from_timestamp_millis(ms).unwrap_or_default()
+}
+
+fn message_info(r: &sqlx::sqlite::SqliteRow) -> Result<MessageInfo, sqlx::Error> {
+    let processed: Option<i64> = r.try_get("processed_at")?;
+    Ok(MessageInfo {
+        id: parse_uuid(r.try_get("public_id")?)?,
+        topic: r.try_get("topic")?,
+        status: r.try_get("status")?,
+        attempts: r.try_get("attempts")?,
+        payload: r.try_get("payload")?,
+        last_error: r.try_get("last_error")?,
+        created_at: time(r.try_get("created_at")?),
+        available_at: time(r.try_get("available_at")?),
+        processed_at: processed.map(time),
+    })
+}
 
 pub(crate) struct SqliteBackend {
     pool: SqlitePool,
@@ -298,6 +327,131 @@ impl Backend for SqliteBackend {
         .bind(known)
         .fetch_all(&self.pool)
         .await?)
+    }
+
+    async fn outbox_stats(&self) -> Result<Vec<TopicStats>> {
+        let rows: Vec<(String, i64, i64, i64, i64, i64, Option<i64>)> = sqlx::query_as(
+            "WITH live AS ( \
+                SELECT topic, \
+                       sum(available_at <= ?1) AS ready, \
+                       sum(status = 'pending' AND available_at > ?1) AS scheduled, \
+                       sum(status = 'running' AND available_at > ?1) AS in_flight, \
+                       min(CASE WHEN available_at <= ?1 THEN available_at END) AS oldest \
+                FROM outbox_messages WHERE status IN ('pending', 'running') GROUP BY topic \
+             ), dead AS ( \
+                SELECT topic, count(*) AS dead FROM outbox_messages WHERE status = 'dead' GROUP BY topic \
+             ), done AS ( \
+                SELECT topic, count(*) AS done FROM outbox_messages \
+                WHERE status = 'done' AND processed_at > ?1 - 300000 GROUP BY topic \
+             ), topics AS ( \
+                SELECT topic FROM live UNION SELECT topic FROM dead UNION SELECT topic FROM done \
+             ) \
+             SELECT t.topic, coalesce(l.ready, 0), coalesce(l.scheduled, 0), coalesce(l.in_flight, 0), \
+                    coalesce(d.dead, 0), coalesce(o.done, 0), l.oldest \
+             FROM topics t \
+             LEFT JOIN live l ON l.topic = t.topic \
+             LEFT JOIN dead d ON d.topic = t.topic \
+             LEFT JOIN done o ON o.topic = t.topic \
+             ORDER BY t.topic",
+        )
+        .bind(now_ms())
+        .fetch_all(&self.pool)
+        .await?;
+        let now = now_ms();
+        Ok(rows
+            .into_iter()
+            .map(
+                |(topic, ready, scheduled, in_flight, dead, done_last_5m, oldest)| TopicStats {
+                    topic,
+                    ready,
+                    scheduled,
+                    in_flight,
+                    dead,
+                    done_last_5m,
+                    oldest_ready_age: oldest
+                        .map(|t| Duration::from_millis(u64::try_from(now - t).unwrap_or(0))),
+                },
+            )
+            .collect())
+    }
+
+    async fn outbox_dead_list(&self, f: &DeadLetterFilter) -> Result<Vec<MessageInfo>> {
+        let sql = sqlx::AssertSqlSafe(format!(
+            "SELECT {MESSAGE_COLUMNS} FROM outbox_messages \
+             WHERE status = 'dead' AND (?1 IS NULL OR topic = ?1) AND (?2 IS NULL OR processed_at <= ?2) \
+             ORDER BY processed_at DESC LIMIT ?3"
+        ));
+        let rows = sqlx::query(sql)
+            .bind(f.topic.as_deref())
+            .bind(f.older_than.map(|d| now_ms() - ms(d)))
+            .bind(i64::from(f.limit.unwrap_or(100)))
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(rows.iter().map(message_info).collect::<Result<_, _>>()?)
+    }
+
+    async fn outbox_message(&self, id: Uuid) -> Result<Option<MessageInfo>> {
+        let sql = sqlx::AssertSqlSafe(format!(
+            "SELECT {MESSAGE_COLUMNS} FROM outbox_messages WHERE public_id = ?1"
+        ));
+        let row = sqlx::query(sql)
+            .bind(id.to_string())
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(row.as_ref().map(message_info).transpose()?)
+    }
+
+    async fn outbox_dead_retry(&self, which: &DeadSelection) -> Result<u64> {
+        let (id, topic) = selection(which);
+        let r = sqlx::query(
+            "UPDATE outbox_messages \
+             SET status = 'pending', attempts = 0, available_at = ?3, processed_at = NULL, claim_token = NULL \
+             WHERE status = 'dead' AND (?1 IS NULL OR public_id = ?1) AND (?2 IS NULL OR topic = ?2)",
+        )
+        .bind(id.map(|u| u.to_string()))
+        .bind(topic)
+        .bind(now_ms())
+        .execute(&self.pool)
+        .await?;
+        Ok(r.rows_affected())
+    }
+
+    async fn outbox_dead_discard(&self, which: &DeadSelection) -> Result<u64> {
+        let (id, topic) = selection(which);
+        let r = sqlx::query(
+            "DELETE FROM outbox_messages \
+             WHERE status = 'dead' AND (?1 IS NULL OR public_id = ?1) AND (?2 IS NULL OR topic = ?2)",
+        )
+        .bind(id.map(|u| u.to_string()))
+        .bind(topic)
+        .execute(&self.pool)
+        .await?;
+        Ok(r.rows_affected())
+    }
+
+    async fn outbox_purge_done(&self, older_than: Duration, batch: i64) -> Result<u64> {
+        let r = sqlx::query(
+            "DELETE FROM outbox_messages WHERE id IN ( \
+                SELECT id FROM outbox_messages WHERE status = 'done' AND processed_at < ?1 \
+                ORDER BY processed_at LIMIT ?2)",
+        )
+        .bind(now_ms() - ms(older_than))
+        .bind(batch)
+        .execute(&self.pool)
+        .await?;
+        Ok(r.rows_affected())
+    }
+
+    async fn outbox_purge_processed(&self, older_than: Duration, batch: i64) -> Result<u64> {
+        let r = sqlx::query(
+            "DELETE FROM outbox_processed WHERE rowid IN ( \
+                SELECT rowid FROM outbox_processed WHERE processed_at < ?1 ORDER BY processed_at LIMIT ?2)",
+        )
+        .bind(now_ms() - ms(older_than))
+        .bind(batch)
+        .execute(&self.pool)
+        .await?;
+        Ok(r.rows_affected())
     }
 
     async fn worker_set_waiting(&self, _id: Uuid, _name: &str, _waiting: bool) -> Result<()> {

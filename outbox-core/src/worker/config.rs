@@ -140,6 +140,11 @@ pub struct WorkerConfig {
     pub(crate) flush_interval: Duration,
     pub(crate) report_interval: Duration,
     pub(crate) max_error_bytes: usize,
+    pub(crate) stats_interval: Duration,
+    pub(crate) health_max_tick_age: Option<Duration>,
+    pub(crate) health_max_oldest_ready: Duration,
+    pub(crate) purge_retention: Option<Duration>,
+    pub(crate) purge_interval: Duration,
 }
 
 impl Default for WorkerConfig {
@@ -157,6 +162,11 @@ impl Default for WorkerConfig {
             flush_interval: Duration::from_millis(5),
             report_interval: Duration::from_secs(300),
             max_error_bytes: 4096,
+            stats_interval: Duration::from_secs(15),
+            health_max_tick_age: None,
+            health_max_oldest_ready: Duration::from_secs(600),
+            purge_retention: None,
+            purge_interval: Duration::from_secs(600),
         }
     }
 }
@@ -240,6 +250,45 @@ impl WorkerConfig {
         self
     }
 
+    /// How often the worker refreshes its gauges and health from the queue statistics
+    /// (default 15 s).
+    pub fn stats_interval(mut self, interval: Duration) -> Self {
+        self.stats_interval = interval;
+        self
+    }
+
+    /// Health fails when the worker loop has not ticked for this long (default: the larger of
+    /// 30 s and three poll intervals).
+    pub fn health_max_tick_age(mut self, age: Duration) -> Self {
+        self.health_max_tick_age = Some(age);
+        self
+    }
+
+    /// Health fails when the oldest ready message of this worker's topics has waited this long
+    /// (default 10 minutes).
+    pub fn health_max_oldest_ready(mut self, age: Duration) -> Self {
+        self.health_max_oldest_ready = age;
+        self
+    }
+
+    /// Deletes DONE messages and processed-id records older than `retention`, every
+    /// [`purge_interval`](WorkerConfig::purge_interval), in small batches. Off by default.
+    pub fn purge_after(mut self, retention: Duration) -> Self {
+        self.purge_retention = Some(retention);
+        self
+    }
+
+    /// How often the periodic purge runs (default 10 minutes).
+    pub fn purge_interval(mut self, interval: Duration) -> Self {
+        self.purge_interval = interval;
+        self
+    }
+
+    pub(crate) fn max_tick_age(&self) -> Duration {
+        self.health_max_tick_age
+            .unwrap_or_else(|| Duration::from_secs(30).max(self.poll_interval.saturating_mul(3)))
+    }
+
     pub(crate) fn validate(&self, longest_timeout: Duration) -> Result<()> {
         self.retry.validate()?;
         if self.concurrency == 0 || self.batch_size == 0 {
@@ -256,6 +305,11 @@ impl WorkerConfig {
                  or a slow handler's message could be claimed twice at once",
                 self.lease
             )));
+        }
+        if self.stats_interval.is_zero() || self.purge_interval.is_zero() {
+            return Err(Error::Config(
+                "stats_interval and purge_interval must be above zero".into(),
+            ));
         }
         if self.max_error_bytes < 64 {
             return Err(Error::Config("max_error_bytes must be at least 64".into()));

@@ -27,6 +27,7 @@ pub use config::{RetryPolicy, Wakeup, WorkerConfig};
 use crate::backend::{ClaimParams, ClaimedMessage, Fence};
 use crate::error::{Error, Result};
 use crate::handler::{erase, ErasedHandler, Handler};
+use crate::health::Health;
 use crate::registry::{duplicate_names, Registry, RegistryError};
 use crate::resources::Resources;
 use crate::store::Store;
@@ -143,6 +144,10 @@ impl WorkerBuilder {
                     .map(|e| (e.topic(), e.type_name()))
                     .collect(),
                 resources: Arc::new(self.resources),
+                health: Health::new(
+                    self.config.max_tick_age(),
+                    self.config.health_max_oldest_ready,
+                ),
                 config: self.config,
                 id: Uuid::now_v7(),
             }),
@@ -157,6 +162,7 @@ struct Inner {
     resources: Arc<Resources>,
     config: WorkerConfig,
     id: Uuid,
+    health: Health,
 }
 
 /// A worker: turns committed messages into handler calls until stopped.
@@ -216,6 +222,16 @@ impl Worker {
             .iter()
             .map(|(t, hs)| (*t, hs.iter().map(|h| h.name()).collect()))
             .collect()
+    }
+
+    /// The store this worker runs on.
+    pub fn store(&self) -> &Store {
+        &self.inner.store
+    }
+
+    /// The worker's health, for an endpoint of your own or [`observe::serve`](crate::observe).
+    pub fn health(&self) -> Health {
+        self.inner.health.clone()
     }
 
     /// Pending topics in the database that this worker has no handler for, with their counts.
@@ -351,10 +367,37 @@ impl Worker {
             })
         };
 
+        let stats = {
+            let w = self.clone();
+            let s = stop.child_token();
+            tokio::spawn(async move {
+                loop {
+                    w.refresh_stats().await;
+                    tokio::select! {
+                        () = s.cancelled() => return,
+                        () = tokio::time::sleep(w.inner.config.stats_interval) => {}
+                    }
+                }
+            })
+        };
+        let purger = cfg.purge_retention.map(|retention| {
+            let w = self.clone();
+            let s = stop.child_token();
+            tokio::spawn(async move {
+                loop {
+                    tokio::select! {
+                        () = s.cancelled() => return,
+                        () = tokio::time::sleep(w.inner.config.purge_interval) => w.purge(retention).await,
+                    }
+                }
+            })
+        });
+
         let mut db_failures: u32 = 0;
         let mut hot_until = Instant::now();
         let mut waiting = false;
         while !stop.is_cancelled() {
+            self.inner.health.tick();
             // Wait for room: never claim more than can start now.
             let free = permits.available_permits();
             if free == 0 {
@@ -416,6 +459,10 @@ impl Worker {
 
         listener_stop.cancel();
         reporter.abort();
+        stats.abort();
+        if let Some(p) = purger {
+            p.abort();
+        }
         tracker.close();
         if tokio::time::timeout(cfg.shutdown_timeout, tracker.wait())
             .await
@@ -471,6 +518,7 @@ impl Worker {
                 worker: &self.inner.config.name,
             })
             .await?;
+        metrics::histogram!(crate::metrics::CLAIM_DURATION).record(start.elapsed().as_secs_f64());
         tracing::trace!(claimed = claimed.len(), elapsed = ?start.elapsed(), "claim");
         Ok(claimed)
     }
@@ -541,6 +589,7 @@ impl Worker {
         };
         match outcome {
             Outcome::Done => {
+                metrics::counter!(crate::metrics::PROCESSED, "topic" => msg.topic.clone(), "outcome" => "done").increment(1);
                 lock(&run.report).done += 1;
                 if run.done_tx.send(fence).is_err() {
                     tracing::warn!(message_id = %msg.public_id, "outcome writer stopped; the message will be redelivered");
@@ -551,6 +600,8 @@ impl Worker {
                 error,
                 succeeded,
             } => {
+                let outcome = if retry_in.is_some() { "retry" } else { "dead" };
+                metrics::counter!(crate::metrics::PROCESSED, "topic" => msg.topic.clone(), "outcome" => outcome).increment(1);
                 {
                     let mut r = lock(&run.report);
                     if retry_in.is_some() {
@@ -582,6 +633,43 @@ impl Worker {
             }
         }
         lock(&run.in_flight).remove(&msg.public_id);
+    }
+
+    async fn refresh_stats(&self) {
+        match self.inner.store.stats().await {
+            Ok(stats) => {
+                let topics = &self.inner.topics;
+                crate::metrics::record_stats(&stats, &|t| topics.contains_key(t));
+                let oldest = stats
+                    .topics
+                    .iter()
+                    .filter(|t| topics.contains_key(t.topic.as_str()))
+                    .filter_map(|t| t.oldest_ready_age)
+                    .max();
+                self.inner.health.set_oldest_ready(oldest);
+            }
+            Err(e) => tracing::warn!(error = %e, "could not read queue statistics"),
+        }
+    }
+
+    async fn purge(&self, retention: Duration) {
+        let store = &self.inner.store;
+        match store
+            .purge_done(retention, crate::ops::DEFAULT_PURGE_BATCH)
+            .await
+        {
+            Ok(n) if n > 0 => tracing::info!(deleted = n, "purged done messages"),
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "purge of done messages failed"),
+        }
+        match store
+            .purge_processed(retention, crate::ops::DEFAULT_PURGE_BATCH)
+            .await
+        {
+            Ok(n) if n > 0 => tracing::info!(deleted = n, "purged processed-id records"),
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "purge of processed-id records failed"),
+        }
     }
 
     async fn report_unhandled(&self) {

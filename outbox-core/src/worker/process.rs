@@ -63,9 +63,12 @@ pub(crate) async fn run_message(
             handler = h.name(),
         );
         let timeout = h.timeout().unwrap_or(config.handler_timeout);
+        let started = std::time::Instant::now();
         let result = call_handler(&**h, &msg.payload, &ctx, timeout)
             .instrument(span.clone())
             .await;
+        metrics::histogram!(crate::metrics::HANDLER_DURATION, "topic" => msg.topic.clone(), "handler" => h.name())
+            .record(started.elapsed().as_secs_f64());
         match result {
             Ok(()) => succeeded.push(h.name()),
             Err(e) => {

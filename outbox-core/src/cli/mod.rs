@@ -23,6 +23,8 @@ use clap::Parser;
 use futures_util::FutureExt;
 use tokio_util::sync::CancellationToken;
 
+pub mod ops;
+
 use crate::registry::Registry;
 use crate::worker::{RetryPolicy, Wakeup, Worker, WorkerBuilder, WorkerConfig};
 
@@ -91,6 +93,14 @@ pub struct WorkerArgs {
     /// Poll only (no LISTEN), e.g. behind PgBouncer in transaction mode.
     #[arg(long)]
     pub poll_only: bool,
+    /// Print the queue statistics, with pending topics no linked handler serves listed apart,
+    /// then exit.
+    #[arg(long)]
+    pub stats: bool,
+    /// Serve Prometheus `/metrics` and `/health` on this address (e.g. 127.0.0.1:9464).
+    #[cfg(feature = "prometheus")]
+    #[arg(long)]
+    pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
 fn seconds(s: &str) -> Result<Duration, String> {
@@ -145,8 +155,13 @@ impl WorkerArgs {
 
 /// Installs a `tracing` subscriber that reads `RUST_LOG` (default `info`), unless one is set.
 pub fn init_logging() {
+    init_logging_with("info");
+}
+
+/// Installs a `tracing` subscriber that reads `RUST_LOG`, or `default` when it is unset.
+pub fn init_logging_with(default: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
@@ -218,11 +233,16 @@ where
 {
     let stop = stop.shared();
     let start = async {
-        let store = connect(&args.database_url).await.map_err(|e| format!("error: {}", full(&e)))?;
+        let store = connect(&args.database_url)
+            .await
+            .map_err(|e| format!("error: {}", error_line(&e)))?;
         if !args.no_migrate {
-            crate::migrate(store.clone())
-                .await
-                .map_err(|e| format!("error: could not apply the outbox migrations: {}", full(&e)))?;
+            crate::migrate(store.clone()).await.map_err(|e| {
+                format!(
+                    "error: could not apply the outbox migrations: {}",
+                    error_line(&e)
+                )
+            })?;
         }
         Ok::<_, String>(store)
     };
@@ -249,6 +269,40 @@ where
     if args.list_topics {
         return list_topics(&worker).await;
     }
+    if args.stats {
+        return match worker.store().stats().await {
+            Ok(stats) => {
+                print_stats(&stats, Some(&Registry::linked()), false);
+                ExitCode::from(exit::OK)
+            }
+            Err(e) => {
+                eprintln!("error: {}", error_line(&e));
+                ExitCode::from(exit::DATABASE)
+            }
+        };
+    }
+    #[cfg(feature = "prometheus")]
+    let _server = match args.metrics_addr {
+        None => None,
+        Some(addr) => {
+            let served = match crate::observe::install_prometheus() {
+                Ok(handle) => crate::observe::serve(addr, handle, worker.health())
+                    .await
+                    .map_err(|e| e.to_string()),
+                Err(e) => Err(e.to_string()),
+            };
+            match served {
+                Ok(server) => {
+                    tracing::info!(addr = %server.local_addr(), "serving /metrics and /health");
+                    Some(server)
+                }
+                Err(e) => {
+                    eprintln!("error: cannot serve metrics on {addr}: {e}");
+                    return ExitCode::from(exit::CONFIG);
+                }
+            }
+        }
+    };
     if args.once {
         return match worker.run_once().await {
             Ok(r) => {
@@ -259,7 +313,7 @@ where
                 ExitCode::from(exit::OK)
             }
             Err(e) => {
-                eprintln!("error: {}", full(&e));
+                eprintln!("error: {}", error_line(&e));
                 ExitCode::from(exit::DATABASE)
             }
         };
@@ -267,7 +321,7 @@ where
     match worker.run_until(stop).await {
         Ok(()) => ExitCode::from(exit::OK),
         Err(e) => {
-            eprintln!("error: {}", full(&e));
+            eprintln!("error: {}", error_line(&e));
             ExitCode::from(exit::FAILURE)
         }
     }
@@ -292,7 +346,7 @@ async fn list_topics(worker: &Worker) -> ExitCode {
             ExitCode::from(exit::OK)
         }
         Err(e) => {
-            eprintln!("error: {}", full(&e));
+            eprintln!("error: {}", error_line(&e));
             ExitCode::from(exit::DATABASE)
         }
     }
@@ -332,7 +386,8 @@ pub async fn connect(url: &str) -> crate::Result<crate::Store> {
     )))
 }
 
-fn full(e: &crate::Error) -> String {
+/// An error and its sources on one line, for a binary's `error: ...` message.
+pub fn error_line(e: &crate::Error) -> String {
     let mut s = e.to_string();
     let mut src = std::error::Error::source(e);
     while let Some(inner) = src {
@@ -344,4 +399,47 @@ fn full(e: &crate::Error) -> String {
         src = inner.source();
     }
     s
+}
+
+/// Prints queue statistics as a table (or JSON), with the pending topics that `registry` has
+/// no handler for listed apart when a registry is given.
+pub fn print_stats(stats: &crate::Stats, registry: Option<&Registry>, json: bool) {
+    let unhandled: Vec<&crate::TopicStats> =
+        registry.map(|r| stats.unhandled(r)).unwrap_or_default();
+    if json {
+        let row = |t: &crate::TopicStats| {
+            serde_json::json!({
+                "topic": t.topic, "ready": t.ready, "scheduled": t.scheduled, "in_flight": t.in_flight,
+                "dead": t.dead, "done_last_5m": t.done_last_5m,
+                "oldest_ready_age_secs": t.oldest_ready_age.map(|d| d.as_secs_f64()),
+            })
+        };
+        let doc = serde_json::json!({
+            "topics": stats.topics.iter().map(row).collect::<Vec<_>>(),
+            "total": row(&stats.total),
+            "unhandled": unhandled.iter().map(|t| row(t)).collect::<Vec<_>>(),
+        });
+        println!("{doc}");
+        return;
+    }
+    let line = |t: &crate::TopicStats| {
+        let age = t
+            .oldest_ready_age
+            .map(|d| format!("{:.1}s", d.as_secs_f64()))
+            .unwrap_or_else(|| "-".into());
+        println!(
+            "{:<32} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10}",
+            t.topic, t.ready, t.scheduled, t.in_flight, t.dead, t.done_last_5m, age
+        );
+    };
+    println!(
+        "{:<32} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10}",
+        "topic", "ready", "scheduled", "in flight", "dead", "done 5m", "oldest"
+    );
+    stats.topics.iter().for_each(line);
+    line(&stats.total);
+    if !unhandled.is_empty() {
+        println!("\npending topics with no handler in this binary (they stay pending):");
+        unhandled.iter().for_each(|t| line(t));
+    }
 }

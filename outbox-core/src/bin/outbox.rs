@@ -1,0 +1,7 @@
+//! `outbox`: operate an outbox without linking any handler: migrate, stats, dead letters,
+//! purge. Run `outbox --help`.
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    outbox_core::cli::ops::main().await
+}

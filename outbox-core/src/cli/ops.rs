@@ -1,0 +1,244 @@
+//! The `outbox` operations command line: operate an outbox without linking any handler: migrate, stats, dead letters, purge.
+//!
+//! ```text
+//! outbox migrate
+//! outbox stats [--json]
+//! outbox dead list [--topic T] [--older-than 1h] [--limit 100]
+//! outbox dead show <ID>
+//! outbox dead retry (<ID> | --topic T | --all)
+//! outbox dead discard (<ID> | --topic T | --all)
+//! outbox purge --older-than 7d [--batch 1000] [--processed]
+//! ```
+//!
+//! The database comes from `--database-url` or `DATABASE_URL` (`postgres://...` or
+//! `sqlite:...`). Exit codes: 0 done, 1 not found or refused, 2 bad arguments, 4 database.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use super::{connect, error_line, exit, init_logging_with, print_stats};
+use crate::{DeadLetterFilter, DeadSelection, Store};
+use clap::{Args, Parser, Subcommand};
+use uuid::Uuid;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "outbox",
+    about = "Operate a transactional outbox: migrate, stats, dead letters, purge"
+)]
+struct Cli {
+    /// The database URL (postgres://... or sqlite:...).
+    #[arg(long, env = "DATABASE_URL", global = true)]
+    database_url: Option<String>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Create or upgrade the outbox tables.
+    Migrate,
+    /// Per-topic counts: ready, scheduled, in flight, dead, done in 5 minutes, oldest ready age.
+    Stats {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Inspect, retry or discard dead letters.
+    #[command(subcommand)]
+    Dead(Dead),
+    /// Delete DONE messages (or processed-id records) older than a retention, in small batches.
+    Purge {
+        /// The retention, e.g. `7d`, `12h`, `30m`.
+        #[arg(long, value_parser = duration)]
+        older_than: Duration,
+        /// Rows per delete statement.
+        #[arg(long, default_value_t = crate::DEFAULT_PURGE_BATCH)]
+        batch: usize,
+        /// Purge the dedup handler's processed-id records instead of messages.
+        #[arg(long)]
+        processed: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum Dead {
+    /// List dead letters, newest first.
+    List {
+        /// Only this topic.
+        #[arg(long)]
+        topic: Option<String>,
+        /// Only those dead for at least this long, e.g. `1h`.
+        #[arg(long, value_parser = duration)]
+        older_than: Option<Duration>,
+        /// At most this many.
+        #[arg(long, default_value_t = 100)]
+        limit: u32,
+    },
+    /// Show one message: payload, attempts, last error, timestamps.
+    Show {
+        /// The message's public id.
+        id: Uuid,
+    },
+    /// Send dead letters back to pending with their attempts reset.
+    Retry(Which),
+    /// Delete dead letters for good.
+    Discard(Which),
+}
+
+#[derive(Debug, Args)]
+#[group(required = true, multiple = false)]
+struct Which {
+    /// One message, by public id.
+    id: Option<Uuid>,
+    /// Every dead letter of a topic.
+    #[arg(long)]
+    topic: Option<String>,
+    /// Every dead letter.
+    #[arg(long)]
+    all: bool,
+}
+
+impl Which {
+    fn selection(&self) -> DeadSelection {
+        match (&self.id, &self.topic) {
+            (Some(id), _) => DeadSelection::One(*id),
+            (None, Some(t)) => DeadSelection::Topic(t.clone()),
+            (None, None) => DeadSelection::All,
+        }
+    }
+}
+
+fn duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s)
+        .map_err(|e| format!("`{s}` is not a duration ({e}); write e.g. 90s, 30m, 12h or 7d"))
+}
+
+/// Runs the `outbox` operations command line: parses the arguments, connects, does the
+/// command and returns the exit code.
+///
+/// # Cancellation safety
+///
+/// Meant to be the whole of `main`.
+pub async fn main() -> ExitCode {
+    init_logging_with("warn");
+    let cli = Cli::parse();
+    let Some(url) = cli.database_url.as_deref() else {
+        eprintln!("error: no database: pass --database-url or set DATABASE_URL");
+        return ExitCode::from(exit::USAGE);
+    };
+    let store = match connect(url).await {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("error: {}", error_line(&e));
+            return ExitCode::from(exit::DATABASE);
+        }
+    };
+    match run(cli.command, store).await {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("error: {}", error_line(&e));
+            ExitCode::from(exit::DATABASE)
+        }
+    }
+}
+
+async fn run(command: Command, store: Store) -> crate::Result<u8> {
+    match command {
+        Command::Migrate => {
+            crate::migrate(store).await?;
+            println!("outbox schema is up to date");
+        }
+        Command::Stats { json } => {
+            let stats = store.stats().await?;
+            print_stats(&stats, None, json);
+        }
+        Command::Dead(Dead::List {
+            topic,
+            older_than,
+            limit,
+        }) => {
+            let filter = DeadLetterFilter {
+                topic,
+                older_than,
+                limit: Some(limit),
+            };
+            let dead = store.dead_letters(&filter).await?;
+            if dead.is_empty() {
+                println!("no dead letters");
+            }
+            for m in dead {
+                let when = m.processed_at.map(|t| t.to_rfc3339()).unwrap_or_default();
+                let err = m.last_error.unwrap_or_default();
+                let err: String = err.chars().take(120).collect();
+                println!(
+                    "{}  {}  attempts={}  dead_at={}  {}",
+                    m.id, m.topic, m.attempts, when, err
+                );
+            }
+        }
+        Command::Dead(Dead::Show { id }) => {
+            let Some(m) = store.message(id).await? else {
+                eprintln!("error: no message with id {id}");
+                return Ok(exit::FAILURE);
+            };
+            println!("id:           {}", m.id);
+            println!("topic:        {}", m.topic);
+            println!("status:       {}", m.status);
+            println!("attempts:     {}", m.attempts);
+            println!("created_at:   {}", m.created_at.to_rfc3339());
+            println!("available_at: {}", m.available_at.to_rfc3339());
+            println!(
+                "processed_at: {}",
+                m.processed_at
+                    .map(|t| t.to_rfc3339())
+                    .unwrap_or_else(|| "-".into())
+            );
+            println!("last_error:   {}", m.last_error.as_deref().unwrap_or("-"));
+            println!("payload:      {}", m.payload);
+        }
+        Command::Dead(Dead::Retry(which)) => {
+            let sel = which.selection();
+            let n = store.retry_dead(&sel).await?;
+            println!("{n} dead letter(s) sent back to pending");
+            if n == 0 && matches!(sel, DeadSelection::One(_)) {
+                eprintln!("error: no dead letter with that id");
+                return Ok(exit::FAILURE);
+            }
+        }
+        Command::Dead(Dead::Discard(which)) => {
+            let sel = which.selection();
+            let n = store.discard_dead(&sel).await?;
+            println!("{n} dead letter(s) discarded");
+            if n == 0 && matches!(sel, DeadSelection::One(_)) {
+                eprintln!("error: no dead letter with that id");
+                return Ok(exit::FAILURE);
+            }
+        }
+        Command::Purge {
+            older_than,
+            batch,
+            processed,
+        } => {
+            if batch == 0 {
+                eprintln!("error: --batch must be at least 1");
+                return Ok(exit::USAGE);
+            }
+            let n = if processed {
+                store.purge_processed(older_than, batch).await?
+            } else {
+                store.purge_done(older_than, batch).await?
+            };
+            let what = if processed {
+                "processed-id record(s)"
+            } else {
+                "done message(s)"
+            };
+            println!(
+                "deleted {n} {what} older than {}",
+                humantime::format_duration(older_than)
+            );
+        }
+    }
+    Ok(exit::OK)
+}

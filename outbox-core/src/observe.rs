@@ -1,0 +1,104 @@
+//! A Prometheus `/metrics` endpoint and a `/health` endpoint for a worker.
+//!
+//! ```no_run
+//! # async fn run(worker: outbox_core::Worker) -> Result<(), Box<dyn std::error::Error>> {
+//! use outbox_core::observe;
+//!
+//! let prometheus = observe::install_prometheus()?;
+//! let server = observe::serve("127.0.0.1:9464".parse()?, prometheus, worker.health()).await?;
+//! println!("metrics and health on http://{}", server.local_addr());
+//! # Ok(()) }
+//! ```
+
+use std::net::SocketAddr;
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::get;
+use axum::Router;
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+
+pub use crate::health::Health;
+
+/// The address metrics and health bind to unless configured otherwise: loopback only.
+pub const DEFAULT_ADDR: &str = "127.0.0.1:9464";
+
+/// Installs a Prometheus recorder as the global `metrics` recorder and describes every outbox
+/// metric.
+///
+/// # Errors
+///
+/// When a global recorder is already installed.
+pub fn install_prometheus() -> Result<PrometheusHandle, metrics_exporter_prometheus::BuildError> {
+    let handle = PrometheusBuilder::new().install_recorder()?;
+    crate::metrics::describe();
+    Ok(handle)
+}
+
+/// A running metrics and health server.
+#[derive(Debug)]
+pub struct Server {
+    addr: SocketAddr,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Server {
+    /// The address it listens on (useful with port 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Stops the server.
+    pub fn shutdown(self) {
+        self.task.abort();
+    }
+}
+
+#[derive(Clone)]
+struct AppState {
+    prometheus: PrometheusHandle,
+    health: Health,
+}
+
+/// Serves `GET /metrics` (Prometheus text) and `GET /health` (200 `ok`, or 503 with the reason)
+/// on `addr`, in a background task.
+///
+/// # Errors
+///
+/// When the address cannot be bound.
+///
+/// # Cancellation safety
+///
+/// Cancellation safe: dropping the future before it returns binds nothing.
+pub async fn serve(
+    addr: SocketAddr,
+    prometheus: PrometheusHandle,
+    health: Health,
+) -> std::io::Result<Server> {
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let addr = listener.local_addr()?;
+    let app = Router::new()
+        .route("/metrics", get(metrics_page))
+        .route("/health", get(health_page))
+        .with_state(AppState { prometheus, health });
+    let task = tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            tracing::error!(error = %e, "metrics server stopped");
+        }
+    });
+    Ok(Server { addr, task })
+}
+
+async fn metrics_page(State(s): State<AppState>) -> String {
+    s.prometheus.render()
+}
+
+async fn health_page(State(s): State<AppState>) -> (StatusCode, String) {
+    match s.health.check() {
+        Ok(()) => (StatusCode::OK, "ok\n".into()),
+        Err(reason) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("unhealthy: {reason}\n"),
+        ),
+    }
+}

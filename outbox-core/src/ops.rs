@@ -1,0 +1,246 @@
+//! Operations: queue statistics, dead letters and purging, as methods on [`Store`].
+//!
+//! Every query here reads the pending, dead or done rows through a partial index of its own,
+//! so its cost follows what it reports, never the size of the table.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use uuid::Uuid;
+
+use crate::error::{Error, Result};
+use crate::registry::Registry;
+use crate::store::Store;
+
+/// Counts of one topic (or of all topics, in [`Stats::total`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TopicStats {
+    /// The topic (`"*"` in the total).
+    pub topic: String,
+    /// Due now and not claimed (including claims whose lease ran out).
+    pub ready: i64,
+    /// Waiting for a backoff or a delay.
+    pub scheduled: i64,
+    /// Claimed by a worker, lease running.
+    pub in_flight: i64,
+    /// Dead-lettered.
+    pub dead: i64,
+    /// Done in the last five minutes.
+    pub done_last_5m: i64,
+    /// How long the oldest ready message has been due.
+    pub oldest_ready_age: Option<Duration>,
+}
+
+impl TopicStats {
+    fn add(&mut self, o: &TopicStats) {
+        self.ready += o.ready;
+        self.scheduled += o.scheduled;
+        self.in_flight += o.in_flight;
+        self.dead += o.dead;
+        self.done_last_5m += o.done_last_5m;
+        self.oldest_ready_age = self.oldest_ready_age.max(o.oldest_ready_age);
+    }
+
+    /// Messages not yet done or dead: ready + scheduled + in flight.
+    pub fn pending(&self) -> i64 {
+        self.ready + self.scheduled + self.in_flight
+    }
+}
+
+/// The health of the queue: per topic, in total, and the topics nobody handles.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Per topic, sorted by topic.
+    pub topics: Vec<TopicStats>,
+    /// All topics together.
+    pub total: TopicStats,
+}
+
+impl Stats {
+    pub(crate) fn from_topics(topics: Vec<TopicStats>) -> Self {
+        let mut total = TopicStats {
+            topic: "*".into(),
+            ..TopicStats::default()
+        };
+        for t in &topics {
+            total.add(t);
+        }
+        Stats { topics, total }
+    }
+
+    /// Topics with pending messages that no handler of `registry` serves, with their counts.
+    /// They stay pending until a worker that handles them runs.
+    pub fn unhandled(&self, registry: &Registry) -> Vec<&TopicStats> {
+        let known: BTreeSet<&str> = registry.handlers().iter().map(|h| h.topic()).collect();
+        self.topics
+            .iter()
+            .filter(|t| t.pending() > 0 && !known.contains(t.topic.as_str()))
+            .collect()
+    }
+}
+
+/// One message as operators see it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MessageInfo {
+    /// The public id.
+    pub id: Uuid,
+    /// The topic.
+    pub topic: String,
+    /// `pending`, `running`, `done` or `dead`.
+    pub status: String,
+    /// Attempts made.
+    pub attempts: i32,
+    /// The payload, as JSON text.
+    pub payload: String,
+    /// The last error, if any attempt failed.
+    pub last_error: Option<String>,
+    /// When it was enqueued.
+    pub created_at: DateTime<Utc>,
+    /// When it is (or was) due; the lease deadline while running.
+    pub available_at: DateTime<Utc>,
+    /// When it became done or dead.
+    pub processed_at: Option<DateTime<Utc>>,
+}
+
+/// Which dead letters to list.
+#[derive(Debug, Clone, Default)]
+pub struct DeadLetterFilter {
+    /// Only this topic.
+    pub topic: Option<String>,
+    /// Only those dead for at least this long.
+    pub older_than: Option<Duration>,
+    /// At most this many, newest first (default 100).
+    pub limit: Option<u32>,
+}
+
+/// Which dead letters to retry or discard.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeadSelection {
+    /// One message, by public id.
+    One(Uuid),
+    /// Every dead message of a topic.
+    Topic(String),
+    /// Every dead message.
+    All,
+}
+
+/// The default batch of [`Store::purge_done`]: small enough that no lock is held for long.
+pub const DEFAULT_PURGE_BATCH: usize = 1000;
+
+impl Store {
+    /// Per-topic and total counts: ready, scheduled, in flight, dead, done in the last five
+    /// minutes, and the age of the oldest ready message.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Database`] when the query fails.
+    ///
+    /// # Cancellation safety
+    ///
+    /// Cancellation safe: it only reads.
+    pub async fn stats(&self) -> Result<Stats> {
+        Ok(Stats::from_topics(self.backend().outbox_stats().await?))
+    }
+
+    /// Dead letters, newest first.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Database`] when the query fails.
+    ///
+    /// # Cancellation safety
+    ///
+    /// Cancellation safe: it only reads.
+    pub async fn dead_letters(&self, filter: &DeadLetterFilter) -> Result<Vec<MessageInfo>> {
+        self.backend().outbox_dead_list(filter).await
+    }
+
+    /// One message by its public id, in any state.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Database`] when the query fails.
+    ///
+    /// # Cancellation safety
+    ///
+    /// Cancellation safe: it only reads.
+    pub async fn message(&self, id: Uuid) -> Result<Option<MessageInfo>> {
+        self.backend().outbox_message(id).await
+    }
+
+    /// Sends dead letters back to pending, due now, with their attempts reset. Returns how many.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Database`] when the update fails.
+    ///
+    /// # Cancellation safety
+    ///
+    /// One statement: it happened or it did not.
+    pub async fn retry_dead(&self, which: &DeadSelection) -> Result<u64> {
+        self.backend().outbox_dead_retry(which).await
+    }
+
+    /// Deletes dead letters for good. Returns how many.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Database`] when the delete fails.
+    ///
+    /// # Cancellation safety
+    ///
+    /// One statement: it happened or it did not.
+    pub async fn discard_dead(&self, which: &DeadSelection) -> Result<u64> {
+        self.backend().outbox_dead_discard(which).await
+    }
+
+    /// Deletes DONE messages processed more than `older_than` ago, `batch` rows per statement
+    /// so no lock is held for long; pending and dead rows are never touched. Returns how many.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Database`] when a delete fails (earlier batches stay deleted);
+    /// [`Error::Config`] when `batch` is 0.
+    ///
+    /// # Cancellation safety
+    ///
+    /// Cancellation safe: each batch commits on its own; a later call carries on.
+    pub async fn purge_done(&self, older_than: Duration, batch: usize) -> Result<u64> {
+        self.purge(older_than, batch, false).await
+    }
+
+    /// Deletes processed-id records (of the dedup wrapper) older than `older_than`, in batches.
+    ///
+    /// # Errors
+    ///
+    /// As [`purge_done`](Store::purge_done).
+    ///
+    /// # Cancellation safety
+    ///
+    /// As [`purge_done`](Store::purge_done).
+    pub async fn purge_processed(&self, older_than: Duration, batch: usize) -> Result<u64> {
+        self.purge(older_than, batch, true).await
+    }
+
+    async fn purge(&self, older_than: Duration, batch: usize, processed: bool) -> Result<u64> {
+        if batch == 0 {
+            return Err(Error::Config("the purge batch must be at least 1".into()));
+        }
+        let batch = i64::try_from(batch).unwrap_or(i64::MAX);
+        let mut total = 0;
+        loop {
+            let n = if processed {
+                self.backend()
+                    .outbox_purge_processed(older_than, batch)
+                    .await?
+            } else {
+                self.backend().outbox_purge_done(older_than, batch).await?
+            };
+            total += n;
+            if n < u64::try_from(batch).unwrap_or(u64::MAX) {
+                return Ok(total);
+            }
+        }
+    }
+}

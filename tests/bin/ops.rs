@@ -1,0 +1,6 @@
+//! The `outbox` operations command line, built in the test package so its tests can run it.
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    outbox_core::cli::ops::main().await
+}

@@ -1,0 +1,397 @@
+//! Operations on PostgreSQL: the stats and purge queries never scan the table, the `/metrics`
+//! and `/health` endpoints of a running worker, and the `outbox` command line.
+
+use std::process::Output;
+use std::time::{Duration, Instant};
+
+use outbox_core::{
+    enqueue_many, outbox_event, register_handler, Context, FromResources, Handler, HandlerError,
+    RetryPolicy, Store, Worker, WorkerConfig,
+};
+use outbox_tests::{pg, TestDb};
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+#[outbox_event(topic = "ops.task")]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Task {
+    fail: bool,
+    #[serde(default)]
+    hang_ms: u64,
+}
+
+struct TaskHandler;
+
+#[outbox_core::async_trait]
+impl Handler for TaskHandler {
+    type Event = Task;
+    const NAME: &'static str = "task";
+    async fn handle(&self, t: Task, _: &Context) -> Result<(), HandlerError> {
+        if t.hang_ms > 0 {
+            tokio::time::sleep(Duration::from_millis(t.hang_ms)).await;
+        }
+        if t.fail {
+            return Err(HandlerError::permanent("the task is malformed"));
+        }
+        Ok(())
+    }
+}
+
+impl FromResources for TaskHandler {
+    fn from_resources(_: &outbox_core::Resources) -> Result<Self, outbox_core::ResourceError> {
+        Ok(TaskHandler)
+    }
+}
+
+register_handler!(TaskHandler);
+
+fn task(fail: bool) -> Task {
+    Task { fail, hang_ms: 0 }
+}
+
+async fn put(db: &TestDb, tasks: &[Task]) -> Vec<uuid::Uuid> {
+    let mut tx = db.pool.begin().await.unwrap();
+    let ids = enqueue_many(&mut *tx, tasks).await.unwrap();
+    tx.commit().await.unwrap();
+    ids
+}
+
+async fn seq_scans(db: &TestDb) -> i64 {
+    // Statistics reach the shared counters when a backend goes idle (at most a second later).
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let mut conn = db.pool.acquire().await.unwrap();
+    sqlx::query("SELECT pg_stat_clear_snapshot()")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    sqlx::query_scalar("SELECT seq_scan FROM pg_stat_user_tables WHERE relname = 'outbox_messages'")
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn stats_dead_letters_and_purge_never_scan_the_table() {
+    let db = pg().await;
+    // 200,000 old DONE rows, a few dead and pending ones, and fresh planner statistics.
+    sqlx::query(
+        "INSERT INTO outbox_messages (public_id, topic, payload, status, attempts, processed_at, created_at) \
+         SELECT gen_random_uuid(), 'ops.task', '{\"fail\": false}', 'done', 1, now() - interval '2 days', now() - interval '2 days' \
+         FROM generate_series(1, 200000)",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    put(&db, &[task(true), task(true), task(false)]).await;
+    let w = Worker::builder(&db.pool)
+        .handler(TaskHandler)
+        .build()
+        .unwrap();
+    w.run_once().await.unwrap();
+    put(&db, &[task(false)]).await;
+    sqlx::query("ANALYZE outbox_messages")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+
+    let before = seq_scans(&db).await;
+    let store = Store::from(&db.pool);
+    let stats = store.stats().await.unwrap();
+    assert_eq!(
+        (
+            stats.total.ready,
+            stats.total.dead,
+            stats.total.done_last_5m
+        ),
+        (1, 2, 1)
+    );
+    assert_eq!(
+        store.dead_letters(&Default::default()).await.unwrap().len(),
+        2
+    );
+    let purged = store
+        .purge_done(
+            Duration::from_secs(86_400),
+            outbox_core::DEFAULT_PURGE_BATCH,
+        )
+        .await
+        .unwrap();
+    assert_eq!(purged, 200_000, "every old done row, a thousand at a time");
+    assert_eq!(
+        seq_scans(&db).await,
+        before,
+        "stats, dead letters and purge used indexes only"
+    );
+
+    // And the plans say so.
+    let plan: Vec<String> = sqlx::query_scalar(
+        "EXPLAIN SELECT topic, count(*) FROM outbox_messages WHERE status = 'done' \
+         AND processed_at > now() - interval '5 minutes' GROUP BY topic",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert!(
+        plan.iter().any(|l| l.contains("outbox_messages_done_idx")),
+        "{plan:#?}"
+    );
+    assert_eq!(
+        store.stats().await.unwrap().total.dead,
+        2,
+        "purge left dead rows alone"
+    );
+    db.drop_db().await;
+}
+
+async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.unwrap();
+    let status = out
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = out
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (status, body)
+}
+
+fn metric(body: &str, prefix: &str) -> Option<f64> {
+    body.lines()
+        .find(|l| l.starts_with(prefix))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+async fn until(what: &str, mut check: impl AsyncFnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !check().await {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn metrics_and_health_of_a_running_worker() {
+    let db = pg().await;
+    put(&db, &[task(false), task(false), task(false), task(true)]).await;
+    db.insert_raw("nobody.handles", "{}", 3).await;
+
+    let prometheus = outbox_core::observe::install_prometheus().unwrap();
+    let config = WorkerConfig::default()
+        .concurrency(1)
+        .stats_interval(Duration::from_millis(100))
+        .health_max_tick_age(Duration::from_millis(1500))
+        .health_max_oldest_ready(Duration::from_millis(700))
+        .retry(RetryPolicy::default().jitter(false));
+    let w = Worker::builder(&db.pool)
+        .handler(TaskHandler)
+        .config(config)
+        .build()
+        .unwrap();
+    let health = w.health();
+    let server = outbox_core::observe::serve("127.0.0.1:0".parse().unwrap(), prometheus, health)
+        .await
+        .unwrap();
+    let addr = server.local_addr();
+    assert!(addr.ip().is_loopback());
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(async move {
+        w.run_until(async {
+            let _ = stop_rx.await;
+        })
+        .await
+    });
+
+    until(
+        "the worker to drain and the gauges to refresh",
+        async || {
+            let body = http_get(addr, "/metrics").await.1;
+            metric(
+                &body,
+                "outbox_messages_processed_total{topic=\"ops.task\",outcome=\"done\"}",
+            ) == Some(3.0)
+                && metric(&body, "outbox_dead_messages{topic=\"ops.task\"}") == Some(1.0)
+                && metric(
+                    &body,
+                    "outbox_unhandled_pending_messages{topic=\"nobody.handles\"}",
+                ) == Some(3.0)
+        },
+    )
+    .await;
+    let body = http_get(addr, "/metrics").await.1;
+    assert_eq!(
+        metric(
+            &body,
+            "outbox_messages_processed_total{topic=\"ops.task\",outcome=\"dead\"}"
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        metric(
+            &body,
+            "outbox_pending_messages{topic=\"nobody.handles\",state=\"ready\"}"
+        ),
+        Some(3.0)
+    );
+    assert!(body.contains("outbox_handler_duration_seconds"), "{body}");
+    assert!(body.contains("outbox_claim_duration_seconds"), "{body}");
+    assert!(
+        body.contains("outbox_oldest_ready_age_seconds{topic=\"ops.task\"}"),
+        "{body}"
+    );
+    assert_eq!(http_get(addr, "/health").await, (200, "ok\n".to_string()));
+
+    // A slow handler holds the only slot; the next message waits past the threshold.
+    put(
+        &db,
+        &[
+            Task {
+                fail: false,
+                hang_ms: 3000,
+            },
+            task(false),
+        ],
+    )
+    .await;
+    until("health to report the waiting message", async || {
+        http_get(addr, "/health").await.0 == 503
+    })
+    .await;
+    let (_, reason) = http_get(addr, "/health").await;
+    assert!(
+        reason.contains("oldest ready message has waited"),
+        "{reason}"
+    );
+
+    // A stopped loop stops ticking.
+    let _ = stop_tx.send(());
+    running.await.unwrap().unwrap();
+    until("health to notice the stopped loop", async || {
+        http_get(addr, "/health").await.1.contains("not ticked")
+    })
+    .await;
+    server.shutdown();
+    db.drop_db().await;
+}
+
+fn ops(db: &TestDb, args: &[&str]) -> Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_ops"))
+        .args(args)
+        .env("DATABASE_URL", &db.url)
+        .output()
+        .expect("run the outbox command line")
+}
+
+fn text(o: &Output) -> (i32, String, String) {
+    (
+        o.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn the_outbox_command_line() {
+    let db = pg().await;
+    let (code, out, _) = text(&ops(&db, &["migrate"]));
+    assert_eq!((code, out.trim()), (0, "outbox schema is up to date"));
+    let ids = put(&db, &[task(false), task(true), task(true)]).await;
+    Worker::builder(&db.pool)
+        .handler(TaskHandler)
+        .build()
+        .unwrap()
+        .run_once()
+        .await
+        .unwrap();
+
+    let (code, out, _) = text(&ops(&db, &["stats"]));
+    assert_eq!(code, 0);
+    let row: Vec<&str> = out
+        .lines()
+        .find(|l| l.starts_with("ops.task"))
+        .unwrap()
+        .split_whitespace()
+        .collect();
+    assert_eq!(
+        &row[..7],
+        ["ops.task", "0", "0", "0", "2", "1", "-"],
+        "{out}"
+    );
+    let (code, out, _) = text(&ops(&db, &["stats", "--json"]));
+    assert_eq!(code, 0);
+    let json: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(json["total"]["dead"], 2);
+
+    let (code, out, _) = text(&ops(&db, &["dead", "list", "--topic", "ops.task"]));
+    assert_eq!((code, out.lines().count()), (0, 2), "{out}");
+    assert!(
+        out.contains(&ids[1].to_string()) && out.contains("the task is malformed"),
+        "{out}"
+    );
+    let (code, out, _) = text(&ops(&db, &["dead", "show", &ids[1].to_string()]));
+    assert_eq!(code, 0);
+    assert!(
+        out.contains("status:       dead") && out.contains("\"fail\": true"),
+        "{out}"
+    );
+
+    let (code, out, _) = text(&ops(&db, &["dead", "retry", &ids[1].to_string()]));
+    assert_eq!(
+        (code, out.trim()),
+        (0, "1 dead letter(s) sent back to pending")
+    );
+    assert_eq!(
+        db.status(ids[1]).await,
+        (
+            "pending".to_string(),
+            0,
+            Some("handler `task`: the task is malformed".to_string())
+        )
+    );
+    let (code, out, _) = text(&ops(&db, &["dead", "discard", "--all"]));
+    assert_eq!((code, out.trim()), (0, "1 dead letter(s) discarded"));
+    let (code, out, _) = text(&ops(&db, &["purge", "--older-than", "1h"]));
+    assert_eq!(
+        (code, out.trim()),
+        (0, "deleted 0 done message(s) older than 1h")
+    );
+    let (code, out, _) = text(&ops(&db, &["purge", "--older-than", "0s"]));
+    assert_eq!(
+        (code, out.trim()),
+        (0, "deleted 1 done message(s) older than 0s")
+    );
+
+    // Bad input: one line, a useful exit code, no panic.
+    let unknown = uuid::Uuid::now_v7().to_string();
+    for (args, want) in [
+        (vec!["dead", "show", unknown.as_str()], 1),
+        (vec!["dead", "retry", unknown.as_str()], 1),
+        (vec!["dead", "show", "not-a-uuid"], 2),
+        (vec!["purge", "--older-than", "soon"], 2),
+        (vec!["dead", "retry"], 2),
+    ] {
+        let (code, _, err) = text(&ops(&db, &args));
+        assert_eq!(code, want, "{args:?}: {err}");
+        assert!(err.starts_with("error:"), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_ops"))
+        .args([
+            "--database-url",
+            "postgres://postgres@127.0.0.1:1/none",
+            "stats",
+        ])
+        .output()
+        .unwrap();
+    let (code, _, err) = text(&o);
+    assert_eq!(code, 4, "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    db.drop_db().await;
+}
