@@ -10,6 +10,7 @@ use outbox_core::{
 };
 use outbox_tests::{pg, TestDb};
 use serde::{Deserialize, Serialize};
+use sqlx::Connection;
 
 #[outbox_event(topic = "test.job")]
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -205,5 +206,79 @@ async fn build_refuses_a_lease_shorter_than_the_handler_timeout() {
     assert!(err.to_string().contains("lease"), "{err}");
     let err = Worker::builder(&db.pool).build().unwrap_err();
     assert!(err.to_string().contains("no handlers"), "{err}");
+    db.drop_db().await;
+}
+
+#[tokio::test]
+async fn a_killed_listener_reconnects_and_wakes_the_worker_again() {
+    let db = pg().await;
+    let counts = Arc::new(Counts::default());
+    let w = Worker::builder(&db.pool)
+        .handler(Runner(counts.clone()))
+        .config(config().poll_interval(Duration::from_secs(30)))
+        .build()
+        .unwrap();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(async move {
+        w.run_until(async {
+            let _ = stop_rx.await;
+        })
+        .await
+    });
+    let waiting = async || -> bool {
+        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM outbox_workers WHERE waiting)")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap_or(false)
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !waiting().await {
+        assert!(Instant::now() < deadline, "the worker never went idle");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Kill every connection of the worker, its listener included.
+    let mut admin = sqlx::PgConnection::connect(&outbox_tests::database_url())
+        .await
+        .unwrap();
+    let killed: Vec<bool> = sqlx::query_scalar(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()",
+    )
+    .bind(&db.name)
+    .fetch_all(&mut admin)
+    .await
+    .unwrap();
+    assert!(
+        killed.len() >= 2,
+        "the listener and at least one pool connection: {killed:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let start = Instant::now();
+    let mut tx = loop {
+        // Our own pool lost its connections too; the first tries may fail.
+        match db.pool.begin().await {
+            Ok(tx) => break tx,
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    };
+    enqueue_many(
+        &mut *tx,
+        &[Job {
+            n: 1,
+            mode: Mode::Ok,
+        }],
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    while counts.calls.load(Ordering::SeqCst) == 0 {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "not woken after the reconnect: the poll interval is 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let _ = stop_tx.send(());
+    running.await.unwrap().unwrap();
     db.drop_db().await;
 }

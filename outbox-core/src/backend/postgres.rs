@@ -413,7 +413,9 @@ struct PgWakeup(PgListener);
 #[async_trait]
 impl WakeupListener for PgWakeup {
     async fn recv(&mut self) -> Result<()> {
-        self.0.recv().await?;
+        // `None` means the connection was lost: it reconnects on the next call, and
+        // notifications sent meanwhile are gone, so wake the worker to look for itself.
+        let _ = self.0.try_recv().await?;
         Ok(())
     }
 }
