@@ -58,6 +58,8 @@
 //! | `prometheus` | yes   | a Prometheus `/metrics` and a `/health` endpoint ([`observe`]) |
 
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
+// Without a backend feature the backend seam has no implementation to use its types.
+#![cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
 
 mod backend;
 #[cfg(feature = "cli")]

@@ -1,3 +1,71 @@
-//! Ready-made handlers for `outbox-core`: email, search index and processed-id dedup.
+//! Ready-made handlers for [`outbox_core`]: email, search index and processed-id dedup.
 //!
-//! This crate is being built; it exports nothing yet.
+//! ```no_run
+//! use outbox_core::{outbox_event, Worker};
+//! use outbox_handlers::email::{Email, EmailConfig, EmailHandler};
+//! use serde::{Deserialize, Serialize};
+//!
+//! #[outbox_event]
+//! #[derive(Serialize, Deserialize)]
+//! struct BookingCreated { booking_id: i64, guest_email: String }
+//!
+//! # async fn run(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+//! # let shutdown = std::future::pending::<()>();
+//! // OUTBOX_EMAIL_BASE_URL, OUTBOX_EMAIL_API_KEY, OUTBOX_EMAIL_FROM, OUTBOX_EMAIL_TIMEOUT_SECS
+//! let transport = EmailConfig::from_env()?.transport()?;
+//! let confirmation = EmailHandler::from_fn(transport, |e: &BookingCreated, _ctx| {
+//!     Email::new(&e.guest_email, "Your booking", format!("Booking {} is confirmed.", e.booking_id))
+//! });
+//! Worker::builder(&pool)
+//!     .handler(confirmation)
+//!     .build()?
+//!     .run_until(shutdown)
+//!     .await?;
+//! # Ok(()) }
+//! ```
+//!
+//! # Details
+//!
+//! - Each handler maps an event through your code (a closure, or a trait when it needs a name of
+//!   its own or registration with `register_handler!`) and performs one idempotent effect.
+//! - Sends carry [`Context::idempotency_key`](outbox_core::Context::idempotency_key), the same
+//!   on every retry; index writes carry an external version, so a late event never wins.
+//! - Answers are classified once for all: 2xx is done, 408/429/5xx/timeouts/connection errors
+//!   retry (honouring `Retry-After`), other 4xx dead-letter now with the service's message.
+//! - Secrets (API keys, passwords) are [`Secret`]s: never logged, never in `last_error`,
+//!   redacted by `Debug`.
+//! - Everything is constructible in code (builders that validate and return `Result`) and from
+//!   configuration: environment variables with a prefix (`OUTBOX_EMAIL_*`, `OUTBOX_SEARCH_*`,
+//!   `OUTBOX_DEDUP_*`) or a TOML table (`[email]`, `[search]`, `[dedup]`). Errors name the key:
+//!   `email.base_url: not a valid URL (got `foo`)`.
+//! - HTTP goes through `reqwest` with rustls (the `ring` provider, or the process default if one
+//!   is installed) and the platform's certificate verifier; bring your own `reqwest::Client` with
+//!   the builders' `client` method.
+//!
+//! # Features
+//!
+//! | feature | default | what it adds |
+//! |---------|---------|--------------|
+//! | `email` | yes | [`email`]: the email handler, the HTTP provider transport and the file transport |
+//! | `search` | yes | [`search`]: the search-index handler (Elasticsearch/OpenSearch, external versions) |
+//! | `dedup` | yes | [`dedup`]: the processed-id wrapper and its purge, for PostgreSQL |
+
+#![cfg_attr(docsrs, feature(doc_cfg))]
+#![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
+
+mod config;
+#[cfg(feature = "http")]
+mod http;
+
+#[cfg(feature = "dedup")]
+pub mod dedup;
+#[cfg(feature = "email")]
+pub mod email;
+#[cfg(feature = "search")]
+pub mod search;
+
+pub use config::{ConfigError, Secret};
+#[cfg(feature = "http")]
+pub use http::HttpError;
+#[cfg(feature = "http")]
+pub use reqwest;

@@ -133,16 +133,19 @@ impl WorkerBuilder {
         for h in handlers {
             topics.entry(h.topic()).or_default().push(h);
         }
+        // Declared events none of this worker's handlers serve, registered or explicit.
+        let unhandled_events = self
+            .registry
+            .unhandled_events()
+            .iter()
+            .filter(|e| !topics.contains_key(e.topic()))
+            .map(|e| (e.topic(), e.type_name()))
+            .collect();
         Ok(Worker {
             inner: Arc::new(Inner {
                 store: self.store,
                 topics,
-                unhandled_events: self
-                    .registry
-                    .unhandled_events()
-                    .iter()
-                    .map(|e| (e.topic(), e.type_name()))
-                    .collect(),
+                unhandled_events,
                 resources: Arc::new(self.resources),
                 health: Health::new(
                     self.config.max_tick_age(),

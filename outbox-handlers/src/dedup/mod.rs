@@ -1,0 +1,292 @@
+//! Processed-id dedup: exactly-once effects for handlers whose effect is a write to the same
+//! PostgreSQL database as the outbox.
+//!
+//! [`Dedup`] wraps a [`TxHandler`]. For each delivery it begins a transaction, inserts
+//! `(handler name, message id)` into `outbox_processed` with `ON CONFLICT DO NOTHING`, and then:
+//!
+//! - if no row was inserted, the message was already processed: it skips the inner handler and
+//!   reports success;
+//! - otherwise it runs the inner handler on the same transaction and commits, so the effect and
+//!   the record commit together or not at all. If the inner handler fails, the transaction rolls
+//!   back (the record with it) and the error goes to the worker, which retries as usual.
+//!
+//! A worker that dies after the commit but before the message is marked done leads to a
+//! redelivery that finds the record and skips: the effect happens once. Two workers holding the
+//! same message at once (a lease ran out) serialize on the record's primary key: the second waits
+//! for the first to commit, then skips.
+//!
+//! The table is created by `outbox_core::migrate`. Records are kept for a retention period and
+//! removed by [`purge_processed`] (or [`Retention::purge`]); keep them longer than a message can
+//! be redelivered (the lease plus all retry delays), a week by default.
+//!
+//! # Example
+//!
+//! ```no_run
+//! use outbox_core::{outbox_event, Context, HandlerError, Worker};
+//! use outbox_handlers::dedup::{Dedup, TxHandler};
+//! use serde::{Deserialize, Serialize};
+//! use sqlx::PgConnection;
+//!
+//! #[outbox_event]
+//! #[derive(Serialize, Deserialize)]
+//! struct PaymentCaptured { booking_id: i64, cents: i64 }
+//!
+//! struct AddToLedger;
+//!
+//! #[outbox_core::async_trait]
+//! impl TxHandler for AddToLedger {
+//!     type Event = PaymentCaptured;
+//!     const NAME: &'static str = "ledger";
+//!
+//!     async fn handle(&self, e: PaymentCaptured, _ctx: &Context, tx: &mut PgConnection)
+//!         -> Result<(), HandlerError>
+//!     {
+//!         sqlx::query("INSERT INTO ledger (booking_id, cents) VALUES ($1, $2)")
+//!             .bind(e.booking_id)
+//!             .bind(e.cents)
+//!             .execute(&mut *tx)
+//!             .await?;
+//!         Ok(())
+//!     }
+//! }
+//!
+//! # async fn run(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+//! let worker = Worker::builder(&pool)
+//!     .handler(Dedup::with_pool(AddToLedger, pool.clone()))
+//!     .build()?;
+//! # Ok(()) }
+//! ```
+
+mod purge;
+
+use std::fmt;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use outbox_core::{Context, Event, FromResources, Handler, HandlerError, ResourceError, Resources};
+use sqlx::{PgConnection, PgPool};
+
+pub use purge::{purge_processed, DedupConfig, Retention, DEFAULT_PURGE_BATCH, DEFAULT_RETENTION};
+
+/// A handler whose effect is a write to the database, done on the transaction it is given.
+///
+/// Like [`Handler`], with a transaction: wrap it in [`Dedup`] to run it at most once per message.
+/// Do every write of the effect on `tx`, and nothing outside the database that cannot be undone
+/// (an email, an HTTP call): those are not rolled back when the transaction is.
+///
+/// # About type parameter `Event`
+///
+/// `Event` is the payload type, a type with `#[outbox_event]`; its topic decides which messages
+/// reach the handler.
+#[async_trait]
+pub trait TxHandler: Send + Sync + 'static {
+    /// The event type this handler reacts to.
+    type Event: Event;
+
+    /// The handler's stable name: the key of its processed records, with the message id.
+    /// Renaming it makes already-processed messages look new.
+    const NAME: &'static str;
+
+    /// Handles one delivery inside `tx`; the caller commits.
+    ///
+    /// # Errors
+    ///
+    /// As [`Handler::handle`]: the transaction is then rolled back.
+    async fn handle(
+        &self,
+        event: Self::Event,
+        ctx: &Context,
+        tx: &mut PgConnection,
+    ) -> Result<(), HandlerError>;
+
+    /// See [`Handler::max_attempts`].
+    fn max_attempts(&self) -> Option<u32> {
+        None
+    }
+
+    /// See [`Handler::timeout`].
+    fn timeout(&self) -> Option<Duration> {
+        None
+    }
+
+    /// See [`Handler::backoff`].
+    fn backoff(&self, attempt: u32) -> Option<Duration> {
+        let _ = attempt;
+        None
+    }
+}
+
+/// Runs a [`TxHandler`] at most once per message: records the message id in `outbox_processed`
+/// in the same transaction as the effect, and skips messages already recorded.
+///
+/// Its [`Handler::NAME`] is the inner handler's.
+///
+/// The pool is the one given to [`with_pool`](Self::with_pool), else the `sqlx::PgPool` among the
+/// worker's resources (looked up at each delivery), and must reach the database of the outbox
+/// tables.
+///
+/// # About type parameter `H`
+///
+/// The wrapped [`TxHandler`].
+///
+/// ```no_run
+/// # use outbox_core::{outbox_event, Context, HandlerError, Worker};
+/// # use outbox_handlers::dedup::{Dedup, TxHandler};
+/// # #[outbox_event] #[derive(serde::Serialize, serde::Deserialize)] struct Ping;
+/// # struct Record;
+/// # #[outbox_core::async_trait]
+/// # impl TxHandler for Record {
+/// #     type Event = Ping;
+/// #     const NAME: &'static str = "record";
+/// #     async fn handle(&self, _: Ping, _: &Context, _: &mut sqlx::PgConnection) -> Result<(), HandlerError> { Ok(()) }
+/// # }
+/// # fn run(pool: sqlx::PgPool) -> Result<(), outbox_core::Error> {
+/// // The pool from the worker's resources:
+/// let worker = Worker::builder(&pool)
+///     .resource(pool.clone())
+///     .handler(Dedup::new(Record))
+///     .build()?;
+/// # Ok(()) }
+/// ```
+pub struct Dedup<H> {
+    inner: H,
+    pool: Option<PgPool>,
+}
+
+impl<H> Dedup<H> {
+    /// Wraps `inner`, using the `sqlx::PgPool` among the worker's resources.
+    pub fn new(inner: H) -> Self {
+        Dedup { inner, pool: None }
+    }
+
+    /// Wraps `inner`, using `pool`.
+    pub fn with_pool(inner: H, pool: PgPool) -> Self {
+        Dedup {
+            inner,
+            pool: Some(pool),
+        }
+    }
+
+    /// The inner handler.
+    pub fn get_ref(&self) -> &H {
+        &self.inner
+    }
+
+    /// The inner handler, mutably.
+    pub fn get_mut(&mut self) -> &mut H {
+        &mut self.inner
+    }
+
+    /// Unwraps the inner handler.
+    pub fn into_inner(self) -> H {
+        self.inner
+    }
+}
+
+impl<H: fmt::Debug> fmt::Debug for Dedup<H> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Dedup")
+            .field("inner", &self.inner)
+            .field("pool", &self.pool.as_ref().map(|_| "given"))
+            .finish()
+    }
+}
+
+/// The error of a delivery whose pool is missing.
+fn no_pool<H>() -> HandlerError {
+    HandlerError::retry(format!(
+        "Dedup<{}> has no database pool: use Dedup::with_pool, or add the sqlx::PgPool to the \
+         worker with WorkerBuilder::resource",
+        std::any::type_name::<H>()
+    ))
+}
+
+#[async_trait]
+impl<H: TxHandler> Handler for Dedup<H> {
+    type Event = H::Event;
+    const NAME: &'static str = H::NAME;
+
+    async fn handle(&self, event: H::Event, ctx: &Context) -> Result<(), HandlerError> {
+        let pool = match &self.pool {
+            Some(p) => p,
+            None => ctx.resources().get::<PgPool>().ok_or_else(no_pool::<H>)?,
+        };
+        let mut tx = pool.begin().await?;
+        let recorded = sqlx::query(
+            "INSERT INTO outbox_processed (handler, message_id) VALUES ($1, $2) \
+             ON CONFLICT (handler, message_id) DO NOTHING",
+        )
+        .bind(H::NAME)
+        .bind(ctx.message_id())
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        if recorded == 0 {
+            tx.rollback().await?;
+            tracing::debug!("message already processed by this handler; skipped");
+            return Ok(());
+        }
+        if let Err(e) = self.inner.handle(event, ctx, &mut tx).await {
+            if let Err(rollback) = tx.rollback().await {
+                // The connection is closed instead; the transaction is not committed either way.
+                tracing::debug!(error = %rollback, "rollback after a failed handler did not complete");
+            }
+            return Err(e);
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    fn max_attempts(&self) -> Option<u32> {
+        self.inner.max_attempts()
+    }
+
+    fn timeout(&self) -> Option<Duration> {
+        self.inner.timeout()
+    }
+
+    fn backoff(&self, attempt: u32) -> Option<Duration> {
+        self.inner.backoff(attempt)
+    }
+}
+
+/// Built from resources: the inner handler from its own `FromResources`, the pool from the
+/// `sqlx::PgPool` resource.
+impl<H: TxHandler + FromResources> FromResources for Dedup<H> {
+    fn from_resources(resources: &Resources) -> Result<Self, ResourceError> {
+        let pool = resources.require::<PgPool>()?.clone();
+        Ok(Dedup::with_pool(H::from_resources(resources)?, pool))
+    }
+}
+
+/// Wraps handlers in [`Dedup`], tower-style.
+///
+/// ```
+/// use outbox_handlers::dedup::DedupLayer;
+/// let layer = DedupLayer::new(); // the pool from the worker's resources
+/// # let _ = layer;
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct DedupLayer {
+    pool: Option<PgPool>,
+}
+
+impl DedupLayer {
+    /// A layer whose handlers use the `sqlx::PgPool` among the worker's resources.
+    pub fn new() -> Self {
+        DedupLayer { pool: None }
+    }
+
+    /// A layer whose handlers use `pool`.
+    pub fn with_pool(pool: PgPool) -> Self {
+        DedupLayer { pool: Some(pool) }
+    }
+
+    /// Wraps `inner`.
+    pub fn layer<H>(&self, inner: H) -> Dedup<H> {
+        Dedup {
+            inner,
+            pool: self.pool.clone(),
+        }
+    }
+}

@@ -1,0 +1,311 @@
+//! [`EmailConfig`]: the email transport from environment variables or TOML.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::{EmailTransport, FileTransport, HttpTransport};
+use crate::config::{self, ConfigError, Fields, Secret};
+
+const KEYS: &[&str] = &[
+    "transport",
+    "base_url",
+    "path",
+    "api_key",
+    "from",
+    "timeout_secs",
+    "dir",
+];
+
+/// The email transport's settings, read from environment variables or a TOML `[email]` table;
+/// [`transport`](Self::transport) checks them and builds the transport.
+///
+/// | key | environment | meaning |
+/// |-----|-------------|---------|
+/// | `transport` | `OUTBOX_EMAIL_TRANSPORT` | `http` (default) or `file` |
+/// | `base_url` | `OUTBOX_EMAIL_BASE_URL` | the provider's base URL (http) |
+/// | `path` | `OUTBOX_EMAIL_PATH` | the path posted to, default `/emails` (http) |
+/// | `api_key` | `OUTBOX_EMAIL_API_KEY` | the API key, sent as a bearer token (http) |
+/// | `timeout_secs` | `OUTBOX_EMAIL_TIMEOUT_SECS` | request timeout in seconds, default 10 (http) |
+/// | `from` | `OUTBOX_EMAIL_FROM` | the default sender |
+/// | `dir` | `OUTBOX_EMAIL_DIR` | the directory of email files (file) |
+///
+/// The struct also derives `Deserialize`, to sit inside your own configuration type.
+///
+/// ```
+/// use outbox_handlers::email::EmailConfig;
+///
+/// let config = EmailConfig::from_toml_str(r#"
+///     [email]
+///     base_url = "https://api.mail.example"
+///     api_key = "sk_live_secret"
+///     from = "bookings@stayhub.example"
+///     timeout_secs = 5
+/// "#)?;
+/// let transport = config.transport()?;
+///
+/// let err = EmailConfig::from_toml_str("[email]\nbase_url = 'foo'\napi_key = 'k'").unwrap()
+///     .transport().unwrap_err();
+/// assert_eq!(err.to_string(), "email.base_url: not a valid URL (got `foo`)");
+/// # Ok::<(), outbox_handlers::ConfigError>(())
+/// ```
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct EmailConfig {
+    /// `http` (default) or `file`.
+    pub transport: Option<String>,
+    /// The provider's base URL.
+    pub base_url: Option<String>,
+    /// The path emails are posted to.
+    pub path: Option<String>,
+    /// The API key.
+    pub api_key: Option<Secret>,
+    /// The default sender.
+    pub from: Option<String>,
+    /// The request timeout in seconds.
+    pub timeout_secs: Option<f64>,
+    /// The directory of the file transport.
+    pub dir: Option<String>,
+}
+
+impl EmailConfig {
+    /// Reads the `OUTBOX_EMAIL_*` environment variables.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming the key whose value does not parse (`OUTBOX_EMAIL_TIMEOUT_SECS=ten`).
+    pub fn from_env() -> Result<Self, ConfigError> {
+        Self::from_env_prefixed("OUTBOX_EMAIL_")
+    }
+
+    /// Reads `{prefix}BASE_URL`, `{prefix}API_KEY`, ... from the environment.
+    ///
+    /// # Errors
+    ///
+    /// As [`from_env`](Self::from_env).
+    pub fn from_env_prefixed(prefix: &str) -> Result<Self, ConfigError> {
+        Self::from_lookup(prefix, |name| std::env::var(name).ok())
+    }
+
+    /// Reads `{prefix}BASE_URL`, `{prefix}API_KEY`, ... through `lookup`, for tests or other
+    /// sources of variables.
+    ///
+    /// ```
+    /// use outbox_handlers::email::EmailConfig;
+    ///
+    /// let vars = [("APP_MAIL_TRANSPORT", "file"), ("APP_MAIL_DIR", "/tmp/mail")];
+    /// let config = EmailConfig::from_lookup("APP_MAIL_", |name| {
+    ///     vars.iter().find(|(k, _)| *k == name).map(|(_, v)| v.to_string())
+    /// })?;
+    /// assert_eq!(config.dir.as_deref(), Some("/tmp/mail"));
+    /// # Ok::<(), outbox_handlers::ConfigError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`from_env`](Self::from_env).
+    pub fn from_lookup(
+        prefix: &str,
+        lookup: impl Fn(&str) -> Option<String>,
+    ) -> Result<Self, ConfigError> {
+        Self::read(Fields::env("email", KEYS, prefix, &lookup))
+    }
+
+    /// Reads the `[email]` table of a TOML document.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::Syntax`] when the document does not parse, and a [`ConfigError`] naming the
+    /// key for a missing `[email]` table, an unknown key or a value of the wrong type.
+    pub fn from_toml_str(document: &str) -> Result<Self, ConfigError> {
+        Self::read(Fields::toml("email", KEYS, document)?)
+    }
+
+    /// Reads the `[email]` table of a TOML file.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::Read`] when the file cannot be read, then as
+    /// [`from_toml_str`](Self::from_toml_str).
+    pub fn from_toml_file(path: impl AsRef<Path>) -> Result<Self, ConfigError> {
+        Self::from_toml_str(&config::read_file(path.as_ref())?)
+    }
+
+    fn read(mut f: Fields<'_>) -> Result<Self, ConfigError> {
+        let config = EmailConfig {
+            transport: f.string("transport")?,
+            base_url: f.string("base_url")?,
+            path: f.string("path")?,
+            api_key: f.secret("api_key")?,
+            from: f.string("from")?,
+            timeout_secs: f.number("timeout_secs")?,
+            dir: f.string("dir")?,
+        };
+        f.finish()?;
+        Ok(config)
+    }
+
+    /// Checks the settings and builds the transport they describe.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming the key that is missing or invalid.
+    pub fn transport(&self) -> Result<Arc<dyn EmailTransport>, ConfigError> {
+        match self.transport.as_deref().map(str::trim) {
+            None | Some("http") => Ok(Arc::new(self.http_transport()?)),
+            Some("file") => Ok(Arc::new(self.file_transport()?)),
+            Some(other) => Err(ConfigError::invalid(
+                "email.transport",
+                "use `http` or `file`",
+                other,
+            )),
+        }
+    }
+
+    /// Builds the HTTP transport, whatever `transport` says.
+    ///
+    /// # Errors
+    ///
+    /// As [`HttpTransportBuilder::build`](super::HttpTransportBuilder::build).
+    pub fn http_transport(&self) -> Result<HttpTransport, ConfigError> {
+        let mut b = HttpTransport::builder();
+        if let Some(v) = &self.base_url {
+            b = b.base_url(v);
+        }
+        if let Some(v) = &self.path {
+            b = b.path(v);
+        }
+        if let Some(v) = &self.api_key {
+            b = b.api_key(v.clone());
+        }
+        if let Some(v) = &self.from {
+            b = b.from(v);
+        }
+        if let Some(secs) = self.timeout_secs {
+            b = b.timeout(config::timeout_from_secs("email.timeout_secs", secs)?);
+        }
+        b.build()
+    }
+
+    /// Builds the file transport, whatever `transport` says.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::Missing`] without `dir`, and as [`FileTransport::new`].
+    pub fn file_transport(&self) -> Result<FileTransport, ConfigError> {
+        let dir = self.dir.as_deref().ok_or_else(|| {
+            ConfigError::missing(
+                "email.dir",
+                "set OUTBOX_EMAIL_DIR or `dir` in [email] for the file transport",
+            )
+        })?;
+        let mut t = FileTransport::new(dir)?;
+        if let Some(from) = &self.from {
+            t = t.from(from);
+        }
+        Ok(t)
+    }
+
+    /// The configured timeout, if any.
+    ///
+    /// # Errors
+    ///
+    /// When `timeout_secs` is out of range.
+    pub fn timeout(&self) -> Result<Option<Duration>, ConfigError> {
+        self.timeout_secs
+            .map(|s| config::timeout_from_secs("email.timeout_secs", s))
+            .transpose()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lookup(vars: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
+        move |n| {
+            vars.iter()
+                .find(|(k, _)| *k == n)
+                .map(|(_, v)| (*v).to_string())
+        }
+    }
+
+    #[test]
+    fn env_builds_an_http_transport() {
+        let c = EmailConfig::from_lookup(
+            "OUTBOX_EMAIL_",
+            lookup(&[
+                ("OUTBOX_EMAIL_BASE_URL", "https://api.mail.example"),
+                ("OUTBOX_EMAIL_API_KEY", "sk_1"),
+                ("OUTBOX_EMAIL_TIMEOUT_SECS", "2.5"),
+                ("OUTBOX_EMAIL_FROM", "a@b"),
+            ]),
+        )
+        .unwrap();
+        let t = c.http_transport().unwrap();
+        assert_eq!(t.timeout(), Duration::from_millis(2500));
+        assert_eq!(t.default_from(), Some("a@b"));
+        assert!(!format!("{c:?}").contains("sk_1"));
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        let c =
+            EmailConfig::from_lookup("X_", lookup(&[("X_BASE_URL", "foo"), ("X_API_KEY", "k")]))
+                .unwrap();
+        assert_eq!(
+            c.transport().unwrap_err().to_string(),
+            "email.base_url: not a valid URL (got `foo`)"
+        );
+        let c = EmailConfig::from_lookup("X_", lookup(&[("X_BASE_URL", "http://x")])).unwrap();
+        assert_eq!(c.transport().unwrap_err().key(), Some("email.api_key"));
+        let c = EmailConfig::from_lookup(
+            "X_",
+            lookup(&[
+                ("X_BASE_URL", "http://x"),
+                ("X_API_KEY", "k"),
+                ("X_TIMEOUT_SECS", "0"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(c.transport().unwrap_err().key(), Some("email.timeout_secs"));
+        let e = EmailConfig::from_lookup("X_", lookup(&[("X_TIMEOUT_SECS", "soon")])).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "email.timeout_secs: not a number (got `soon`)"
+        );
+        let c = EmailConfig::from_lookup("X_", lookup(&[("X_TRANSPORT", "pigeon")])).unwrap();
+        assert_eq!(
+            c.transport().unwrap_err().to_string(),
+            "email.transport: use `http` or `file` (got `pigeon`)"
+        );
+        let c = EmailConfig::from_lookup("X_", lookup(&[("X_TRANSPORT", "file")])).unwrap();
+        assert_eq!(c.transport().unwrap_err().key(), Some("email.dir"));
+    }
+
+    #[test]
+    fn toml_unknown_keys_and_types_are_refused() {
+        let e = EmailConfig::from_toml_str("[email]\nbase_ulr = 'x'").unwrap_err();
+        assert_eq!(e.key(), Some("email.base_ulr"));
+        let e = EmailConfig::from_toml_str("[email]\ntimeout_secs = 'x'").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "email.timeout_secs: not a number (got `\"x\"`)"
+        );
+        let e = EmailConfig::from_toml_str("[search]\n").unwrap_err();
+        assert_eq!(e.key(), Some("email"));
+    }
+
+    #[test]
+    fn serde_embedding_works() {
+        #[derive(Deserialize)]
+        struct App {
+            email: EmailConfig,
+        }
+        let app: App = toml::from_str("[email]\ntransport = 'file'\ndir = '/tmp/x'").unwrap();
+        assert_eq!(app.email.transport.as_deref(), Some("file"));
+    }
+}

@@ -1,0 +1,199 @@
+//! [`SearchConfig`]: the search client from environment variables or TOML.
+
+use std::path::Path;
+
+use serde::Deserialize;
+
+use super::SearchClient;
+use crate::config::{self, ConfigError, Fields, Secret};
+
+const KEYS: &[&str] = &[
+    "base_url",
+    "index",
+    "api_key",
+    "username",
+    "password",
+    "timeout_secs",
+];
+
+/// The search client's settings, read from environment variables or a TOML `[search]` table;
+/// [`client`](Self::client) checks them and builds the client.
+///
+/// | key | environment | meaning |
+/// |-----|-------------|---------|
+/// | `base_url` | `OUTBOX_SEARCH_BASE_URL` | the index server's base URL (required) |
+/// | `index` | `OUTBOX_SEARCH_INDEX` | the default index |
+/// | `api_key` | `OUTBOX_SEARCH_API_KEY` | an API key (`Authorization: ApiKey ...`) |
+/// | `username` | `OUTBOX_SEARCH_USERNAME` | basic-auth user |
+/// | `password` | `OUTBOX_SEARCH_PASSWORD` | basic-auth password |
+/// | `timeout_secs` | `OUTBOX_SEARCH_TIMEOUT_SECS` | request timeout in seconds, default 10 |
+///
+/// ```
+/// use outbox_handlers::search::SearchConfig;
+///
+/// let config = SearchConfig::from_toml_str(r#"
+///     [search]
+///     base_url = "http://127.0.0.1:9200"
+///     index = "hotels"
+///     timeout_secs = 2.5
+/// "#)?;
+/// assert_eq!(config.client()?.index(), Some("hotels"));
+///
+/// let err = SearchConfig::from_toml_str("[search]\nbase_url = 'http://x'\nindex = 'Hotels'")?
+///     .client().unwrap_err();
+/// assert_eq!(err.key(), Some("search.index"));
+/// # Ok::<(), outbox_handlers::ConfigError>(())
+/// ```
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct SearchConfig {
+    /// The index server's base URL.
+    pub base_url: Option<String>,
+    /// The default index.
+    pub index: Option<String>,
+    /// An API key.
+    pub api_key: Option<Secret>,
+    /// A basic-auth user.
+    pub username: Option<String>,
+    /// A basic-auth password.
+    pub password: Option<Secret>,
+    /// The request timeout in seconds.
+    pub timeout_secs: Option<f64>,
+}
+
+impl SearchConfig {
+    /// Reads the `OUTBOX_SEARCH_*` environment variables.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming the key whose value does not parse.
+    pub fn from_env() -> Result<Self, ConfigError> {
+        Self::from_env_prefixed("OUTBOX_SEARCH_")
+    }
+
+    /// Reads `{prefix}BASE_URL`, `{prefix}INDEX`, ... from the environment.
+    ///
+    /// # Errors
+    ///
+    /// As [`from_env`](Self::from_env).
+    pub fn from_env_prefixed(prefix: &str) -> Result<Self, ConfigError> {
+        Self::from_lookup(prefix, |name| std::env::var(name).ok())
+    }
+
+    /// Reads `{prefix}BASE_URL`, `{prefix}INDEX`, ... through `lookup`.
+    ///
+    /// # Errors
+    ///
+    /// As [`from_env`](Self::from_env).
+    pub fn from_lookup(
+        prefix: &str,
+        lookup: impl Fn(&str) -> Option<String>,
+    ) -> Result<Self, ConfigError> {
+        Self::read(Fields::env("search", KEYS, prefix, &lookup))
+    }
+
+    /// Reads the `[search]` table of a TOML document.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::Syntax`] when the document does not parse, and a [`ConfigError`] naming the
+    /// key for a missing `[search]` table, an unknown key or a value of the wrong type.
+    pub fn from_toml_str(document: &str) -> Result<Self, ConfigError> {
+        Self::read(Fields::toml("search", KEYS, document)?)
+    }
+
+    /// Reads the `[search]` table of a TOML file.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::Read`] when the file cannot be read, then as
+    /// [`from_toml_str`](Self::from_toml_str).
+    pub fn from_toml_file(path: impl AsRef<Path>) -> Result<Self, ConfigError> {
+        Self::from_toml_str(&config::read_file(path.as_ref())?)
+    }
+
+    fn read(mut f: Fields<'_>) -> Result<Self, ConfigError> {
+        let config = SearchConfig {
+            base_url: f.string("base_url")?,
+            index: f.string("index")?,
+            api_key: f.secret("api_key")?,
+            username: f.string("username")?,
+            password: f.secret("password")?,
+            timeout_secs: f.number("timeout_secs")?,
+        };
+        f.finish()?;
+        Ok(config)
+    }
+
+    /// Checks the settings and builds the client.
+    ///
+    /// # Errors
+    ///
+    /// As [`SearchClientBuilder::build`](super::SearchClientBuilder::build).
+    pub fn client(&self) -> Result<SearchClient, ConfigError> {
+        let mut b = SearchClient::builder();
+        if let Some(v) = &self.base_url {
+            b = b.base_url(v);
+        }
+        if let Some(v) = &self.index {
+            b = b.index(v);
+        }
+        if let Some(v) = &self.api_key {
+            b = b.api_key(v.clone());
+        }
+        match (&self.username, &self.password) {
+            (Some(u), Some(p)) => b = b.basic_auth(u, p.clone()),
+            (Some(_), None) => return Err(ConfigError::missing(
+                "search.password",
+                "a username needs a password (OUTBOX_SEARCH_PASSWORD or `password` in [search])",
+            )),
+            (None, Some(_)) => return Err(ConfigError::missing(
+                "search.username",
+                "a password needs a username (OUTBOX_SEARCH_USERNAME or `username` in [search])",
+            )),
+            (None, None) => {}
+        }
+        if let Some(secs) = self.timeout_secs {
+            b = b.timeout(config::timeout_from_secs("search.timeout_secs", secs)?);
+        }
+        b.build()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn env_builds_a_client_and_errors_name_the_key() {
+        let vars = [
+            ("OUTBOX_SEARCH_BASE_URL", "http://127.0.0.1:9200"),
+            ("OUTBOX_SEARCH_INDEX", "hotels"),
+            ("OUTBOX_SEARCH_USERNAME", "indexer"),
+            ("OUTBOX_SEARCH_PASSWORD", "pw-secret"),
+        ];
+        let c = SearchConfig::from_lookup("OUTBOX_SEARCH_", |n| {
+            vars.iter()
+                .find(|(k, _)| *k == n)
+                .map(|(_, v)| (*v).to_string())
+        })
+        .unwrap();
+        assert!(!format!("{c:?}").contains("pw-secret"));
+        assert_eq!(c.client().unwrap().index(), Some("hotels"));
+
+        let c =
+            SearchConfig::from_lookup("S_", |n| (n == "S_USERNAME").then(|| "u".into())).unwrap();
+        assert_eq!(c.client().unwrap_err().key(), Some("search.password"));
+        let e = SearchConfig::from_toml_str("[search]\nbase_url = 'nope'")
+            .unwrap()
+            .client()
+            .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "search.base_url: not a valid URL (got `nope`)"
+        );
+        let e = SearchConfig::from_toml_str("[search]\nindx = 'x'").unwrap_err();
+        assert_eq!(e.key(), Some("search.indx"));
+    }
+}
