@@ -295,6 +295,7 @@ impl<'a> Fields<'a> {
     }
 
     /// A whole number of zero or more.
+    #[cfg_attr(not(feature = "dedup"), allow(dead_code))] // only dedup has counts
     pub(crate) fn count(&mut self, name: &str) -> Result<Option<u64>, ConfigError> {
         match &mut self.source {
             Source::Env { .. } => match self.string(name)? {

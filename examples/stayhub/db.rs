@@ -1,0 +1,327 @@
+//! StayHub's database: properties and bookings, on SQLite (the default) or PostgreSQL.
+//!
+//! The no-double-booking rule lives in the database: an exclusion constraint on PostgreSQL, a
+//! trigger on SQLite (which has one writer at a time, so the check and the insert cannot race).
+
+use std::path::PathBuf;
+
+use chrono::NaiveDate;
+use outbox_core::{enqueue, enqueue_with, EnqueueOptions, Store};
+use sqlx::{PgPool, SqlitePool};
+use uuid::Uuid;
+
+use crate::events::{BookingCreated, PropertyChanged};
+
+/// The name of the rule both backends enforce; it appears in the error of a refused booking.
+const NO_DOUBLE_BOOKING: &str = "stayhub_no_double_booking";
+
+/// The demo's database.
+pub(crate) enum Db {
+    Sqlite { pool: SqlitePool, path: PathBuf },
+    Postgres { pool: PgPool },
+}
+
+/// A property as the index sees it.
+#[derive(Debug, Clone)]
+pub(crate) struct Property {
+    pub(crate) id: i64,
+    pub(crate) name: String,
+    pub(crate) city: String,
+    pub(crate) nightly_price: i64,
+    pub(crate) version: i64,
+}
+
+type PropertyRow = (i64, String, String, i64, i64);
+
+impl From<PropertyRow> for Property {
+    fn from((id, name, city, nightly_price, version): PropertyRow) -> Self {
+        Property {
+            id,
+            name,
+            city,
+            nightly_price,
+            version,
+        }
+    }
+}
+
+/// A request to book.
+pub(crate) struct NewBooking<'a> {
+    pub(crate) property_id: i64,
+    pub(crate) guest_email: &'a str,
+    pub(crate) check_in: NaiveDate,
+    pub(crate) check_out: NaiveDate,
+}
+
+/// What became of a booking request.
+pub(crate) enum Booked {
+    Confirmed(Uuid),
+    Rejected,
+}
+
+fn is_double_booking(e: &sqlx::Error) -> bool {
+    e.as_database_error().is_some_and(|d| {
+        d.constraint() == Some(NO_DOUBLE_BOOKING) || d.message().contains(NO_DOUBLE_BOOKING)
+    })
+}
+
+impl Db {
+    /// `DATABASE_URL` if set (postgres://...), else a fresh SQLite file `stayhub.sqlite`.
+    pub(crate) async fn open() -> anyhow::Result<Db> {
+        match std::env::var("DATABASE_URL") {
+            Ok(url) if url.starts_with("postgres") => Ok(Db::Postgres {
+                pool: PgPool::connect(&url).await?,
+            }),
+            Ok(url) => anyhow::bail!(
+                "DATABASE_URL must be a postgres:// URL (got `{url}`); unset it for SQLite"
+            ),
+            Err(_) => {
+                let path = PathBuf::from("stayhub.sqlite");
+                for suffix in ["", "-wal", "-shm"] {
+                    let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+                }
+                let pool =
+                    outbox_core::sqlite_pool(&format!("sqlite://{}", path.display())).await?;
+                Ok(Db::Sqlite { pool, path })
+            }
+        }
+    }
+
+    pub(crate) fn store(&self) -> Store {
+        match self {
+            Db::Sqlite { pool, .. } => Store::from(pool),
+            Db::Postgres { pool } => Store::from(pool),
+        }
+    }
+
+    pub(crate) fn describe(&self) -> String {
+        match self {
+            Db::Sqlite { path, .. } => format!("SQLite ({}, no server needed)", path.display()),
+            Db::Postgres { .. } => "PostgreSQL (DATABASE_URL)".to_string(),
+        }
+    }
+
+    /// Creates StayHub's tables afresh, so the demo can run again and again.
+    pub(crate) async fn reset(&self) -> anyhow::Result<()> {
+        match self {
+            Db::Sqlite { pool, .. } => {
+                sqlx::raw_sql(
+                    "CREATE TABLE stayhub_properties (
+                        id INTEGER PRIMARY KEY, name TEXT NOT NULL, city TEXT NOT NULL,
+                        nightly_price INTEGER NOT NULL, version INTEGER NOT NULL DEFAULT 1);
+                     CREATE TABLE stayhub_bookings (
+                        id INTEGER PRIMARY KEY, public_id TEXT NOT NULL UNIQUE,
+                        property_id INTEGER NOT NULL REFERENCES stayhub_properties (id),
+                        guest_email TEXT NOT NULL, check_in TEXT NOT NULL, check_out TEXT NOT NULL,
+                        CHECK (check_in < check_out));
+                     CREATE TRIGGER stayhub_no_double_booking BEFORE INSERT ON stayhub_bookings
+                     WHEN EXISTS (SELECT 1 FROM stayhub_bookings b WHERE b.property_id = NEW.property_id
+                                  AND b.check_in < NEW.check_out AND NEW.check_in < b.check_out)
+                     BEGIN SELECT RAISE(ABORT, 'stayhub_no_double_booking: already booked for those dates'); END;",
+                )
+                .execute(pool)
+                .await?;
+            }
+            Db::Postgres { pool } => {
+                sqlx::raw_sql(
+                    "CREATE EXTENSION IF NOT EXISTS btree_gist;
+                     DROP TABLE IF EXISTS stayhub_bookings;
+                     DROP TABLE IF EXISTS stayhub_properties;
+                     DELETE FROM outbox_messages WHERE topic IN ('booking.created', 'property.changed');
+                     CREATE TABLE stayhub_properties (
+                        id BIGSERIAL PRIMARY KEY, name TEXT NOT NULL, city TEXT NOT NULL,
+                        nightly_price BIGINT NOT NULL, version BIGINT NOT NULL DEFAULT 1);
+                     CREATE TABLE stayhub_bookings (
+                        id BIGSERIAL PRIMARY KEY, public_id UUID NOT NULL UNIQUE,
+                        property_id BIGINT NOT NULL REFERENCES stayhub_properties (id),
+                        guest_email TEXT NOT NULL, check_in DATE NOT NULL, check_out DATE NOT NULL,
+                        CHECK (check_in < check_out),
+                        CONSTRAINT stayhub_no_double_booking
+                            EXCLUDE USING gist (property_id WITH =, daterange(check_in, check_out) WITH &&));",
+                )
+                .execute(pool)
+                .await?;
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) async fn add_property(
+        &self,
+        name: &str,
+        city: &str,
+        price: i64,
+    ) -> anyhow::Result<Property> {
+        Ok(match self {
+            Db::Sqlite { pool, .. } => sqlx::query_as::<_, PropertyRow>(
+                "INSERT INTO stayhub_properties (name, city, nightly_price) VALUES (?1, ?2, ?3) \
+                     RETURNING id, name, city, nightly_price, version",
+            )
+            .bind(name)
+            .bind(city)
+            .bind(price)
+            .fetch_one(pool)
+            .await?,
+            Db::Postgres { pool } => sqlx::query_as::<_, PropertyRow>(
+                "INSERT INTO stayhub_properties (name, city, nightly_price) VALUES ($1, $2, $3) \
+                     RETURNING id, name, city, nightly_price, version",
+            )
+            .bind(name)
+            .bind(city)
+            .bind(price)
+            .fetch_one(pool)
+            .await?,
+        }
+        .into())
+    }
+
+    /// Books a stay: the booking and its `booking.created` event in one transaction.
+    ///
+    /// The event is enqueued before the booking row here, so that when the database refuses a
+    /// double booking, the rollback visibly takes an already-written event with it.
+    pub(crate) async fn book(&self, b: &NewBooking<'_>) -> anyhow::Result<Booked> {
+        let public_id = Uuid::now_v7();
+        let event = BookingCreated {
+            booking_id: public_id,
+            property_id: b.property_id,
+            guest_email: b.guest_email.to_string(),
+            check_in: b.check_in,
+            check_out: b.check_out,
+        };
+        // The key the email provider deduplicates on: the same for every retry of this booking.
+        let options = EnqueueOptions::new().idempotency_key(format!("booking-created:{public_id}"));
+        let inserted = match self {
+            Db::Sqlite { pool, .. } => {
+                let mut tx = pool.begin().await?;
+                enqueue_with(&mut *tx, &event, &options).await?;
+                let r = sqlx::query(
+                    "INSERT INTO stayhub_bookings (public_id, property_id, guest_email, check_in, check_out) \
+                     VALUES (?1, ?2, ?3, ?4, ?5)",
+                )
+                .bind(public_id.to_string())
+                .bind(b.property_id)
+                .bind(b.guest_email)
+                .bind(b.check_in)
+                .bind(b.check_out)
+                .execute(&mut *tx)
+                .await;
+                match r {
+                    Ok(_) => tx.commit().await.map_err(anyhow::Error::from),
+                    Err(e) => {
+                        tx.rollback().await?;
+                        Err(e.into())
+                    }
+                }
+            }
+            Db::Postgres { pool } => {
+                let mut tx = pool.begin().await?;
+                enqueue_with(&mut *tx, &event, &options).await?;
+                let r = sqlx::query(
+                    "INSERT INTO stayhub_bookings (public_id, property_id, guest_email, check_in, check_out) \
+                     VALUES ($1, $2, $3, $4, $5)",
+                )
+                .bind(public_id)
+                .bind(b.property_id)
+                .bind(b.guest_email)
+                .bind(b.check_in)
+                .bind(b.check_out)
+                .execute(&mut *tx)
+                .await;
+                match r {
+                    Ok(_) => tx.commit().await.map_err(anyhow::Error::from),
+                    Err(e) => {
+                        tx.rollback().await?;
+                        Err(e.into())
+                    }
+                }
+            }
+        };
+        match inserted {
+            Ok(()) => Ok(Booked::Confirmed(public_id)),
+            Err(e)
+                if e.downcast_ref::<sqlx::Error>()
+                    .is_some_and(is_double_booking) =>
+            {
+                Ok(Booked::Rejected)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Changes a price and bumps the row's version, in its own transaction.
+    pub(crate) async fn set_price(&self, property_id: i64, price: i64) -> anyhow::Result<Property> {
+        Ok(match self {
+            Db::Sqlite { pool, .. } => {
+                sqlx::query_as::<_, PropertyRow>(
+                    "UPDATE stayhub_properties SET nightly_price = ?2, version = version + 1 WHERE id = ?1 \
+                     RETURNING id, name, city, nightly_price, version",
+                )
+                .bind(property_id)
+                .bind(price)
+                .fetch_one(pool)
+                .await?
+            }
+            Db::Postgres { pool } => {
+                sqlx::query_as::<_, PropertyRow>(
+                    "UPDATE stayhub_properties SET nightly_price = $2, version = version + 1 WHERE id = $1 \
+                     RETURNING id, name, city, nightly_price, version",
+                )
+                .bind(property_id)
+                .bind(price)
+                .fetch_one(pool)
+                .await?
+            }
+        }
+        .into())
+    }
+
+    /// The fallback of an inline update that failed: a `property.changed` event, in a second
+    /// transaction of its own.
+    pub(crate) async fn enqueue_property_changed(
+        &self,
+        event: &PropertyChanged,
+    ) -> anyhow::Result<Uuid> {
+        Ok(match self {
+            Db::Sqlite { pool, .. } => {
+                let mut tx = pool.begin().await?;
+                let id = enqueue(&mut *tx, event).await?;
+                tx.commit().await?;
+                id
+            }
+            Db::Postgres { pool } => {
+                let mut tx = pool.begin().await?;
+                let id = enqueue(&mut *tx, event).await?;
+                tx.commit().await?;
+                id
+            }
+        })
+    }
+
+    /// How many bookings exist, and how many `booking.created` messages.
+    pub(crate) async fn booking_counts(&self) -> anyhow::Result<(i64, i64)> {
+        let (bookings, events) = (
+            "SELECT count(*) FROM stayhub_bookings",
+            "SELECT count(*) FROM outbox_messages WHERE topic = 'booking.created'",
+        );
+        Ok(match self {
+            Db::Sqlite { pool, .. } => (
+                sqlx::query_scalar(bookings).fetch_one(pool).await?,
+                sqlx::query_scalar(events).fetch_one(pool).await?,
+            ),
+            Db::Postgres { pool } => (
+                sqlx::query_scalar(bookings).fetch_one(pool).await?,
+                sqlx::query_scalar(events).fetch_one(pool).await?,
+            ),
+        })
+    }
+
+    /// Failed attempts that were retried, over StayHub's messages.
+    pub(crate) async fn retries(&self) -> anyhow::Result<i64> {
+        let sql = "SELECT CAST(coalesce(sum(attempts - 1), 0) AS BIGINT) FROM outbox_messages \
+                   WHERE topic IN ('booking.created', 'property.changed') AND attempts > 1";
+        Ok(match self {
+            Db::Sqlite { pool, .. } => sqlx::query_scalar(sql).fetch_one(pool).await?,
+            Db::Postgres { pool } => sqlx::query_scalar(sql).fetch_one(pool).await?,
+        })
+    }
+}
