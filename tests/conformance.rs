@@ -484,6 +484,24 @@ conformance! {
         assert!(store.purge_done(Duration::ZERO, 0).await.is_err(), "a zero batch is refused");
     }
 
+    async fn a_message_whose_attempts_all_crashed_ends_dead_without_running(db) {
+        let (w, counts) = worker(&db.pool);
+        let mut tx = db.pool.begin().await.unwrap();
+        let id = enqueue(&mut *tx, &job(1, Mode::Ok)).await.unwrap();
+        tx.commit().await.unwrap();
+        // Eight claims whose worker died each time: attempts counted, no outcome, lease over.
+        sqlx::query("UPDATE outbox_messages SET status = 'running', attempts = 8")
+            .execute(&db.pool)
+            .await
+            .unwrap();
+        let r = w.run_once().await.unwrap();
+        assert_eq!((r.claimed, r.dead), (1, 1));
+        assert_eq!(counts.calls.load(Ordering::SeqCst), 0, "not run a ninth time");
+        let (state, attempts, err) = db.status(id).await;
+        assert_eq!((state.as_str(), attempts), ("dead", 9));
+        assert!(err.unwrap().contains("ended without an outcome"));
+    }
+
     async fn a_success_outcome_is_fenced_by_its_claim_token(db) {
         let report = stale_outcome(&db, Duration::from_secs(3)).await;
         assert_eq!(report.done, 1, "the old worker's handler succeeded");

@@ -42,6 +42,25 @@ pub(crate) async fn run_message(
             .max_attempts()
             .unwrap_or(config.retry.get_max_attempts())
             .max(1);
+        if attempt > max_attempts {
+            // Attempts count at claim: this one is past the limit because earlier attempts
+            // ended without an outcome (the worker crashed, was killed or lost its lease).
+            // Running it again could crash again for ever; dead-letter it instead.
+            tracing::error!(
+                message_id = %msg.public_id,
+                topic = %msg.topic,
+                handler = h.name(),
+                attempt,
+                "attempts exhausted by attempts that never finished; the message is dead-lettered"
+            );
+            retry_in = None;
+            errors.push(format!(
+                "handler `{}`: attempt {attempt} is past the limit of {max_attempts}; the earlier attempts \
+                 ended without an outcome (the worker crashed, was killed or lost its lease)",
+                h.name()
+            ));
+            continue;
+        }
         let ctx = Context {
             message_id: msg.public_id,
             topic: topic.clone(),
