@@ -521,3 +521,63 @@ async fn once_runs_one_batch_and_list_topics_lists() {
     );
     db.drop_db().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_workers_on_one_sqlite_file_take_different_messages() {
+    let db = outbox_tests::sqlite().await;
+    sqlx::query("CREATE TABLE effects (message_id TEXT NOT NULL UNIQUE, handler TEXT NOT NULL, n INTEGER NOT NULL)")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let flags = ["--batch-size", "10", "--poll-interval", "0.05"];
+    let mut workers = [spawn_worker(&db.url, &flags), spawn_worker(&db.url, &flags)];
+    let pids: Vec<u32> = workers.iter().map(pid).collect();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let events: Vec<Work> = (0..1000).map(|n| Work { n, sleep_ms: 0 }).collect();
+    let mut tx = db.pool.begin().await.unwrap();
+    enqueue_many(&mut *tx, &events).await.unwrap();
+    tx.commit().await.unwrap();
+
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while db.count_status("done").await < 1000 {
+        assert!(
+            Instant::now() < deadline,
+            "not drained: {} done",
+            db.count_status("done").await
+        );
+        tokio::time::sleep(POLL).await;
+    }
+    let (effects, distinct): (i64, i64) =
+        sqlx::query_as("SELECT count(*), count(DISTINCT message_id) FROM effects")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        (effects, distinct),
+        (1000, 1000),
+        "every message handled exactly once"
+    );
+    let retried: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM outbox_messages WHERE attempts <> 1")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(retried, 0, "no message was claimed twice");
+    let claimers: Vec<String> =
+        sqlx::query_scalar("SELECT DISTINCT claimed_by FROM outbox_messages")
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(claimers.len(), 2, "both workers took part: {claimers:?}");
+    for (w, p) in workers.iter_mut().zip(&pids) {
+        sigterm(*p);
+        assert_eq!(
+            wait_exit(w, Duration::from_secs(15), "sigterm")
+                .await
+                .code(),
+            Some(0)
+        );
+    }
+    db.drop_db().await;
+}

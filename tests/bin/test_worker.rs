@@ -2,7 +2,8 @@
 //! request, and fail on request. Built on `outbox_core::cli` exactly as a user's worker is.
 //!
 //! Events: topic `test.work` (handler `record`). Each run inserts a row into `effects`
-//! (message_id, handler, n); the test decides whether that table has a unique key.
+//! (message_id, handler, n) of the same database, PostgreSQL or SQLite; the test decides
+//! whether that table has a unique key.
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -11,10 +12,17 @@ use outbox_core::{
     register_handler, Context, FromResources, Handler, HandlerError, ResourceError, Resources,
 };
 use outbox_tests::events::Work;
-use sqlx::PgPool;
+use sqlx::{PgPool, SqlitePool};
+
+/// Where the effects go: the worker's own database.
+#[derive(Clone)]
+enum Effects {
+    Pg(PgPool),
+    Sqlite(SqlitePool),
+}
 
 struct Record {
-    pool: PgPool,
+    effects: Effects,
 }
 
 #[outbox_core::async_trait]
@@ -26,12 +34,24 @@ impl Handler for Record {
         if work.sleep_ms > 0 {
             tokio::time::sleep(Duration::from_millis(work.sleep_ms)).await;
         }
-        sqlx::query("INSERT INTO effects (message_id, handler, n) VALUES ($1, $2, $3)")
-            .bind(ctx.message_id())
-            .bind(ctx.handler_name())
-            .bind(work.n)
-            .execute(&self.pool)
-            .await?;
+        match &self.effects {
+            Effects::Pg(pool) => {
+                sqlx::query("INSERT INTO effects (message_id, handler, n) VALUES ($1, $2, $3)")
+                    .bind(ctx.message_id())
+                    .bind(ctx.handler_name())
+                    .bind(work.n)
+                    .execute(pool)
+                    .await?;
+            }
+            Effects::Sqlite(pool) => {
+                sqlx::query("INSERT INTO effects (message_id, handler, n) VALUES (?1, ?2, ?3)")
+                    .bind(ctx.message_id().to_string())
+                    .bind(ctx.handler_name())
+                    .bind(work.n)
+                    .execute(pool)
+                    .await?;
+            }
+        }
         Ok(())
     }
 }
@@ -39,7 +59,7 @@ impl Handler for Record {
 impl FromResources for Record {
     fn from_resources(resources: &Resources) -> Result<Self, ResourceError> {
         Ok(Record {
-            pool: resources.require::<PgPool>()?.clone(),
+            effects: resources.require::<Effects>()?.clone(),
         })
     }
 }
@@ -49,8 +69,14 @@ register_handler!(Record);
 #[tokio::main]
 async fn main() -> ExitCode {
     outbox_core::cli::run_worker(|args, builder| {
-        let pool = PgPool::connect_lazy(&args.database_url).expect("database URL parses");
-        builder.resource(pool)
+        let url = &args.database_url;
+        let effects = if url.starts_with("sqlite:") {
+            let options = outbox_core::sqlite_options(url).expect("SQLite URL parses");
+            Effects::Sqlite(SqlitePool::connect_lazy_with(options))
+        } else {
+            Effects::Pg(PgPool::connect_lazy(url).expect("database URL parses"))
+        };
+        builder.resource(effects)
     })
     .await
 }
