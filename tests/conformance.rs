@@ -1,14 +1,15 @@
 //! The conformance suite: every behaviour of enqueue and the worker, from one source, against
 //! both backends (PostgreSQL and SQLite). Backend-specific tests live in `*_postgres.rs`.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use outbox_core::{
     enqueue, enqueue_many, enqueue_with, outbox_event, Context, EnqueueOptions, Error, Handler,
-    HandlerError, RetryPolicy, Store, Worker, WorkerConfig,
+    HandlerError, Store, Worker,
 };
+use outbox_tests::jobs::{config, job, worker, Counts, Job, Mode, Runner};
 use serde::{Deserialize, Serialize};
 use sqlx::Acquire;
 
@@ -29,71 +30,6 @@ fn booking(id: i64) -> BookingCreated {
     BookingCreated {
         booking_id: id,
         guest_email: format!("guest{id}@example.com"),
-    }
-}
-
-#[outbox_event(topic = "test.job")]
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct Job {
-    n: i64,
-    #[serde(default)]
-    mode: Mode,
-}
-
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
-enum Mode {
-    #[default]
-    Ok,
-    Fail,
-    Permanent,
-    Panic,
-    Hang,
-    HugeError,
-    RetryAfter,
-    Slow,
-}
-
-fn job(n: i64, mode: Mode) -> Job {
-    Job { n, mode }
-}
-
-#[derive(Default)]
-struct Counts {
-    calls: AtomicUsize,
-}
-
-/// Does what the job's mode says.
-struct Runner(Arc<Counts>);
-
-#[outbox_core::async_trait]
-impl Handler for Runner {
-    type Event = Job;
-    const NAME: &'static str = "runner";
-
-    async fn handle(&self, job: Job, _ctx: &Context) -> Result<(), HandlerError> {
-        self.0.calls.fetch_add(1, Ordering::SeqCst);
-        match job.mode {
-            Mode::Ok => Ok(()),
-            Mode::Fail => Err(HandlerError::retry(format!(
-                "provider unavailable for job {}",
-                job.n
-            ))),
-            Mode::Permanent => Err(HandlerError::permanent("recipient rejected")),
-            Mode::Panic => panic!("job {} exploded", job.n),
-            Mode::Hang => {
-                tokio::time::sleep(Duration::from_secs(3600)).await;
-                Ok(())
-            }
-            Mode::HugeError => Err(HandlerError::retry("x".repeat(100_000))),
-            Mode::RetryAfter => Err(HandlerError::retry_after(
-                Duration::from_secs(100),
-                "rate limited",
-            )),
-            Mode::Slow => {
-                tokio::time::sleep(Duration::from_millis(600)).await;
-                Ok(())
-            }
-        }
     }
 }
 
@@ -148,23 +84,6 @@ impl Handler for HandlerB {
         }
         Ok(())
     }
-}
-
-fn config() -> WorkerConfig {
-    WorkerConfig::default()
-        .retry(RetryPolicy::default().jitter(false))
-        .handler_timeout(Duration::from_millis(300))
-        .lease(Duration::from_secs(5))
-}
-
-fn worker(store: impl Into<Store>) -> (Worker, Arc<Counts>) {
-    let counts = Arc::new(Counts::default());
-    let w = Worker::builder(store)
-        .handler(Runner(counts.clone()))
-        .config(config())
-        .build()
-        .unwrap();
-    (w, counts)
 }
 
 /// Writes each test once and runs it on both backends: `$db` is a fresh, migrated database

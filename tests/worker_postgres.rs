@@ -1,94 +1,14 @@
 //! The worker on PostgreSQL, where it differs from SQLite: skipping locked rows, and waking an
 //! idle worker through LISTEN. The shared behaviour is in `conformance.rs`.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use outbox_core::{
-    enqueue_many, outbox_event, Context, Handler, HandlerError, RetryPolicy, Worker, WorkerConfig,
-};
+use outbox_core::{enqueue_many, Worker, WorkerConfig};
+use outbox_tests::jobs::{config, job, Counts, Job, Mode, Runner};
 use outbox_tests::{pg, TestDb};
-use serde::{Deserialize, Serialize};
 use sqlx::Connection;
-
-#[outbox_event(topic = "test.job")]
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct Job {
-    n: i64,
-    #[serde(default)]
-    mode: Mode,
-}
-
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
-enum Mode {
-    #[default]
-    Ok,
-    Fail,
-    Permanent,
-    Panic,
-    Hang,
-    HugeError,
-    RetryAfter,
-    Slow,
-}
-
-#[derive(Default)]
-struct Counts {
-    calls: AtomicUsize,
-}
-
-/// Does what the job's mode says.
-struct Runner(Arc<Counts>);
-
-#[outbox_core::async_trait]
-impl Handler for Runner {
-    type Event = Job;
-    const NAME: &'static str = "runner";
-
-    async fn handle(&self, job: Job, _ctx: &Context) -> Result<(), HandlerError> {
-        self.0.calls.fetch_add(1, Ordering::SeqCst);
-        match job.mode {
-            Mode::Ok => Ok(()),
-            Mode::Fail => Err(HandlerError::retry(format!(
-                "provider unavailable for job {}",
-                job.n
-            ))),
-            Mode::Permanent => Err(HandlerError::permanent("recipient rejected")),
-            Mode::Panic => panic!("job {} exploded", job.n),
-            Mode::Hang => {
-                tokio::time::sleep(Duration::from_secs(3600)).await;
-                Ok(())
-            }
-            Mode::HugeError => Err(HandlerError::retry("x".repeat(100_000))),
-            Mode::RetryAfter => Err(HandlerError::retry_after(
-                Duration::from_secs(100),
-                "rate limited",
-            )),
-            Mode::Slow => {
-                tokio::time::sleep(Duration::from_millis(600)).await;
-                Ok(())
-            }
-        }
-    }
-}
-
-fn config() -> WorkerConfig {
-    WorkerConfig::default()
-        .retry(RetryPolicy::default().jitter(false))
-        .handler_timeout(Duration::from_millis(300))
-        .lease(Duration::from_secs(5))
-}
-
-fn worker(db: &TestDb) -> (Worker, Arc<Counts>) {
-    let counts = Arc::new(Counts::default());
-    let w = Worker::builder(&db.pool)
-        .handler(Runner(counts.clone()))
-        .config(config())
-        .build()
-        .unwrap();
-    (w, counts)
-}
 
 async fn put(db: &TestDb, jobs: &[Job]) -> Vec<uuid::Uuid> {
     let mut tx = db.pool.begin().await.unwrap();
@@ -97,14 +17,10 @@ async fn put(db: &TestDb, jobs: &[Job]) -> Vec<uuid::Uuid> {
     ids
 }
 
-fn job(n: i64, mode: Mode) -> Job {
-    Job { n, mode }
-}
-
 #[tokio::test]
 async fn claim_skips_locked_rows_instead_of_waiting() {
     let db = pg().await;
-    let (w, _) = worker(&db);
+    let (w, _) = outbox_tests::jobs::worker(&db.pool);
     put(&db, &(0..20).map(|n| job(n, Mode::Ok)).collect::<Vec<_>>()).await;
 
     // Another transaction holds 10 of the 20 rows.

@@ -398,3 +398,122 @@ pub mod events {
         pub sleep_ms: u64,
     }
 }
+
+/// A test event whose payload says how its handler should behave, and that handler.
+pub mod jobs {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use outbox_core::{
+        outbox_event, Context, Handler, HandlerError, RetryPolicy, Store, Worker, WorkerConfig,
+    };
+    use serde::{Deserialize, Serialize};
+
+    /// A job for [`Runner`]; topic `test.job`.
+    #[outbox_event(topic = "test.job")]
+    #[derive(Debug, Clone, Serialize, Deserialize)]
+    pub struct Job {
+        /// A number, echoed in errors.
+        pub n: i64,
+        /// What the handler does with it.
+        #[serde(default)]
+        pub mode: Mode,
+    }
+
+    /// What [`Runner`] does with a job.
+    #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+    pub enum Mode {
+        /// Succeeds.
+        #[default]
+        Ok,
+        /// Fails, retryably.
+        Fail,
+        /// Fails for good.
+        Permanent,
+        /// Panics.
+        Panic,
+        /// Sleeps an hour (past any test's handler timeout).
+        Hang,
+        /// Fails with a 100 KB error.
+        HugeError,
+        /// Asks to be retried in 100 s.
+        RetryAfter,
+        /// Sleeps 600 ms, then succeeds.
+        Slow,
+    }
+
+    /// A job.
+    pub fn job(n: i64, mode: Mode) -> Job {
+        Job { n, mode }
+    }
+
+    /// How often a handler was called.
+    #[derive(Debug, Default)]
+    pub struct Counts {
+        /// Calls so far.
+        pub calls: AtomicUsize,
+    }
+
+    impl Counts {
+        /// Calls so far.
+        pub fn get(&self) -> usize {
+            self.calls.load(Ordering::SeqCst)
+        }
+    }
+
+    /// Does what the job's mode says; counts its calls.
+    #[derive(Debug)]
+    pub struct Runner(pub Arc<Counts>);
+
+    #[outbox_core::async_trait]
+    impl Handler for Runner {
+        type Event = Job;
+        const NAME: &'static str = "runner";
+
+        async fn handle(&self, job: Job, _ctx: &Context) -> Result<(), HandlerError> {
+            self.0.calls.fetch_add(1, Ordering::SeqCst);
+            match job.mode {
+                Mode::Ok => Ok(()),
+                Mode::Fail => Err(HandlerError::retry(format!(
+                    "provider unavailable for job {}",
+                    job.n
+                ))),
+                Mode::Permanent => Err(HandlerError::permanent("recipient rejected")),
+                Mode::Panic => panic!("job {} exploded", job.n),
+                Mode::Hang => {
+                    tokio::time::sleep(Duration::from_secs(3600)).await;
+                    Ok(())
+                }
+                Mode::HugeError => Err(HandlerError::retry("x".repeat(100_000))),
+                Mode::RetryAfter => Err(HandlerError::retry_after(
+                    Duration::from_secs(100),
+                    "rate limited",
+                )),
+                Mode::Slow => {
+                    tokio::time::sleep(Duration::from_millis(600)).await;
+                    Ok(())
+                }
+            }
+        }
+    }
+
+    /// The tests' worker config: exact backoff (no jitter), a 300 ms handler timeout, a 5 s lease.
+    pub fn config() -> WorkerConfig {
+        WorkerConfig::default()
+            .retry(RetryPolicy::default().jitter(false))
+            .handler_timeout(Duration::from_millis(300))
+            .lease(Duration::from_secs(5))
+    }
+
+    /// A worker with a [`Runner`] and [`config`], and the runner's call counts.
+    pub fn worker(store: impl Into<Store>) -> (Worker, Arc<Counts>) {
+        let counts = Arc::new(Counts::default());
+        let w = Worker::builder(store)
+            .handler(Runner(counts.clone()))
+            .config(config())
+            .build()
+            .expect("the test worker builds");
+        (w, counts)
+    }
+}
