@@ -395,6 +395,67 @@ pub(crate) fn base_url(key: &str, raw: &str) -> Result<reqwest::Url, ConfigError
     Ok(url)
 }
 
+/// Writes the loaders every configuration section shares: `from_env`, `from_env_prefixed`,
+/// `from_lookup`, `from_toml_str` and `from_toml_file`, all ending in the type's own
+/// `fn read(Fields) -> Result<Self, ConfigError>`.
+macro_rules! loaders {
+    ($ty:ident, $section:literal, $prefix:literal) => {
+        impl $ty {
+            #[doc = concat!("Reads the `", $prefix, "*` environment variables.")]
+            ///
+            /// # Errors
+            ///
+            /// A [`ConfigError`] naming the variable whose value does not parse.
+            pub fn from_env() -> Result<Self, ConfigError> {
+                Self::from_env_prefixed($prefix)
+            }
+
+            /// Reads the variables `{prefix}KEY` (the keys in upper case) from the environment.
+            ///
+            /// # Errors
+            ///
+            /// As [`from_env`](Self::from_env).
+            pub fn from_env_prefixed(prefix: &str) -> Result<Self, ConfigError> {
+                Self::from_lookup(prefix, |name| std::env::var(name).ok())
+            }
+
+            /// Reads the variables `{prefix}KEY` through `lookup`, for tests or other sources of
+            /// variables.
+            ///
+            /// # Errors
+            ///
+            /// As [`from_env`](Self::from_env).
+            pub fn from_lookup(
+                prefix: &str,
+                lookup: impl Fn(&str) -> Option<String>,
+            ) -> Result<Self, ConfigError> {
+                Self::read($crate::config::Fields::env($section, KEYS, prefix, &lookup))
+            }
+
+            #[doc = concat!("Reads the `[", $section, "]` table of a TOML document.")]
+            ///
+            /// # Errors
+            ///
+            /// [`ConfigError::Syntax`] when the document does not parse, and a [`ConfigError`]
+            /// naming the key for a missing table, an unknown key or a value of the wrong type.
+            pub fn from_toml_str(document: &str) -> Result<Self, ConfigError> {
+                Self::read($crate::config::Fields::toml($section, KEYS, document)?)
+            }
+
+            #[doc = concat!("Reads the `[", $section, "]` table of a TOML file.")]
+            ///
+            /// # Errors
+            ///
+            /// [`ConfigError::Read`] when the file cannot be read, then as
+            /// [`from_toml_str`](Self::from_toml_str).
+            pub fn from_toml_file(path: impl AsRef<std::path::Path>) -> Result<Self, ConfigError> {
+                Self::from_toml_str(&$crate::config::read_file(path.as_ref())?)
+            }
+        }
+    };
+}
+pub(crate) use loaders;
+
 #[cfg(test)]
 mod tests {
     use super::*;

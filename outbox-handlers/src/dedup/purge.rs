@@ -1,6 +1,5 @@
 //! Retention of processed records: [`purge_processed`], [`Retention`] and [`DedupConfig`].
 
-use std::path::Path;
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -164,57 +163,9 @@ pub struct DedupConfig {
     pub purge_batch: Option<u64>,
 }
 
+config::loaders!(DedupConfig, "dedup", "OUTBOX_DEDUP_");
+
 impl DedupConfig {
-    /// Reads the `OUTBOX_DEDUP_*` environment variables.
-    ///
-    /// # Errors
-    ///
-    /// A [`ConfigError`] naming the key whose value does not parse.
-    pub fn from_env() -> Result<Self, ConfigError> {
-        Self::from_env_prefixed("OUTBOX_DEDUP_")
-    }
-
-    /// Reads `{prefix}RETENTION_SECS` and `{prefix}PURGE_BATCH` from the environment.
-    ///
-    /// # Errors
-    ///
-    /// As [`from_env`](Self::from_env).
-    pub fn from_env_prefixed(prefix: &str) -> Result<Self, ConfigError> {
-        Self::from_lookup(prefix, |name| std::env::var(name).ok())
-    }
-
-    /// Reads `{prefix}RETENTION_SECS` and `{prefix}PURGE_BATCH` through `lookup`.
-    ///
-    /// # Errors
-    ///
-    /// As [`from_env`](Self::from_env).
-    pub fn from_lookup(
-        prefix: &str,
-        lookup: impl Fn(&str) -> Option<String>,
-    ) -> Result<Self, ConfigError> {
-        Self::read(Fields::env("dedup", KEYS, prefix, &lookup))
-    }
-
-    /// Reads the `[dedup]` table of a TOML document.
-    ///
-    /// # Errors
-    ///
-    /// [`ConfigError::Syntax`] when the document does not parse, and a [`ConfigError`] naming the
-    /// key for a missing `[dedup]` table, an unknown key or a value of the wrong type.
-    pub fn from_toml_str(document: &str) -> Result<Self, ConfigError> {
-        Self::read(Fields::toml("dedup", KEYS, document)?)
-    }
-
-    /// Reads the `[dedup]` table of a TOML file.
-    ///
-    /// # Errors
-    ///
-    /// [`ConfigError::Read`] when the file cannot be read, then as
-    /// [`from_toml_str`](Self::from_toml_str).
-    pub fn from_toml_file(path: impl AsRef<Path>) -> Result<Self, ConfigError> {
-        Self::from_toml_str(&config::read_file(path.as_ref())?)
-    }
-
     fn read(mut f: Fields<'_>) -> Result<Self, ConfigError> {
         let config = DedupConfig {
             retention_secs: f.number("retention_secs")?,

@@ -1,6 +1,5 @@
 //! [`EmailConfig`]: the email transport from environment variables or TOML.
 
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -71,69 +70,9 @@ pub struct EmailConfig {
     pub dir: Option<String>,
 }
 
+config::loaders!(EmailConfig, "email", "OUTBOX_EMAIL_");
+
 impl EmailConfig {
-    /// Reads the `OUTBOX_EMAIL_*` environment variables.
-    ///
-    /// # Errors
-    ///
-    /// A [`ConfigError`] naming the key whose value does not parse (`OUTBOX_EMAIL_TIMEOUT_SECS=ten`).
-    pub fn from_env() -> Result<Self, ConfigError> {
-        Self::from_env_prefixed("OUTBOX_EMAIL_")
-    }
-
-    /// Reads `{prefix}BASE_URL`, `{prefix}API_KEY`, ... from the environment.
-    ///
-    /// # Errors
-    ///
-    /// As [`from_env`](Self::from_env).
-    pub fn from_env_prefixed(prefix: &str) -> Result<Self, ConfigError> {
-        Self::from_lookup(prefix, |name| std::env::var(name).ok())
-    }
-
-    /// Reads `{prefix}BASE_URL`, `{prefix}API_KEY`, ... through `lookup`, for tests or other
-    /// sources of variables.
-    ///
-    /// ```
-    /// use outbox_handlers::email::EmailConfig;
-    ///
-    /// let vars = [("APP_MAIL_TRANSPORT", "file"), ("APP_MAIL_DIR", "/tmp/mail")];
-    /// let config = EmailConfig::from_lookup("APP_MAIL_", |name| {
-    ///     vars.iter().find(|(k, _)| *k == name).map(|(_, v)| v.to_string())
-    /// })?;
-    /// assert_eq!(config.dir.as_deref(), Some("/tmp/mail"));
-    /// # Ok::<(), outbox_handlers::ConfigError>(())
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// As [`from_env`](Self::from_env).
-    pub fn from_lookup(
-        prefix: &str,
-        lookup: impl Fn(&str) -> Option<String>,
-    ) -> Result<Self, ConfigError> {
-        Self::read(Fields::env("email", KEYS, prefix, &lookup))
-    }
-
-    /// Reads the `[email]` table of a TOML document.
-    ///
-    /// # Errors
-    ///
-    /// [`ConfigError::Syntax`] when the document does not parse, and a [`ConfigError`] naming the
-    /// key for a missing `[email]` table, an unknown key or a value of the wrong type.
-    pub fn from_toml_str(document: &str) -> Result<Self, ConfigError> {
-        Self::read(Fields::toml("email", KEYS, document)?)
-    }
-
-    /// Reads the `[email]` table of a TOML file.
-    ///
-    /// # Errors
-    ///
-    /// [`ConfigError::Read`] when the file cannot be read, then as
-    /// [`from_toml_str`](Self::from_toml_str).
-    pub fn from_toml_file(path: impl AsRef<Path>) -> Result<Self, ConfigError> {
-        Self::from_toml_str(&config::read_file(path.as_ref())?)
-    }
-
     fn read(mut f: Fields<'_>) -> Result<Self, ConfigError> {
         let config = EmailConfig {
             transport: f.string("transport")?,

@@ -1,7 +1,5 @@
 //! [`SearchConfig`]: the search client from environment variables or TOML.
 
-use std::path::Path;
-
 use serde::Deserialize;
 
 use super::SearchClient;
@@ -62,57 +60,9 @@ pub struct SearchConfig {
     pub timeout_secs: Option<f64>,
 }
 
+config::loaders!(SearchConfig, "search", "OUTBOX_SEARCH_");
+
 impl SearchConfig {
-    /// Reads the `OUTBOX_SEARCH_*` environment variables.
-    ///
-    /// # Errors
-    ///
-    /// A [`ConfigError`] naming the key whose value does not parse.
-    pub fn from_env() -> Result<Self, ConfigError> {
-        Self::from_env_prefixed("OUTBOX_SEARCH_")
-    }
-
-    /// Reads `{prefix}BASE_URL`, `{prefix}INDEX`, ... from the environment.
-    ///
-    /// # Errors
-    ///
-    /// As [`from_env`](Self::from_env).
-    pub fn from_env_prefixed(prefix: &str) -> Result<Self, ConfigError> {
-        Self::from_lookup(prefix, |name| std::env::var(name).ok())
-    }
-
-    /// Reads `{prefix}BASE_URL`, `{prefix}INDEX`, ... through `lookup`.
-    ///
-    /// # Errors
-    ///
-    /// As [`from_env`](Self::from_env).
-    pub fn from_lookup(
-        prefix: &str,
-        lookup: impl Fn(&str) -> Option<String>,
-    ) -> Result<Self, ConfigError> {
-        Self::read(Fields::env("search", KEYS, prefix, &lookup))
-    }
-
-    /// Reads the `[search]` table of a TOML document.
-    ///
-    /// # Errors
-    ///
-    /// [`ConfigError::Syntax`] when the document does not parse, and a [`ConfigError`] naming the
-    /// key for a missing `[search]` table, an unknown key or a value of the wrong type.
-    pub fn from_toml_str(document: &str) -> Result<Self, ConfigError> {
-        Self::read(Fields::toml("search", KEYS, document)?)
-    }
-
-    /// Reads the `[search]` table of a TOML file.
-    ///
-    /// # Errors
-    ///
-    /// [`ConfigError::Read`] when the file cannot be read, then as
-    /// [`from_toml_str`](Self::from_toml_str).
-    pub fn from_toml_file(path: impl AsRef<Path>) -> Result<Self, ConfigError> {
-        Self::from_toml_str(&config::read_file(path.as_ref())?)
-    }
-
     fn read(mut f: Fields<'_>) -> Result<Self, ConfigError> {
         let config = SearchConfig {
             base_url: f.string("base_url")?,
