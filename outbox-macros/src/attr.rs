@@ -14,6 +14,8 @@ pub(crate) struct Args {
     pub(crate) topic: Option<LitStr>,
     /// `crate = "..."`: the path to `outbox_core`, parsed from the string literal.
     pub(crate) krate: Option<Path>,
+    /// `idempotency_key = "field"`: the payload field whose value is the idempotency key.
+    pub(crate) idempotency_key: Option<syn::Ident>,
 }
 
 /// Parses the tokens between the parentheses of `#[outbox_event(...)]`.
@@ -23,6 +25,20 @@ pub(crate) fn parse(args: TokenStream) -> syn::Result<Args> {
         if meta.path.is_ident("topic") {
             let topic = string_value(&meta, "topic", "booking.created")?;
             set_once(&meta, "topic", &mut parsed.topic, topic)
+        } else if meta.path.is_ident("idempotency_key") {
+            let lit = string_value(&meta, "idempotency_key", "booking_id")?;
+            let field = lit.parse::<syn::Ident>().map_err(|_| {
+                syn::Error::new(
+                    lit.span(),
+                    format_args!(
+                        "`idempotency_key` names a field of the payload, e.g. `idempotency_key = \"booking_id\"`; \
+                         `{}` is not a field name",
+                        lit.value()
+                    ),
+                )
+            })?;
+            let field = syn::Ident::new(&field.to_string(), lit.span());
+            set_once(&meta, "idempotency_key", &mut parsed.idempotency_key, field)
         } else if meta.path.is_ident("crate") {
             let lit = string_value(&meta, "crate", "::outbox_core")?;
             let path = parse_path(&lit)?;
@@ -31,7 +47,7 @@ pub(crate) fn parse(args: TokenStream) -> syn::Result<Args> {
             Err(syn::Error::new_spanned(
                 &meta.path,
                 format_args!(
-                    "unknown key `{}`; valid keys are `topic` and `crate`",
+                    "unknown key `{}`; valid keys are `topic`, `idempotency_key` and `crate`",
                     path_to_string(&meta.path),
                 ),
             ))
@@ -137,7 +153,7 @@ mod tests {
         let cases = [
             (
                 quote!(topc = "a"),
-                "unknown key `topc`; valid keys are `topic` and `crate`",
+                "unknown key `topc`; valid keys are `topic`, `idempotency_key` and `crate`",
             ),
             (
                 quote!(topic = "a", topic = "b"),

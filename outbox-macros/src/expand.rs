@@ -37,6 +37,15 @@ pub(crate) fn outbox_event(args: TokenStream, input: TokenStream) -> syn::Result
     let krate = args.krate.unwrap_or_else(default_crate_path);
     let topic = LitStr::new(&topic, Span::call_site());
     let type_name = LitStr::new(&ident.unraw().to_string(), ident.span());
+    // The key method is spanned on the field name the user wrote, so a missing field or a
+    // field without `Display` is reported there.
+    let idempotency_key = args.idempotency_key.map(|field| {
+        quote::quote_spanned! {field.span()=>
+            fn idempotency_key(&self) -> ::core::option::Option<::std::string::String> {
+                ::core::option::Option::Some(::std::string::ToString::to_string(&self.#field))
+            }
+        }
+    });
 
     Ok(quote! {
         #input
@@ -44,6 +53,7 @@ pub(crate) fn outbox_event(args: TokenStream, input: TokenStream) -> syn::Result
         #[automatically_derived]
         impl #krate::Event for #ident {
             const TOPIC: &'static str = #topic;
+            #idempotency_key
         }
 
         const _: () = {

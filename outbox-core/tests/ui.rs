@@ -6,6 +6,6 @@
 #[test]
 fn ui() {
     let t = trybuild::TestCases::new();
-    t.compile_fail("ui/outbox_event/fail/*.rs");
-    t.pass("ui/outbox_event/pass/*.rs");
+    t.compile_fail("tests/ui/outbox_event/fail/*.rs");
+    t.pass("tests/ui/outbox_event/pass/*.rs");
 }

@@ -1,0 +1,9 @@
+use outbox_core::outbox_event;
+
+#[outbox_event(idempotency_key = "booking ref")]
+#[derive(serde::Serialize, serde::Deserialize)]
+struct BookingCreated {
+    booking_ref: String,
+}
+
+fn main() {}
