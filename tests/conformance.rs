@@ -86,6 +86,25 @@ impl Handler for HandlerB {
     }
 }
 
+/// A topic that sorts after `test.job`, to show it is not starved by a backlog of those.
+#[outbox_event(topic = "zz.late")]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Late {
+    n: i64,
+}
+
+struct LateHandler(Arc<Counts>);
+
+#[outbox_core::async_trait]
+impl Handler for LateHandler {
+    type Event = Late;
+    const NAME: &'static str = "late";
+    async fn handle(&self, _: Late, _: &Context) -> Result<(), HandlerError> {
+        self.0.calls.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+}
+
 /// Writes each test once and runs it on both backends: `$db` is a fresh, migrated database
 /// (`outbox_tests::TestDb` or `outbox_tests::SqliteDb`, which share their helper methods).
 macro_rules! conformance {
@@ -419,6 +438,24 @@ conformance! {
         let (state, attempts, err) = db.status(id).await;
         assert_eq!((state.as_str(), attempts), ("dead", 9));
         assert!(err.unwrap().contains("ended without an outcome"));
+    }
+
+    async fn a_backlog_of_one_topic_does_not_starve_another(db) {
+        let late = Arc::new(Counts::default());
+        let w = Worker::builder(&db.pool)
+            .handler(Runner(Arc::new(Counts::default())))
+            .handler(LateHandler(late.clone()))
+            .config(config().batch_size(100))
+            .build()
+            .unwrap();
+        let mut tx = db.pool.begin().await.unwrap();
+        enqueue_many(&mut *tx, &(0..300).map(|n| job(n, Mode::Ok)).collect::<Vec<_>>()).await.unwrap();
+        enqueue_many(&mut *tx, &(0..5).map(|n| Late { n }).collect::<Vec<_>>()).await.unwrap();
+        tx.commit().await.unwrap();
+        let first = w.run_once().await.unwrap();
+        let second = w.run_once().await.unwrap();
+        assert_eq!((first.claimed, second.claimed), (100, 100));
+        assert_eq!(late.get(), 5, "the small topic got its turn within two claims");
     }
 
     async fn a_success_outcome_is_fenced_by_its_claim_token(db) {

@@ -153,6 +153,7 @@ impl WorkerBuilder {
                 ),
                 config: self.config,
                 id: Uuid::now_v7(),
+                next_topic: std::sync::atomic::AtomicUsize::new(0),
             }),
         })
     }
@@ -166,6 +167,9 @@ struct Inner {
     config: WorkerConfig,
     id: Uuid,
     health: Health,
+    /// Which topic the next claim asks for first, so that a backlog of one topic cannot
+    /// starve the topics after it.
+    next_topic: std::sync::atomic::AtomicUsize,
 }
 
 /// A worker: turns committed messages into handler calls until stopped.
@@ -506,7 +510,14 @@ impl Worker {
     }
 
     async fn claim(&self, limit: usize) -> Result<Vec<ClaimedMessage>> {
-        let topics: Vec<&str> = self.inner.topics.keys().copied().collect();
+        // A claim fills its batch topic by topic; each claim starts one topic further on.
+        let mut topics: Vec<&str> = self.inner.topics.keys().copied().collect();
+        let first = self
+            .inner
+            .next_topic
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let len = topics.len().max(1);
+        topics.rotate_left(first % len);
         let token = Uuid::now_v7();
         let start = Instant::now();
         let claimed = self
