@@ -1,0 +1,1038 @@
+//! The fault-injection soak: the guarantees of DESIGN.md checked under the faults of production.
+//!
+//! Ignored by default (it takes minutes); `.ci/run` runs it as its own stage:
+//!
+//! ```sh
+//! cargo test -p outbox-tests --test soak -- --ignored --nocapture
+//! ```
+//!
+//! On a fresh database it starts with a backlog, then producers keep enqueuing (at least 50,000
+//! messages over three topics, `soak.billing` with two handlers) while three `soak-worker`
+//! processes (tests/bin/soak_worker.rs) drain them. Meanwhile a random worker is SIGKILLed every
+//! 1 to 3 seconds and restarted, and twice every connection to the database but the harness's
+//! own is killed with `pg_terminate_backend`. Handlers fail transiently about 5% of the time,
+//! a few poison messages always fail, and a few "laggard" messages stage a stale outcome (a
+//! claim that outlives its lease and then tries to dead-letter a message a newer claim owns).
+//!
+//! Right after each kill the ids of the messages then running (for a SIGKILL: claimed by that
+//! process) are recorded: only those, and the laggards, may be delivered twice. At the end,
+//! with nothing left to do, it checks and fails loudly otherwise: every healthy message DONE,
+//! poison ones DEAD with their last error, none in flight, one dedup effect per message, every
+//! handler reached, duplicates only where a kill explains them, enqueued == DONE + DEAD; and it
+//! prints one summary line.
+//!
+//! Knobs (environment): `SOAK_MESSAGES` (default 52000), `SOAK_RATE` (messages a second of the
+//! steady production, default 260), `SOAK_SEED` (the kill schedule),
+//! `SOAK_VERBOSE=1` (progress lines), and `SOAK_RESTART_POSTGRES=1`: the second mode, run by
+//! hand and never in CI, which restarts the PostgreSQL server in the middle of the drain with
+//! `pg_ctlcluster` (it restarts the shared server: other tests running then will fail).
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fs::File;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use outbox_core::{enqueue_many, outbox_event};
+use outbox_tests::pg;
+use serde::{Deserialize, Serialize};
+use sqlx::{Connection, PgConnection, PgPool};
+use tokio::process::{Child, Command};
+use uuid::Uuid;
+
+/// Worker flags: a short lease and handler timeout, few fast retries without jitter.
+const WORKER_FLAGS: &[&str] = &[
+    "--lease",
+    "2.5",
+    "--handler-timeout",
+    "2",
+    "--max-attempts",
+    "6",
+    "--retry-base",
+    "0.1",
+    "--retry-max",
+    "1",
+    "--no-jitter",
+    "--concurrency",
+    "16",
+    "--batch-size",
+    "16",
+    "--poll-interval",
+    "0.5",
+    "--shutdown-timeout",
+    "5",
+];
+/// The lease above: how long after a restart messages of the old server may still be in flight.
+const LEASE: Duration = Duration::from_millis(2500);
+const WORKERS: usize = 3;
+/// Messages enqueued before the workers start.
+const BACKLOG_SHARE: f64 = 0.15;
+/// Messages enqueued in one burst when the steady production ends, so the end is a real drain.
+const FINAL_BURST_SHARE: f64 = 0.10;
+/// Producer tasks and the size of their transactions.
+const PRODUCERS: usize = 2;
+const BATCH: i64 = 40;
+/// One message in this many is poison; one `soak.billing` message in this many is a laggard.
+const POISON_EVERY: i64 = 2600;
+const LAGGARD_EVERY: i64 = 1200;
+const DRAIN_LIMIT: Duration = Duration::from_secs(150);
+
+/// The payload of every soak topic, as tests/bin/soak_worker.rs reads it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Body {
+    n: i64,
+    poison: bool,
+    laggard: bool,
+}
+
+#[outbox_event(topic = "soak.billing")]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct InvoiceIssued {
+    #[serde(flatten)]
+    body: Body,
+}
+
+#[outbox_event(topic = "soak.emails")]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct EmailRequested {
+    #[serde(flatten)]
+    body: Body,
+}
+
+#[outbox_event(topic = "soak.index")]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct IndexChanged {
+    #[serde(flatten)]
+    body: Body,
+}
+
+struct Settings {
+    messages: i64,
+    backlog: i64,
+    burst: i64,
+    /// Messages per second of the steady production.
+    rate: f64,
+    seed: u64,
+    restart_postgres: bool,
+    verbose: bool,
+}
+
+impl Settings {
+    fn from_env() -> Self {
+        let messages: i64 = env_parse("SOAK_MESSAGES").unwrap_or(52_000);
+        let seed = env_parse("SOAK_SEED").unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(1)
+        });
+        Settings {
+            messages,
+            backlog: (messages as f64 * BACKLOG_SHARE) as i64,
+            burst: (messages as f64 * FINAL_BURST_SHARE) as i64,
+            rate: env_parse("SOAK_RATE").unwrap_or(260.0),
+            seed,
+            restart_postgres: std::env::var("SOAK_RESTART_POSTGRES").is_ok_and(|v| v == "1"),
+            verbose: std::env::var("SOAK_VERBOSE").is_ok_and(|v| v == "1"),
+        }
+    }
+
+    fn topic(n: i64) -> usize {
+        (n % 3) as usize
+    }
+
+    fn body(&self, n: i64) -> Body {
+        let poison = n % POISON_EVERY == 1301;
+        // Laggards come with the steady production only: behind a backlog of their topic a
+        // lapsed lease is not claimed again before the stale claim gives up waiting for that.
+        let laggard = !poison
+            && Self::topic(n) == 0
+            && n % LAGGARD_EVERY == LAGGARD_EVERY / 2
+            && n >= self.backlog
+            && n < self.messages - self.burst;
+        Body { n, poison, laggard }
+    }
+}
+
+fn env_parse<T: std::str::FromStr>(name: &str) -> Option<T> {
+    std::env::var(name).ok().and_then(|v| v.parse().ok())
+}
+
+/// xorshift64*: the kill schedule, reproducible from the seed in the summary line.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        let mut x = self.0.max(1);
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Producers
+
+/// Enqueues messages `lo..hi` in one transaction, one `enqueue_many` per topic.
+async fn enqueue_range(pool: &PgPool, s: &Settings, lo: i64, hi: i64) -> Result<(), String> {
+    let mut orders = Vec::new();
+    let mut emails = Vec::new();
+    let mut index = Vec::new();
+    for n in lo..hi {
+        let body = s.body(n);
+        match Settings::topic(n) {
+            0 => orders.push(InvoiceIssued { body }),
+            1 => emails.push(EmailRequested { body }),
+            _ => index.push(IndexChanged { body }),
+        }
+    }
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        if tries > 60 {
+            return Err(format!("could not enqueue messages {lo}..{hi} in 60 tries"));
+        }
+        let attempt = async {
+            let mut tx = pool.begin().await.map_err(|e| e.to_string())?;
+            enqueue_many(&mut *tx, &orders)
+                .await
+                .map_err(|e| e.to_string())?;
+            enqueue_many(&mut *tx, &emails)
+                .await
+                .map_err(|e| e.to_string())?;
+            enqueue_many(&mut *tx, &index)
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok::<_, String>(tx)
+        };
+        let tx = match attempt.await {
+            Ok(tx) => tx,
+            Err(_) => {
+                // Not committed: the transaction went with its connection.
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        match tx.commit().await {
+            Ok(()) => return Ok(()),
+            Err(_) => {
+                // The connection died during COMMIT: did it commit? All rows or none, or the
+                // enqueue is not atomic.
+                let found = count_range(pool, lo, hi).await;
+                if found == hi - lo {
+                    return Ok(());
+                }
+                if found != 0 {
+                    return Err(format!(
+                        "atomic intent broken: the transaction of messages {lo}..{hi} left {found} of {} rows",
+                        hi - lo
+                    ));
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+async fn count_range(pool: &PgPool, lo: i64, hi: i64) -> i64 {
+    let mut tries = 0;
+    loop {
+        let r = sqlx::query_scalar(
+            "SELECT count(*) FROM outbox_messages \
+             WHERE (payload->>'n')::bigint >= $1 AND (payload->>'n')::bigint < $2",
+        )
+        .bind(lo)
+        .bind(hi)
+        .fetch_one(pool)
+        .await;
+        match r {
+            Ok(n) => return n,
+            Err(e) if tries < 100 => {
+                tries += 1;
+                let _ = e;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("soak: cannot count messages {lo}..{hi}: {e}"),
+        }
+    }
+}
+
+/// Producer `id` enqueues its share of `from..to` in batches, paced at `rate` messages a second
+/// overall from `start`.
+async fn produce(
+    pool: PgPool,
+    s: Arc<Settings>,
+    next: Arc<AtomicI64>,
+    enqueued: Arc<AtomicI64>,
+    to: i64,
+    start: Instant,
+) -> Result<(), String> {
+    let from = s.backlog;
+    loop {
+        let lo = next.fetch_add(BATCH, Ordering::SeqCst);
+        if lo >= to {
+            return Ok(());
+        }
+        let hi = (lo + BATCH).min(to);
+        let due = start + Duration::from_secs_f64((lo - from) as f64 / s.rate);
+        tokio::time::sleep_until(due.into()).await;
+        enqueue_range(&pool, &s, lo, hi).await?;
+        enqueued.fetch_add(hi - lo, Ordering::SeqCst);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Workers
+
+struct Slot {
+    child: Child,
+    pid: u32,
+}
+
+struct Fleet {
+    url: String,
+    logs: PathBuf,
+    slots: Vec<Slot>,
+    /// Exits nobody asked for: (worker name, status).
+    unexpected: Vec<(String, ExitStatus)>,
+}
+
+fn worker_name(slot: usize, pid: u32) -> String {
+    format!("soak-w{slot}:{pid}")
+}
+
+impl Fleet {
+    fn spawn(url: &str, logs: &Path, slot: usize) -> Slot {
+        let log = File::options()
+            .create(true)
+            .append(true)
+            .open(logs.join(format!("worker-{slot}.log")))
+            .expect("open the worker log");
+        let child = Command::new(env!("CARGO_BIN_EXE_soak-worker"))
+            .arg("--database-url")
+            .arg(url)
+            .args(WORKER_FLAGS)
+            .env("RUST_LOG", "warn")
+            .env("NO_COLOR", "1")
+            .env("HOSTNAME", format!("soak-w{slot}"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(log.try_clone().expect("clone the log file")))
+            .stderr(Stdio::from(log))
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn soak-worker");
+        let pid = child.id().expect("a fresh child has a pid");
+        Slot { child, pid }
+    }
+
+    fn start(url: &str, logs: &Path) -> Self {
+        let slots = (0..WORKERS).map(|i| Self::spawn(url, logs, i)).collect();
+        Fleet {
+            url: url.to_string(),
+            logs: logs.to_path_buf(),
+            slots,
+            unexpected: Vec::new(),
+        }
+    }
+
+    /// Restarts workers that exited on their own, and remembers them.
+    fn reap(&mut self) {
+        for i in 0..self.slots.len() {
+            if let Ok(Some(status)) = self.slots[i].child.try_wait() {
+                self.unexpected
+                    .push((worker_name(i, self.slots[i].pid), status));
+                self.slots[i] = Self::spawn(&self.url, &self.logs, i);
+            }
+        }
+    }
+
+    /// SIGKILLs worker `i`, waits for it, restarts it and returns the dead worker's name.
+    async fn sigkill(&mut self, i: usize) -> String {
+        let name = worker_name(i, self.slots[i].pid);
+        let _ = self.slots[i].child.start_kill();
+        let _ = self.slots[i].child.wait().await;
+        self.slots[i] = Self::spawn(&self.url, &self.logs, i);
+        name
+    }
+
+    /// SIGTERMs every worker and returns how each one ended.
+    async fn stop(&mut self) -> Vec<(String, Result<ExitStatus, String>)> {
+        for s in &self.slots {
+            let _ = std::process::Command::new("kill")
+                .args(["-TERM", &s.pid.to_string()])
+                .status();
+        }
+        let mut out = Vec::new();
+        for (i, s) in self.slots.iter_mut().enumerate() {
+            let r = match tokio::time::timeout(Duration::from_secs(30), s.child.wait()).await {
+                Ok(Ok(status)) => Ok(status),
+                Ok(Err(e)) => Err(e.to_string()),
+                Err(_) => {
+                    let _ = s.child.start_kill();
+                    Err("did not exit within 30 s of SIGTERM".to_string())
+                }
+            };
+            out.push((worker_name(i, s.pid), r));
+        }
+        out
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The harness's own connection: kills, snapshots, progress. Reconnects when it is lost (only
+// a PostgreSQL restart does that: the connection kills spare it).
+
+struct Admin {
+    url: String,
+    conn: Option<PgConnection>,
+}
+
+impl Admin {
+    async fn conn(&mut self) -> &mut PgConnection {
+        if self.conn.is_none() {
+            let deadline = Instant::now() + Duration::from_secs(120);
+            loop {
+                match PgConnection::connect(&self.url).await {
+                    Ok(c) => {
+                        self.conn = Some(c);
+                        break;
+                    }
+                    Err(e) if Instant::now() < deadline => {
+                        let _ = e;
+                        tokio::time::sleep(Duration::from_millis(250)).await;
+                    }
+                    Err(e) => panic!("soak: the harness cannot reconnect to the database: {e}"),
+                }
+            }
+        }
+        self.conn.as_mut().expect("connected")
+    }
+
+    /// Ids of the messages now running, of one worker or of all.
+    async fn running(&mut self, claimed_by: Option<&str>) -> Vec<Uuid> {
+        for _ in 0..100 {
+            let r = sqlx::query_scalar(
+                "SELECT public_id FROM outbox_messages \
+                 WHERE status = 'running' AND ($1::text IS NULL OR claimed_by = $1)",
+            )
+            .bind(claimed_by)
+            .fetch_all(self.conn().await)
+            .await;
+            match r {
+                Ok(ids) => return ids,
+                Err(_) => {
+                    self.conn = None;
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+        }
+        panic!("soak: cannot read the running messages");
+    }
+
+    /// Terminates every other backend of the soak's database; returns how many.
+    async fn terminate_all(&mut self, db: &str) -> usize {
+        let killed: Vec<bool> = sqlx::query_scalar(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+             WHERE datname = $1 AND pid <> pg_backend_pid()",
+        )
+        .bind(db)
+        .fetch_all(self.conn().await)
+        .await
+        .expect("pg_terminate_backend on the soak database");
+        killed.len()
+    }
+
+    async fn counts(&mut self) -> BTreeMap<String, i64> {
+        for _ in 0..600 {
+            let r: Result<Vec<(String, i64)>, _> =
+                sqlx::query_as("SELECT status, count(*) FROM outbox_messages GROUP BY status")
+                    .fetch_all(self.conn().await)
+                    .await;
+            match r {
+                Ok(rows) => return rows.into_iter().collect(),
+                Err(_) => {
+                    self.conn = None;
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+        }
+        panic!("soak: cannot count messages by status");
+    }
+}
+
+fn get(c: &BTreeMap<String, i64>, status: &str) -> i64 {
+    c.get(status).copied().unwrap_or(0)
+}
+
+fn open(c: &BTreeMap<String, i64>) -> i64 {
+    get(c, "pending") + get(c, "running")
+}
+
+// ---------------------------------------------------------------------------------------------
+// PostgreSQL restart (mode 2)
+
+fn restart_postgres() -> Duration {
+    let started = Instant::now();
+    let version = std::fs::read_dir("/etc/postgresql")
+        .expect("/etc/postgresql lists the installed PostgreSQL versions")
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .next()
+        .expect("a PostgreSQL version under /etc/postgresql");
+    let status = std::process::Command::new("pg_ctlcluster")
+        .args(["--skip-systemctl-redirect", &version, "main", "restart"])
+        .status()
+        .expect("run pg_ctlcluster");
+    assert!(status.success(), "pg_ctlcluster restart failed: {status}");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !std::process::Command::new("pg_isready")
+        .args(["-q", "-h", "127.0.0.1", "-p", "5432"])
+        .status()
+        .is_ok_and(|s| s.success())
+    {
+        assert!(
+            Instant::now() < deadline,
+            "PostgreSQL was not ready within 60 s of the restart"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    started.elapsed()
+}
+
+// ---------------------------------------------------------------------------------------------
+
+#[derive(Default)]
+struct Chaos {
+    kills: usize,
+    connection_kills: usize,
+    postgres_restarts: usize,
+    /// Messages in flight at a kill, with how many kills caught them: the only ones (with the
+    /// laggards) allowed to run twice.
+    in_flight_at_kills: HashMap<Uuid, u32>,
+}
+
+impl Chaos {
+    /// Records the messages in flight at one kill.
+    fn caught(&mut self, ids: impl IntoIterator<Item = Uuid>) {
+        for id in ids.into_iter().collect::<HashSet<_>>() {
+            *self.in_flight_at_kills.entry(id).or_default() += 1;
+        }
+    }
+}
+
+#[test]
+#[ignore = "the fault-injection soak takes minutes: run with --ignored (CI runs it as its own stage)"]
+fn soak() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    runtime.block_on(run());
+}
+
+async fn run() {
+    let s = Arc::new(Settings::from_env());
+    assert!(
+        s.messages >= 3 * BATCH,
+        "SOAK_MESSAGES must be at least {}",
+        3 * BATCH
+    );
+    let db = pg().await;
+    schema(&db.pool).await;
+    let logs = std::env::temp_dir().join(format!("outbox-soak-{}", db.name));
+    std::fs::create_dir_all(&logs).expect("create the worker log directory");
+    let mut admin = Admin {
+        url: db.url.clone(),
+        conn: None,
+    };
+    admin.conn().await;
+    let say = |line: String| {
+        if s.verbose {
+            eprintln!("soak: {line}");
+        }
+    };
+
+    // The backlog, then the workers, then steady production with kills, then a final burst.
+    let started = Instant::now();
+    for lo in (0..s.backlog).step_by(1000) {
+        enqueue_range(&db.pool, &s, lo, (lo + 1000).min(s.backlog))
+            .await
+            .unwrap_or_else(|e| panic!("soak: {e}"));
+    }
+    let enqueued = Arc::new(AtomicI64::new(s.backlog));
+    let mut fleet = Fleet::start(&db.url, &logs);
+    let steady_end = s.messages - s.burst;
+    let next = Arc::new(AtomicI64::new(s.backlog));
+    let production_start = Instant::now();
+    let production_time = Duration::from_secs_f64((steady_end - s.backlog) as f64 / s.rate);
+    let producers: Vec<_> = (0..PRODUCERS)
+        .map(|_| {
+            tokio::spawn(produce(
+                db.pool.clone(),
+                s.clone(),
+                next.clone(),
+                enqueued.clone(),
+                steady_end,
+                production_start,
+            ))
+        })
+        .collect();
+    let producing = Arc::new(AtomicBool::new(true));
+    let watcher = {
+        let producing = producing.clone();
+        tokio::spawn(async move {
+            let mut errors = Vec::new();
+            for p in producers {
+                match p.await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => errors.push(e),
+                    Err(e) => errors.push(format!("producer task failed: {e}")),
+                }
+            }
+            producing.store(false, Ordering::SeqCst);
+            errors
+        })
+    };
+    say(format!(
+        "backlog {} enqueued, producing {} more at {}/s over {:.0?}, seed {}",
+        s.backlog,
+        steady_end - s.backlog,
+        s.rate,
+        production_time,
+        s.seed
+    ));
+
+    let mut rng = Rng(s.seed);
+    let mut chaos = Chaos::default();
+    let connection_kills_at = [
+        production_start + production_time.mul_f64(0.35),
+        production_start + production_time.mul_f64(0.7),
+    ];
+    let mut next_kill = Instant::now() + Duration::from_millis(1000 + rng.below(2001));
+    let mut next_progress = Instant::now() + Duration::from_secs(15);
+    while producing.load(Ordering::SeqCst)
+        || chaos.kills < 10
+        || chaos.connection_kills < connection_kills_at.len()
+    {
+        fleet.reap();
+        let now = Instant::now();
+        if now >= next_kill {
+            let victim = rng.below(WORKERS as u64) as usize;
+            let name = fleet.sigkill(victim).await;
+            let ids = admin.running(Some(&name)).await;
+            chaos.caught(ids);
+            chaos.kills += 1;
+            next_kill = Instant::now() + Duration::from_millis(1000 + rng.below(2001));
+        }
+        if chaos.connection_kills < connection_kills_at.len()
+            && (now >= connection_kills_at[chaos.connection_kills]
+                || !producing.load(Ordering::SeqCst))
+        {
+            let n = admin.terminate_all(&db.name).await;
+            let ids = admin.running(None).await;
+            say(format!(
+                "connection kill {}: {n} backends terminated, {} messages running",
+                chaos.connection_kills + 1,
+                ids.len()
+            ));
+            chaos.caught(ids);
+            chaos.connection_kills += 1;
+        }
+        if s.verbose && now >= next_progress {
+            let c = admin.counts().await;
+            say(format!(
+                "{:.0?}: enqueued {} kills {} counts {c:?}",
+                started.elapsed(),
+                enqueued.load(Ordering::SeqCst),
+                chaos.kills
+            ));
+            next_progress = now + Duration::from_secs(15);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut failures: Vec<String> = watcher.await.expect("producer watcher");
+
+    // The final burst: the drain starts with real work to do.
+    for lo in (steady_end..s.messages).step_by(1000) {
+        if let Err(e) = enqueue_range(&db.pool, &s, lo, (lo + 1000).min(s.messages)).await {
+            failures.push(e);
+        }
+    }
+    enqueued.fetch_add(s.messages - steady_end, Ordering::SeqCst);
+    let production_done = Instant::now();
+    say(format!(
+        "production done after {:.0?}; draining",
+        started.elapsed()
+    ));
+
+    // The drain, with the PostgreSQL restart of mode 2 in its middle.
+    let at_drain_start = open(&admin.counts().await);
+    let drain_deadline = Instant::now() + DRAIN_LIMIT;
+    let mut restarted = !s.restart_postgres;
+    let last_counts = loop {
+        fleet.reap();
+        let c = admin.counts().await;
+        if open(&c) == 0 {
+            break c;
+        }
+        if !restarted && open(&c) <= at_drain_start / 2 {
+            restarted = true;
+            let mut around = admin.running(None).await;
+            // Nothing of the harness may hold a connection across the restart.
+            admin.conn = None;
+            let took = tokio::task::spawn_blocking(restart_postgres)
+                .await
+                .expect("restart task");
+            chaos.postgres_restarts += 1;
+            // Messages claimed before the restart may still be in flight for a lease.
+            let until = Instant::now() + LEASE + Duration::from_secs(1);
+            while Instant::now() < until {
+                around.extend(admin.running(None).await);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            chaos.caught(around);
+            say(format!(
+                "PostgreSQL restarted in {took:.1?} with {} messages open",
+                open(&c)
+            ));
+            continue;
+        }
+        if Instant::now() > drain_deadline {
+            break c;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let wall = started.elapsed();
+    let drain = production_done.elapsed();
+    if s.restart_postgres && chaos.postgres_restarts == 0 {
+        failures.push("SOAK_RESTART_POSTGRES=1 but the drain ended before the restart".into());
+    }
+    if open(&last_counts) > 0 {
+        failures.push(format!(
+            "the drain did not finish within {DRAIN_LIMIT:?}: status counts {last_counts:?}"
+        ));
+    }
+
+    for (name, r) in fleet.stop().await {
+        match r {
+            Ok(status) if status.success() => {}
+            Ok(status) => failures.push(format!(
+                "worker {name} did not stop cleanly on SIGTERM: {status}"
+            )),
+            Err(e) => failures.push(format!("worker {name}: {e}")),
+        }
+    }
+    for (name, status) in &fleet.unexpected {
+        // A worker may fail to start while its connections are being killed (exit code 4, the
+        // database); anything else is a crash.
+        if status.code() != Some(4) {
+            failures.push(format!(
+                "worker {name} exited by itself: {status} (signal {:?})",
+                status.signal()
+            ));
+        }
+    }
+
+    let report = check(&db.pool, &s, &chaos, enqueued.load(Ordering::SeqCst)).await;
+    failures.extend(report.failures);
+    let messages = enqueued.load(Ordering::SeqCst);
+    let mut line = format!(
+        "soak: messages={messages} kills={} connection_kills={} duplicates={} dead={} wall={:.1}s rate={:.1} msg/s",
+        chaos.kills,
+        chaos.connection_kills,
+        report.duplicates,
+        report.dead,
+        wall.as_secs_f64(),
+        messages as f64 / wall.as_secs_f64(),
+    );
+    line.push_str(&format!(
+        " (stale_outcomes={} drain={:.1}s restarts={} seed={}",
+        report.stale,
+        drain.as_secs_f64(),
+        chaos.postgres_restarts,
+        s.seed
+    ));
+    if !fleet.unexpected.is_empty() {
+        line.push_str(&format!(" worker_exits={}", fleet.unexpected.len()));
+    }
+    line.push(')');
+    println!("{line}");
+
+    if failures.is_empty() {
+        let _ = std::fs::remove_dir_all(&logs);
+        db.drop_db().await;
+    } else {
+        panic!(
+            "soak FAILED: {} broken guarantee(s):\n  - {}\n(database {} kept for inspection; worker logs in {})",
+            failures.len(),
+            failures.join("\n  - "),
+            db.name,
+            logs.display()
+        );
+    }
+}
+
+async fn schema(pool: &PgPool) {
+    sqlx::raw_sql(
+        "CREATE TABLE soak_effects (message_id uuid NOT NULL, n bigint NOT NULL, pid int NOT NULL, \
+             attempt int NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp()); \
+         CREATE INDEX soak_effects_message ON soak_effects (message_id); \
+         CREATE TABLE soak_deliveries (message_id uuid NOT NULL, handler text NOT NULL, \
+             pid int NOT NULL, attempt int NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp()); \
+         CREATE INDEX soak_deliveries_message ON soak_deliveries (message_id, handler); \
+         CREATE TABLE soak_preempted (message_id uuid NOT NULL, handler text NOT NULL, \
+             attempt int NOT NULL, newer_attempt int NOT NULL, pid int NOT NULL, \
+             at timestamptz NOT NULL DEFAULT clock_timestamp());",
+    )
+    .execute(pool)
+    .await
+    .expect("create the soak tables");
+}
+
+// ---------------------------------------------------------------------------------------------
+// The final checks
+
+/// (message id, handler, deliveries, attempts, pids) of a message delivered more than once.
+type Duplicate = (Uuid, String, i64, Vec<i32>, Vec<i32>);
+
+struct Report {
+    failures: Vec<String>,
+    duplicates: i64,
+    dead: i64,
+    stale: i64,
+}
+
+/// Lists at most a few rows of a violation.
+fn sample<T: std::fmt::Debug>(rows: &[T]) -> String {
+    let shown: Vec<String> = rows.iter().take(5).map(|r| format!("{r:?}")).collect();
+    let more = if rows.len() > 5 {
+        format!(" and {} more", rows.len() - 5)
+    } else {
+        String::new()
+    };
+    format!("{}{more}", shown.join("; "))
+}
+
+async fn check(pool: &PgPool, s: &Settings, chaos: &Chaos, enqueued: i64) -> Report {
+    let mut failures = Vec::new();
+    let q = |sql: &'static str| sqlx::query_scalar::<_, i64>(sql);
+
+    let counts: BTreeMap<String, i64> = sqlx::query_as::<_, (String, i64)>(
+        "SELECT status, count(*) FROM outbox_messages GROUP BY status",
+    )
+    .fetch_all(pool)
+    .await
+    .expect("count by status")
+    .into_iter()
+    .collect();
+    let (done, dead) = (get(&counts, "done"), get(&counts, "dead"));
+    let rows = q("SELECT count(*) FROM outbox_messages")
+        .fetch_one(pool)
+        .await
+        .expect("count");
+    let distinct = q("SELECT count(DISTINCT (payload->>'n')::bigint) FROM outbox_messages")
+        .fetch_one(pool)
+        .await
+        .expect("count distinct");
+    if enqueued != done + dead || rows != enqueued || distinct != enqueued {
+        failures.push(format!(
+            "enqueued {enqueued} but the outbox holds {rows} rows ({distinct} distinct) and DONE + DEAD = {done} + {dead} = {}; status counts {counts:?}",
+            done + dead
+        ));
+    }
+    let expected_poison = (0..s.messages).filter(|n| s.body(*n).poison).count() as i64;
+
+    let in_flight: Vec<(Uuid, String, String, i32)> = sqlx::query_as(
+        "SELECT public_id, topic, status, attempts FROM outbox_messages \
+         WHERE status IN ('pending', 'running') ORDER BY id",
+    )
+    .fetch_all(pool)
+    .await
+    .expect("in flight");
+    if !in_flight.is_empty() {
+        failures.push(format!(
+            "{} message(s) left pending or running (id, topic, status, attempts): {}",
+            in_flight.len(),
+            sample(&in_flight)
+        ));
+    }
+
+    let not_done: Vec<(Uuid, String, String, i32, bool, Option<String>)> = sqlx::query_as(
+        "SELECT public_id, topic, status, attempts, (payload->>'laggard')::bool, last_error \
+         FROM outbox_messages WHERE status <> 'done' AND NOT (payload->>'poison')::bool ORDER BY id",
+    )
+    .fetch_all(pool)
+    .await
+    .expect("healthy messages not done");
+    let stale_dead: Vec<_> = not_done
+        .iter()
+        .filter(|m| m.2 == "dead" && m.4 && m.5.as_deref().is_some_and(|e| e.contains("is stale")))
+        .collect();
+    if !stale_dead.is_empty() {
+        failures.push(format!(
+            "fencing broken: {} laggard(s) DEAD by the dead-letter order of a claim whose lease had run out \
+             and whose message another claim owned; outcome writes must be fenced by the claim token \
+             (id, topic, status, attempts, laggard, last_error): {}",
+            stale_dead.len(),
+            sample(&stale_dead)
+        ));
+    }
+    // With the kills that caught each one in flight: every kill costs an attempt.
+    let other_not_done: Vec<_> = not_done
+        .iter()
+        .filter(|m| !stale_dead.contains(m))
+        .map(|(id, topic, status, attempts, laggard, error)| {
+            let kills = chaos.in_flight_at_kills.get(id).copied().unwrap_or(0);
+            (id, topic, status, attempts, laggard, kills, error)
+        })
+        .collect();
+    if !other_not_done.is_empty() {
+        failures.push(format!(
+            "{} healthy message(s) not DONE (id, topic, status, attempts, laggard, kills in flight, last_error): {}",
+            other_not_done.len(),
+            sample(&other_not_done)
+        ));
+    }
+
+    let poison: Vec<(Uuid, String, String, i32, Option<String>)> = sqlx::query_as(
+        "SELECT public_id, topic, status, attempts, last_error FROM outbox_messages \
+         WHERE (payload->>'poison')::bool ORDER BY id",
+    )
+    .fetch_all(pool)
+    .await
+    .expect("poison messages");
+    // The last error is the handler's, unless a kill caught the last attempt: then the next
+    // claim, past the limit, dead-letters the message with its own explanation.
+    let bad_poison: Vec<_> = poison
+        .iter()
+        .filter(|(id, _, status, _, err)| {
+            let explained = err.as_deref().is_some_and(|e| {
+                e.contains("injected: poison")
+                    || (e.contains("past the limit") && chaos.in_flight_at_kills.contains_key(id))
+            });
+            status != "dead" || !explained
+        })
+        .collect();
+    if !bad_poison.is_empty() {
+        failures.push(format!(
+            "{} poison message(s) not DEAD with their last error (id, topic, status, attempts, last_error): {}",
+            bad_poison.len(),
+            sample(&bad_poison)
+        ));
+    }
+    if poison.len() as i64 != expected_poison {
+        failures.push(format!(
+            "{} poison messages in the outbox, {expected_poison} enqueued",
+            poison.len()
+        ));
+    }
+
+    // The dedup-wrapped handler: exactly one effect per DONE message, none for poison ones, and
+    // never more than one (a healthy message wrongly DEAD is reported above).
+    let effects: Vec<(Uuid, i64, String, i64)> = sqlx::query_as(
+        "SELECT m.public_id, (m.payload->>'n')::bigint, m.status, count(e.message_id) \
+         FROM outbox_messages m LEFT JOIN soak_effects e ON e.message_id = m.public_id \
+         WHERE m.topic = 'soak.billing' GROUP BY m.id \
+         HAVING count(e.message_id) > 1 \
+             OR (m.status = 'done' AND count(e.message_id) <> 1) \
+             OR ((m.payload->>'poison')::bool AND count(e.message_id) <> 0) \
+         ORDER BY m.id",
+    )
+    .fetch_all(pool)
+    .await
+    .expect("effects per message");
+    if !effects.is_empty() {
+        failures.push(format!(
+            "the dedup-wrapped handler `ledger` broke exactly-once: {} message(s) of soak.billing without exactly one effect in soak_effects (id, n, status, effects): {}",
+            effects.len(),
+            sample(&effects)
+        ));
+    }
+    let orphans = q("SELECT count(*) FROM soak_effects e \
+                     WHERE NOT EXISTS (SELECT 1 FROM outbox_messages m WHERE m.public_id = e.message_id)")
+        .fetch_one(pool)
+        .await
+        .expect("orphan effects");
+    if orphans > 0 {
+        failures.push(format!("{orphans} effect(s) of no message"));
+    }
+
+    // Every handler reached: at least one delivery per DONE message and plain handler.
+    let missing: Vec<(Uuid, String, String)> = sqlx::query_as(
+        "SELECT m.public_id, m.topic, h.handler FROM outbox_messages m \
+         JOIN (VALUES ('soak.billing', 'audit'), ('soak.emails', 'mail'), ('soak.index', 'index')) \
+              AS h(topic, handler) ON h.topic = m.topic \
+         WHERE m.status = 'done' AND NOT EXISTS ( \
+             SELECT 1 FROM soak_deliveries d WHERE d.message_id = m.public_id AND d.handler = h.handler) \
+         ORDER BY m.id",
+    )
+    .fetch_all(pool)
+    .await
+    .expect("missing deliveries");
+    if !missing.is_empty() {
+        failures.push(format!(
+            "{} delivery(ies) never happened (id, topic, handler): {}",
+            missing.len(),
+            sample(&missing)
+        ));
+    }
+
+    // Duplicates only where a kill (or a staged laggard) explains them.
+    let laggards: HashSet<Uuid> = sqlx::query_scalar(
+        "SELECT public_id FROM outbox_messages WHERE (payload->>'laggard')::bool",
+    )
+    .fetch_all(pool)
+    .await
+    .expect("laggards")
+    .into_iter()
+    .collect();
+    let dups: Vec<Duplicate> = sqlx::query_as(
+        "SELECT message_id, handler, count(*), array_agg(attempt ORDER BY at), array_agg(pid ORDER BY at) \
+         FROM soak_deliveries GROUP BY message_id, handler HAVING count(*) > 1",
+    )
+    .fetch_all(pool)
+    .await
+    .expect("duplicate deliveries");
+    let duplicates: i64 = dups.iter().map(|d| d.2 - 1).sum();
+    let unexplained: Vec<_> = dups
+        .iter()
+        .filter(|d| !chaos.in_flight_at_kills.contains_key(&d.0) && !laggards.contains(&d.0))
+        .collect();
+    if !unexplained.is_empty() {
+        failures.push(format!(
+            "{} message(s) delivered more than once to a handler although no kill caught them in flight \
+             (id, handler, deliveries, attempts, pids): {}",
+            unexplained.len(),
+            sample(&unexplained)
+        ));
+    }
+
+    // The staged stale outcome must really have happened, or the fencing went unchecked.
+    let stale = q("SELECT count(DISTINCT message_id) FROM soak_preempted")
+        .fetch_one(pool)
+        .await
+        .expect("stale outcomes");
+    if stale == 0 && !laggards.is_empty() {
+        failures.push(format!(
+            "no laggard was claimed again while its stale claim ran ({} laggards): the fencing was not exercised",
+            laggards.len()
+        ));
+    }
+
+    Report {
+        failures,
+        duplicates,
+        dead,
+        stale,
+    }
+}
