@@ -1,0 +1,458 @@
+//! The outbox benchmark: the workloads of the performance issue, each figure beside its target.
+//!
+//! Run with `cargo run --release -p outbox-examples --example bench`
+//! (`-- --backend postgres|sqlite|all --json --scale 1.0`). PostgreSQL is the server at
+//! `DATABASE_URL` (default `postgres://postgres@127.0.0.1:5432/test`); the bench creates a
+//! database of its own there (`outbox_bench_*`) and drops it at the end. SQLite runs in a
+//! temporary file.
+//!
+//! | row | workload |
+//! |-----|----------|
+//! | W1  | drain 20,000 pending ~200-byte messages with a no-op handler, from worker start until all are done: concurrency 1, a sweep of settings, and the best (median of `--repeat` runs) |
+//! | W2  | 5,000 transactions (business `INSERT` + `enqueue`) from 1 and 8 producers with a worker running, against the same transactions without `enqueue`, and their ratio |
+//! | W3  | an idle worker, one message committed every 10 ms for 5 s: p50 and p99 of handler start - commit |
+//! | W4  | W1 (best setting) with 2,000,000 done rows in the table; ratio to W1 |
+//! | W5  | W1 (best setting) with 10,000 pending messages of an unhandled topic due earlier; ratio to W1 |
+//! | W6  | `enqueue_many` of 100,000 messages in batches of 1,000 |
+//! | RSS | peak RSS (VmHWM) of a worker process draining a 100,000-message backlog |
+//!
+//! Targets are for PostgreSQL on a 2-core machine with the server on the same machine; SQLite
+//! figures are printed without targets. `--scale 0.01` shrinks every workload (CI runs it so
+//! that the bench keeps compiling and running). Nothing here asserts on timing: a missed target
+//! is reported, not failed; the exit status is non-zero only when a workload could not run.
+//! The pgbench scripts of the SQL reference figures are in `examples/bench/pgbench/`.
+
+#[path = "bench/cpu.rs"]
+mod cpu;
+#[path = "bench/db.rs"]
+mod db;
+#[path = "bench/report.rs"]
+mod report;
+#[path = "bench/workloads.rs"]
+mod workloads;
+
+use std::time::Duration;
+
+use anyhow::{bail, Result};
+use clap::Parser;
+
+use cpu::CpuPer;
+use db::{Db, Kind};
+use report::{Report, Target};
+use workloads::{Sample, Setting, DEFAULT_SETTING};
+
+/// Command-line arguments.
+#[derive(Debug, Parser)]
+#[command(
+    name = "bench",
+    about = "Benchmark the outbox on PostgreSQL and SQLite"
+)]
+struct Args {
+    /// Which database to run on.
+    #[arg(long, value_enum, default_value = "all")]
+    backend: BackendArg,
+    /// Print JSON instead of tables.
+    #[arg(long)]
+    json: bool,
+    /// Multiply every workload's size by this (0.01 for a quick check).
+    #[arg(long, default_value_t = 1.0)]
+    scale: f64,
+    /// Runs per figure (W1 best, W2, W4, W5, W6), whose median is reported.
+    #[arg(long, default_value_t = 3)]
+    repeat: usize,
+    /// Worker settings W1 tries besides concurrency 1, as CONCURRENCYxBATCH.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "32x100,64x100,128x200,256x500,512x500,1000x1000"
+    )]
+    settings: Vec<Setting>,
+    /// Only these workloads (w1..w6, rss); all by default.
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
+    /// The PostgreSQL server to create the bench database on.
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        default_value = "postgres://postgres@127.0.0.1:5432/test"
+    )]
+    database_url: String,
+
+    /// Internal: run as the worker process of the RSS measurement.
+    #[arg(long, hide = true)]
+    worker_child: bool,
+    /// Internal: the database URL of the worker child.
+    #[arg(long, hide = true, default_value = "")]
+    child_url: String,
+    /// Internal: how many messages the worker child drains.
+    #[arg(long, hide = true, default_value_t = 0)]
+    child_count: u64,
+    /// Internal: the worker child's setting.
+    #[arg(long, hide = true, default_value = "32x100")]
+    child_setting: Setting,
+}
+
+/// `--backend`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum BackendArg {
+    /// PostgreSQL only.
+    Postgres,
+    /// SQLite only.
+    Sqlite,
+    /// Both, PostgreSQL first.
+    All,
+}
+
+impl Args {
+    fn wants(&self, id: &str) -> bool {
+        self.only.is_empty() || self.only.iter().any(|o| o.eq_ignore_ascii_case(id))
+    }
+
+    fn scaled(&self, n: u64) -> u64 {
+        ((n as f64 * self.scale).round() as u64).max(1)
+    }
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let args = Args::parse();
+    if args.worker_child {
+        let kind = match args.backend {
+            BackendArg::Postgres => Kind::Postgres,
+            BackendArg::Sqlite => Kind::Sqlite,
+            BackendArg::All => bail!("--worker-child needs --backend postgres or sqlite"),
+        };
+        return workloads::worker_child(
+            kind,
+            &args.child_url,
+            args.child_count,
+            args.child_setting,
+        )
+        .await;
+    }
+    if !args.scale.is_finite() || args.scale <= 0.0 || args.repeat == 0 {
+        bail!("--scale must be above 0 and --repeat at least 1");
+    }
+    let kinds: &[Kind] = match args.backend {
+        BackendArg::Postgres => &[Kind::Postgres],
+        BackendArg::Sqlite => &[Kind::Sqlite],
+        BackendArg::All => &[Kind::Postgres, Kind::Sqlite],
+    };
+    let mut reports = Vec::new();
+    let mut failed = false;
+    for &kind in kinds {
+        eprintln!("== {}", kind.name());
+        let mut db = Db::create(kind, &args.database_url).await?;
+        let mut report = Report {
+            backend: kind.name(),
+            server: db.server.clone(),
+            scale: args.scale,
+            cpus: std::thread::available_parallelism().map_or(0, usize::from),
+            targets: kind == Kind::Postgres,
+            load: [report::load_average(), None],
+            rows: Vec::new(),
+        };
+        let outcome = run(&args, &mut db, &mut report).await;
+        report.load[1] = report::load_average();
+        db.drop_all().await;
+        outcome?;
+        failed |= report.rows.iter().any(|r| r.value.is_none());
+        if !args.json {
+            println!("{}", report.table());
+        }
+        reports.push(report);
+    }
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({ "runs": reports }))?
+        );
+    }
+    if failed {
+        bail!("some workloads could not run; see the notes");
+    }
+    Ok(())
+}
+
+/// The median of the figures, or the first error.
+fn median(runs: Vec<Result<f64>>) -> Result<f64> {
+    let mut v = runs.into_iter().collect::<Result<Vec<f64>>>()?;
+    if v.is_empty() {
+        bail!("no runs");
+    }
+    v.sort_by(f64::total_cmp);
+    let mid = v.len() / 2;
+    Ok(if v.len() % 2 == 1 {
+        v[mid]
+    } else {
+        (v[mid - 1] + v[mid]) / 2.0
+    })
+}
+
+/// The median rate and the median CPU figures of the runs, or the first error.
+fn median_sample(runs: Vec<Result<Sample>>) -> Result<Sample> {
+    let runs = runs.into_iter().collect::<Result<Vec<Sample>>>()?;
+    let server: Vec<Result<f64>> = runs
+        .iter()
+        .filter_map(|s| s.cpu.server_us)
+        .map(Ok)
+        .collect();
+    Ok(Sample {
+        rate: median(runs.iter().map(|s| Ok(s.rate)).collect())?,
+        cpu: CpuPer {
+            client_us: median(runs.iter().map(|s| Ok(s.cpu.client_us)).collect())?,
+            server_us: median(server).ok(),
+        },
+    })
+}
+
+/// Every workload on one database, in order; each figure lands in `report`.
+async fn run(args: &Args, db: &mut Db, report: &mut Report) -> Result<()> {
+    let n1 = args.scaled(20_000);
+    let repeat = args.repeat;
+    let runs = |what: &str| {
+        if repeat > 1 {
+            format!("{what}, median of {repeat}")
+        } else {
+            what.to_string()
+        }
+    };
+
+    // W1: concurrency 1, the sweep, then the best setting again for a median.
+    let mut best_setting = args.settings.first().copied().unwrap_or(DEFAULT_SETTING);
+    let mut baseline: Option<f64> = None;
+    if args.wants("w1") {
+        let one = Setting {
+            concurrency: 1,
+            batch_size: DEFAULT_SETTING.batch_size,
+        };
+        db.reset().await?;
+        let r = workloads::w1(db, n1, one).await;
+        report.push_sample(
+            "W1",
+            format!("drain, concurrency 1 ({one})"),
+            r,
+            "msgs/s",
+            None,
+        );
+        let mut sweep = Vec::new();
+        for &s in &args.settings {
+            db.reset().await?;
+            let r = workloads::w1(db, n1, s).await;
+            if let Ok(v) = &r {
+                sweep.push((s, *v));
+            }
+            report.push_sample("W1", format!("drain, sweep {s}"), r, "msgs/s", None);
+        }
+        if let Some(&(s, v)) = sweep.iter().max_by(|a, b| a.1.rate.total_cmp(&b.1.rate)) {
+            let mut all = vec![Ok(v)];
+            for _ in 1..repeat {
+                db.reset().await?;
+                all.push(workloads::w1(db, n1, s).await);
+            }
+            let m = median_sample(all);
+            best_setting = s;
+            baseline = m.as_ref().ok().map(|m| m.rate);
+            report.push_sample(
+                "W1",
+                runs(&format!("drain, best setting ({s})")),
+                m,
+                "msgs/s",
+                Target::at_least(15_000.0),
+            );
+        }
+    }
+
+    // W2: producers with a worker running, with and without enqueue, alternating; and with
+    // enqueue but no worker, which tells the statement's own cost from the worker's.
+    if args.wants("w2") {
+        let total = args.scaled(5_000);
+        for producers in [1u32, 8] {
+            let (mut with, mut without, mut alone) = (Vec::new(), Vec::new(), Vec::new());
+            for _ in 0..repeat {
+                db.reset().await?;
+                without.push(workloads::w2(db, producers, total, false, true).await);
+                db.reset().await?;
+                with.push(workloads::w2(db, producers, total, true, true).await);
+                db.reset().await?;
+                alone.push(workloads::w2(db, producers, total, true, false).await);
+            }
+            let (with, without, alone) = (
+                median_sample(with),
+                median_sample(without),
+                median_sample(alone),
+            );
+            let ratio = match (&with, &without) {
+                (Ok(a), Ok(b)) => Ok(a.rate / b.rate),
+                (Err(e), _) | (_, Err(e)) => Err(anyhow::anyhow!("{e:#}")),
+            };
+            let p = if producers == 1 {
+                "1 producer".to_string()
+            } else {
+                format!("{producers} producers")
+            };
+            report.push_sample("W2", runs(&format!("enqueue tx, {p}")), with, "tx/s", None);
+            report.push_sample(
+                "W2",
+                runs(&format!("no-enqueue tx, {p}")),
+                without,
+                "tx/s",
+                None,
+            );
+            report.push_sample(
+                "W2",
+                runs(&format!("enqueue tx, no worker running, {p}")),
+                alone,
+                "tx/s",
+                None,
+            );
+            let target = if producers == 1 { 0.9 } else { 0.85 };
+            report.push(
+                "W2",
+                format!("ratio with/without, {p}"),
+                ratio,
+                "x",
+                Target::at_least(target),
+            );
+        }
+    }
+
+    // W3: pickup latency on an idle worker.
+    if args.wants("w3") {
+        db.reset().await?;
+        let duration = Duration::from_secs_f64((5.0 * args.scale).max(0.01));
+        match workloads::w3(db, duration).await {
+            Ok(l) => {
+                let n = l.count;
+                report.push(
+                    "W3",
+                    format!("pickup p50, {n} msgs"),
+                    Ok(l.p50_ms),
+                    "ms",
+                    Target::at_most(1.5),
+                );
+                report.push(
+                    "W3",
+                    format!("pickup p99, {n} msgs"),
+                    Ok(l.p99_ms),
+                    "ms",
+                    Target::at_most(5.0),
+                );
+                report.push(
+                    "W3",
+                    format!("pickup max, {n} msgs"),
+                    Ok(l.max_ms),
+                    "ms",
+                    None,
+                );
+            }
+            Err(e) => report.push("W3", "pickup latency", Err(e), "ms", None),
+        }
+    }
+
+    // W4 and W5 compare with W1 at the same setting.
+    if (args.wants("w4") || args.wants("w5")) && baseline.is_none() {
+        db.reset().await?;
+        let r = workloads::w1(db, n1, best_setting).await;
+        baseline = r.as_ref().ok().map(|s| s.rate);
+        report.push_sample(
+            "W1",
+            format!("drain, baseline for W4/W5 ({best_setting})"),
+            r,
+            "msgs/s",
+            None,
+        );
+    }
+    let ratio_to_w1 = |r: &Result<Sample>| match (r, baseline) {
+        (Ok(v), Some(b)) => Ok(v.rate / b),
+        (Err(e), _) => Err(anyhow::anyhow!("{e:#}")),
+        (_, None) => Err(anyhow::anyhow!("no W1 figure to compare with")),
+    };
+    if args.wants("w4") {
+        db.reset().await?;
+        let done = args.scaled(2_000_000);
+        eprintln!("  W4 inserting {done} done rows");
+        let r = async {
+            db.insert_done(done, "bench.message", &workloads::sample_payload())
+                .await?;
+            db.analyze().await?;
+            db.checkpoint().await?;
+            let mut all = Vec::new();
+            for _ in 0..repeat {
+                all.push(workloads::w1(db, n1, best_setting).await);
+            }
+            median_sample(all)
+        }
+        .await;
+        let ratio = ratio_to_w1(&r);
+        report.push_sample(
+            "W4",
+            runs(&format!("drain with {done} done rows ({best_setting})")),
+            r,
+            "msgs/s",
+            None,
+        );
+        report.push("W4", "ratio to W1", ratio, "x", Target::at_least(0.9));
+    }
+    if args.wants("w5") {
+        db.reset().await?;
+        let ahead = args.scaled(10_000);
+        let r = async {
+            db.seed(&workloads::unhandled(ahead)).await?;
+            db.push_ahead("bench.unhandled").await?;
+            db.checkpoint().await?;
+            let mut all = Vec::new();
+            for _ in 0..repeat {
+                all.push(workloads::w1(db, n1, best_setting).await);
+            }
+            median_sample(all)
+        }
+        .await;
+        let ratio = ratio_to_w1(&r);
+        report.push_sample(
+            "W5",
+            runs(&format!("drain behind {ahead} unhandled ({best_setting})")),
+            r,
+            "msgs/s",
+            None,
+        );
+        report.push("W5", "ratio to W1", ratio, "x", Target::at_least(0.9));
+    }
+
+    // W6: bulk enqueue.
+    if args.wants("w6") {
+        let total = args.scaled(100_000);
+        let mut all = Vec::new();
+        for _ in 0..repeat {
+            db.reset().await?;
+            all.push(workloads::w6(db, total, 1000).await);
+        }
+        report.push_sample(
+            "W6",
+            runs(&format!("enqueue_many {total} in batches of 1,000")),
+            median_sample(all),
+            "msgs/s",
+            Target::at_least(50_000.0),
+        );
+    }
+
+    // Peak RSS of a worker process on a 100,000-message backlog.
+    if args.wants("rss") {
+        db.reset().await?;
+        let n = args.scaled(100_000);
+        match workloads::rss(db, n, best_setting).await {
+            Ok(r) => {
+                report.push(
+                    "RSS",
+                    format!("worker peak RSS, {n} backlog ({best_setting})"),
+                    Ok(r.peak_mb),
+                    "MB",
+                    Target::at_most(50.0),
+                );
+                report.push("RSS", "worker child drain rate", Ok(r.rate), "msgs/s", None);
+            }
+            Err(e) => report.push("RSS", "worker peak RSS", Err(e), "MB", None),
+        }
+    }
+    Ok(())
+}

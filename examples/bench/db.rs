@@ -1,0 +1,387 @@
+//! The database under test: a PostgreSQL database or a SQLite file of the bench's own, and the
+//! few statements the workloads need beside the outbox API.
+
+use std::path::PathBuf;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context as _, Result};
+use outbox_core::{enqueue_many, Event, Store};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::sqlite::SqlitePoolOptions;
+use sqlx::{AssertSqlSafe, ConnectOptions, Connection, PgConnection, PgPool, SqlitePool};
+
+/// Which database a run is on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum Kind {
+    /// PostgreSQL at `DATABASE_URL`, in a database created for the run.
+    Postgres,
+    /// SQLite, in a temporary file.
+    Sqlite,
+}
+
+impl Kind {
+    /// The name used on the command line and in the report.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Kind::Postgres => "postgres",
+            Kind::Sqlite => "sqlite",
+        }
+    }
+}
+
+/// A pool on either database; [`on_pool!`] runs the same code on both.
+#[derive(Clone)]
+pub(crate) enum Pool {
+    /// PostgreSQL.
+    Pg(PgPool),
+    /// SQLite.
+    Sqlite(SqlitePool),
+}
+
+/// Runs `$body` with `$p` bound to the pool inside `$pool`, whichever database it is on.
+macro_rules! on_pool {
+    ($pool:expr, $p:ident => $body:expr) => {
+        match $pool {
+            $crate::db::Pool::Pg($p) => $body,
+            $crate::db::Pool::Sqlite($p) => $body,
+        }
+    };
+}
+pub(crate) use on_pool;
+
+impl Pool {
+    /// A store on this pool, for the worker.
+    pub(crate) fn store(&self) -> Store {
+        match self {
+            Pool::Pg(p) => Store::postgres(p.clone()),
+            Pool::Sqlite(p) => Store::sqlite(p.clone()),
+        }
+    }
+
+    /// Closes every connection.
+    pub(crate) async fn close(&self) {
+        on_pool!(self, p => p.close().await);
+    }
+}
+
+/// The business table of W2, the same on both databases.
+const BUSINESS_TABLE_PG: &str = "CREATE TABLE IF NOT EXISTS bench_orders ( \
+    id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY, customer TEXT NOT NULL, \
+    amount BIGINT NOT NULL, created_at TIMESTAMPTZ NOT NULL DEFAULT now())";
+const BUSINESS_TABLE_SQLITE: &str = "CREATE TABLE IF NOT EXISTS bench_orders ( \
+    id INTEGER PRIMARY KEY AUTOINCREMENT, customer TEXT NOT NULL, amount INTEGER NOT NULL, \
+    created_at INTEGER NOT NULL DEFAULT (unixepoch('subsec') * 1000))";
+
+/// The database of one run: created at start, dropped (or deleted) by [`Db::drop_all`].
+pub(crate) struct Db {
+    /// Which database this is.
+    pub(crate) kind: Kind,
+    /// The main pool: seeding, checks, the in-process worker.
+    pub(crate) pool: Pool,
+    /// A URL child processes connect with.
+    pub(crate) url: String,
+    /// PostgreSQL: options of the bench database; the admin URL; the database's name.
+    pg: Option<(PgConnectOptions, String, String)>,
+    /// SQLite: the file.
+    path: Option<PathBuf>,
+    /// PostgreSQL `server_version`, or the SQLite library version.
+    pub(crate) server: String,
+}
+
+fn unix_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs()
+}
+
+/// Opens a pool on the outbox's SQLite settings (WAL, busy timeout) with `max` connections.
+async fn sqlite_pool_of(url: &str, max: u32) -> Result<SqlitePool> {
+    Ok(SqlitePoolOptions::new()
+        .max_connections(max)
+        .connect_with(outbox_core::sqlite_options(url)?)
+        .await?)
+}
+
+impl Db {
+    /// Creates the database of a run and migrates it.
+    pub(crate) async fn create(kind: Kind, database_url: &str) -> Result<Db> {
+        match kind {
+            Kind::Postgres => {
+                let opts: PgConnectOptions = database_url
+                    .parse()
+                    .with_context(|| format!("DATABASE_URL `{database_url}` does not parse"))?;
+                let mut admin = PgConnection::connect_with(&opts)
+                    .await
+                    .with_context(|| format!("cannot connect to PostgreSQL at {database_url}"))?;
+                drop_stale(&mut admin).await;
+                let name = format!("outbox_bench_{}_{}", unix_secs(), std::process::id());
+                sqlx::raw_sql(AssertSqlSafe(format!("CREATE DATABASE {name}")))
+                    .execute(&mut admin)
+                    .await?;
+                admin.close().await.ok();
+                let db_opts = opts.clone().database(&name);
+                let pool = PgPoolOptions::new()
+                    .max_connections(16)
+                    .connect_with(db_opts.clone())
+                    .await?;
+                let server: String = sqlx::query_scalar("SHOW server_version")
+                    .fetch_one(&pool)
+                    .await?;
+                let db = Db {
+                    kind,
+                    pool: Pool::Pg(pool),
+                    url: db_opts.to_url_lossy().to_string(),
+                    pg: Some((db_opts, database_url.to_string(), name)),
+                    path: None,
+                    server: format!("PostgreSQL {server}"),
+                };
+                db.prepare().await?;
+                Ok(db)
+            }
+            Kind::Sqlite => {
+                let path = std::env::temp_dir().join(format!(
+                    "outbox-bench-{}-{}.db",
+                    unix_secs(),
+                    std::process::id()
+                ));
+                let url = format!("sqlite://{}", path.display());
+                let pool = sqlite_pool_of(&url, 8).await?;
+                let version: String = sqlx::query_scalar("SELECT sqlite_version()")
+                    .fetch_one(&pool)
+                    .await?;
+                let db = Db {
+                    kind,
+                    pool: Pool::Sqlite(pool),
+                    url,
+                    pg: None,
+                    path: Some(path),
+                    server: format!("SQLite {version}"),
+                };
+                db.prepare().await?;
+                Ok(db)
+            }
+        }
+    }
+
+    /// Migrates and creates the business table.
+    async fn prepare(&self) -> Result<()> {
+        outbox_core::migrate(self.pool.store()).await?;
+        match &self.pool {
+            Pool::Pg(p) => sqlx::raw_sql(BUSINESS_TABLE_PG)
+                .execute(p)
+                .await
+                .map(drop)?,
+            Pool::Sqlite(p) => sqlx::raw_sql(BUSINESS_TABLE_SQLITE)
+                .execute(p)
+                .await
+                .map(drop)?,
+        }
+        Ok(())
+    }
+
+    /// Empties every table (PostgreSQL) or starts a new file (SQLite), then checkpoints so
+    /// the next timed run does not pay for the previous one's writes.
+    pub(crate) async fn reset(&mut self) -> Result<()> {
+        match self.kind {
+            Kind::Postgres => {
+                self.exec(
+                    "TRUNCATE outbox_messages, outbox_deliveries, outbox_workers, outbox_processed, \
+                     bench_orders RESTART IDENTITY",
+                )
+                .await?;
+            }
+            Kind::Sqlite => {
+                self.pool.close().await;
+                if let Some(path) = &self.path {
+                    remove_sqlite_files(path);
+                }
+                self.pool = Pool::Sqlite(sqlite_pool_of(&self.url, 8).await?);
+                self.prepare().await?;
+            }
+        }
+        self.checkpoint().await
+    }
+
+    /// Writes dirty pages out now (PostgreSQL `CHECKPOINT`, SQLite WAL checkpoint).
+    pub(crate) async fn checkpoint(&self) -> Result<()> {
+        match self.kind {
+            Kind::Postgres => self.exec("CHECKPOINT").await,
+            Kind::Sqlite => self.exec("PRAGMA wal_checkpoint(TRUNCATE)").await,
+        }
+    }
+
+    /// Refreshes the planner statistics of the outbox table.
+    pub(crate) async fn analyze(&self) -> Result<()> {
+        self.exec("ANALYZE outbox_messages").await
+    }
+
+    /// Runs one statement without parameters.
+    pub(crate) async fn exec(&self, sql: &str) -> Result<()> {
+        let safe = AssertSqlSafe(sql.to_string());
+        on_pool!(&self.pool, p => sqlx::raw_sql(safe).execute(p).await.map(drop))
+            .with_context(|| format!("{}: running `{sql}`", self.kind.name()))
+    }
+
+    /// Counts messages in `status`.
+    pub(crate) async fn count_status(&self, status: &str) -> Result<i64> {
+        let sql = match self.kind {
+            Kind::Postgres => "SELECT count(*) FROM outbox_messages WHERE status = $1",
+            Kind::Sqlite => "SELECT count(*) FROM outbox_messages WHERE status = ?1",
+        };
+        Ok(on_pool!(&self.pool, p => sqlx::query_scalar(sql).bind(status).fetch_one(p).await)?)
+    }
+
+    /// Enqueues `events` with `enqueue_many`, 1,000 per transaction.
+    pub(crate) async fn seed<E: Event>(&self, events: &[E]) -> Result<()> {
+        for chunk in events.chunks(1000) {
+            on_pool!(&self.pool, p => {
+                let mut tx = p.begin().await?;
+                enqueue_many(&mut *tx, chunk).await?;
+                tx.commit().await?;
+            });
+        }
+        Ok(())
+    }
+
+    /// Makes every pending message of `topic` due an hour earlier (ahead of all others).
+    pub(crate) async fn push_ahead(&self, topic: &str) -> Result<()> {
+        match &self.pool {
+            Pool::Pg(p) => sqlx::query(
+                "UPDATE outbox_messages SET available_at = available_at - interval '1 hour' \
+                 WHERE topic = $1 AND status = 'pending'",
+            )
+            .bind(topic)
+            .execute(p)
+            .await
+            .map(drop)?,
+            Pool::Sqlite(p) => sqlx::query(
+                "UPDATE outbox_messages SET available_at = available_at - 3600000 \
+                 WHERE topic = ?1 AND status = 'pending'",
+            )
+            .bind(topic)
+            .execute(p)
+            .await
+            .map(drop)?,
+        }
+        Ok(())
+    }
+
+    /// Inserts `n` messages already done, in one statement, as a long-running system would have
+    /// them (time-ordered ids, ~200-byte payloads, processed an hour ago).
+    pub(crate) async fn insert_done(&self, n: u64, topic: &str, payload: &str) -> Result<()> {
+        let n = i64::try_from(n)?;
+        match &self.pool {
+            Pool::Pg(p) => sqlx::query(
+                "INSERT INTO outbox_messages (public_id, topic, payload, status, attempts, \
+                     available_at, claimed_at, processed_at, created_at) \
+                 SELECT (lpad(to_hex(t.ms), 12, '0') || '7' || substr(t.h, 1, 3) || '8' \
+                         || substr(t.h, 4, 15))::uuid, \
+                        $2, $3::jsonb, 'done', 1, t.ts, t.ts, t.ts, t.ts \
+                 FROM (SELECT (extract(epoch FROM now()) * 1000)::bigint - 7200000 + g / 1000 AS ms, \
+                              md5(g::text) AS h, \
+                              now() - interval '2 hours' + (g / 1000) * interval '1 millisecond' AS ts \
+                       FROM generate_series(1, $1) AS g) AS t",
+            )
+            .bind(n)
+            .bind(topic)
+            .bind(payload)
+            .execute(p)
+            .await
+            .map(drop)?,
+            Pool::Sqlite(p) => {
+                let then = i64::try_from(
+                    SystemTime::now()
+                        .duration_since(UNIX_EPOCH)
+                        .unwrap_or_default()
+                        .as_millis(),
+                )? - 7_200_000;
+                sqlx::query(
+                    "WITH RECURSIVE g(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM g WHERE n < ?1) \
+                     INSERT INTO outbox_messages (public_id, topic, payload, status, attempts, \
+                         available_at, claimed_at, processed_at, created_at) \
+                     SELECT printf('%08x-0000-7000-8000-%012x', ?4 / 1000, n), ?2, ?3, 'done', 1, \
+                            ?4 + n / 1000, ?4 + n / 1000, ?4 + n / 1000, ?4 + n / 1000 \
+                     FROM g",
+                )
+                .bind(n)
+                .bind(topic)
+                .bind(payload)
+                .bind(then)
+                .execute(p)
+                .await
+                .map(drop)?
+            }
+        }
+        Ok(())
+    }
+
+    /// A second pool of `max` connections on the same database, all connected up front (for
+    /// producers, so they never wait for the worker's connections or for a connect).
+    pub(crate) async fn extra_pool(&self, max: u32) -> Result<Pool> {
+        let pool = match (&self.pg, &self.path) {
+            (Some((opts, _, _)), _) => Pool::Pg(
+                PgPoolOptions::new()
+                    .max_connections(max)
+                    .min_connections(max)
+                    .connect_with(opts.clone())
+                    .await?,
+            ),
+            _ => Pool::Sqlite(sqlite_pool_of(&self.url, max).await?),
+        };
+        // Open every connection now, outside any timed section.
+        on_pool!(&pool, p => {
+            let mut held = Vec::new();
+            for _ in 0..max {
+                held.push(p.acquire().await?);
+            }
+        });
+        Ok(pool)
+    }
+
+    /// Closes the pools and drops the database (or deletes the file).
+    pub(crate) async fn drop_all(self) {
+        let _ = tokio::time::timeout(Duration::from_secs(2), self.pool.close()).await;
+        if let Some((_, admin_url, name)) = &self.pg {
+            if let Ok(mut admin) = PgConnection::connect(admin_url).await {
+                let _ = sqlx::raw_sql(AssertSqlSafe(format!(
+                    "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
+                )))
+                .execute(&mut admin)
+                .await;
+            }
+        }
+        if let Some(path) = &self.path {
+            remove_sqlite_files(path);
+        }
+    }
+}
+
+fn remove_sqlite_files(path: &std::path::Path) {
+    for suffix in ["", "-wal", "-shm"] {
+        let mut p = path.as_os_str().to_owned();
+        p.push(suffix);
+        let _ = std::fs::remove_file(PathBuf::from(p));
+    }
+}
+
+/// Drops bench databases left behind more than an hour ago by runs that were killed.
+async fn drop_stale(admin: &mut PgConnection) {
+    let names: Vec<String> = sqlx::query_scalar(
+        "SELECT datname FROM pg_database WHERE datname LIKE 'outbox\\_bench\\_%'",
+    )
+    .fetch_all(&mut *admin)
+    .await
+    .unwrap_or_default();
+    let now = unix_secs();
+    for name in names {
+        let created: Option<u64> = name.split('_').nth(2).and_then(|s| s.parse().ok());
+        if created.is_some_and(|t| t + 3600 < now) {
+            let _ = sqlx::raw_sql(AssertSqlSafe(format!(
+                "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
+            )))
+            .execute(&mut *admin)
+            .await;
+        }
+    }
+}

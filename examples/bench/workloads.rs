@@ -1,0 +1,544 @@
+//! The workloads W1..W6 and the peak-RSS run, each returning its raw figures.
+
+use std::io::{BufRead, BufReader, Write as _};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context as _, Result};
+use outbox_core::{
+    enqueue, enqueue_many, outbox_event, Context, Handler, HandlerError, Worker, WorkerConfig,
+};
+use serde::{Deserialize, Serialize};
+use tokio::sync::Notify;
+
+use crate::cpu::{CpuMeter, CpuPer};
+use crate::db::{on_pool, Db, Kind, Pool};
+
+/// The message of every workload: ~200 bytes of JSON.
+#[outbox_event(topic = "bench.message")]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct BenchMessage {
+    seq: u64,
+    order_id: String,
+    customer: String,
+    amount_cents: u64,
+    currency: String,
+    note: String,
+}
+
+impl BenchMessage {
+    /// Message number `seq`.
+    pub(crate) fn new(seq: u64) -> Self {
+        BenchMessage {
+            seq,
+            order_id: format!("ord-{seq:012}"),
+            customer: format!("customer-{}@example.com", seq % 1000),
+            amount_cents: seq % 100_000,
+            currency: "EUR".into(),
+            note: "x".repeat(64),
+        }
+    }
+}
+
+/// Messages `0..n`.
+pub(crate) fn messages(n: u64) -> Vec<BenchMessage> {
+    (0..n).map(BenchMessage::new).collect()
+}
+
+/// A topic the bench worker has no handler for (W5).
+#[outbox_event(topic = "bench.unhandled")]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct Unhandled {
+    seq: u64,
+    note: String,
+}
+
+/// What the probe handler records.
+pub(crate) struct ProbeState {
+    handled: AtomicU64,
+    target: u64,
+    all: Notify,
+    /// Handler start per `seq` (W3 only).
+    starts: Vec<OnceLock<Instant>>,
+}
+
+impl ProbeState {
+    /// Expects `target` calls; records start times of the first `record` sequence numbers.
+    pub(crate) fn new(target: u64, record: usize) -> Arc<Self> {
+        Arc::new(ProbeState {
+            handled: AtomicU64::new(0),
+            target,
+            all: Notify::new(),
+            starts: (0..record).map(|_| OnceLock::new()).collect(),
+        })
+    }
+
+    fn handled(&self) -> u64 {
+        self.handled.load(Ordering::SeqCst)
+    }
+
+    /// Waits until `target` calls were made, or `limit` passed (then `false`).
+    async fn wait_all(&self, limit: Duration) -> bool {
+        if self.handled() >= self.target {
+            return true;
+        }
+        tokio::time::timeout(limit, self.all.notified())
+            .await
+            .is_ok()
+    }
+}
+
+/// The no-op handler: counts calls and, for W3, notes when each one started.
+pub(crate) struct Probe(pub(crate) Arc<ProbeState>);
+
+#[outbox_core::async_trait]
+impl Handler for Probe {
+    type Event = BenchMessage;
+    const NAME: &'static str = "bench-probe";
+
+    async fn handle(&self, event: BenchMessage, _ctx: &Context) -> Result<(), HandlerError> {
+        let now = Instant::now();
+        if let Some(slot) = usize::try_from(event.seq)
+            .ok()
+            .and_then(|i| self.0.starts.get(i))
+        {
+            let _ = slot.set(now);
+        }
+        if self.0.handled.fetch_add(1, Ordering::SeqCst) + 1 == self.0.target {
+            self.0.all.notify_one();
+        }
+        Ok(())
+    }
+}
+
+/// A worker setting: handler calls in flight and messages per claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub(crate) struct Setting {
+    /// `WorkerConfig::concurrency`.
+    pub(crate) concurrency: usize,
+    /// `WorkerConfig::batch_size`.
+    pub(crate) batch_size: usize,
+}
+
+impl Setting {
+    /// The worker config of this setting (defaults otherwise).
+    pub(crate) fn config(self) -> WorkerConfig {
+        WorkerConfig::default()
+            .concurrency(self.concurrency)
+            .batch_size(self.batch_size)
+    }
+}
+
+impl std::fmt::Display for Setting {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "c={} b={}", self.concurrency, self.batch_size)
+    }
+}
+
+impl std::str::FromStr for Setting {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (c, b) = s
+            .split_once('x')
+            .ok_or_else(|| format!("`{s}`: expected CONCURRENCYxBATCH, e.g. 32x100"))?;
+        let parse = |v: &str| {
+            v.trim()
+                .parse::<usize>()
+                .ok()
+                .filter(|n| *n > 0)
+                .ok_or_else(|| format!("`{s}`: {v} is not a positive number"))
+        };
+        Ok(Setting {
+            concurrency: parse(c)?,
+            batch_size: parse(b)?,
+        })
+    }
+}
+
+/// The default worker config, used where the issue says only "a worker running" (W2, W3).
+pub(crate) const DEFAULT_SETTING: Setting = Setting {
+    concurrency: 32,
+    batch_size: 100,
+};
+
+/// A generous bound for a drain of `n` messages, so a stuck run ends with an error.
+fn limit_for(n: u64) -> Duration {
+    Duration::from_secs(60 + n / 200)
+}
+
+/// Builds the bench worker on `pool`.
+fn worker(pool: &Pool, state: &Arc<ProbeState>, config: WorkerConfig) -> Result<Worker> {
+    Ok(Worker::builder(pool.store())
+        .handler(Probe(state.clone()))
+        .config(config)
+        .build()?)
+}
+
+/// Runs a worker with `setting` until `n` more messages are done; returns the seconds from
+/// worker start until the last outcome is written (the worker has stopped by then).
+pub(crate) async fn drain(pool: &Pool, n: u64, setting: Setting) -> Result<f64> {
+    let state = ProbeState::new(n, 0);
+    let w = worker(pool, &state, setting.config())?;
+    let limit = limit_for(n);
+    let start = Instant::now();
+    w.run_until(async {
+        state.wait_all(limit).await;
+    })
+    .await?;
+    let secs = start.elapsed().as_secs_f64();
+    if state.handled() < n {
+        bail!(
+            "drain stopped after {limit:?} with {} of {n} messages handled",
+            state.handled()
+        );
+    }
+    Ok(secs)
+}
+
+/// A rate and the CPU time per unit behind it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Sample {
+    /// Units (messages or transactions) per second.
+    pub(crate) rate: f64,
+    /// CPU per unit.
+    pub(crate) cpu: CpuPer,
+}
+
+/// W1 and its variants: `n` pending messages seeded, then drained.
+pub(crate) async fn w1(db: &Db, n: u64, setting: Setting) -> Result<Sample> {
+    db.seed(&messages(n)).await?;
+    db.analyze().await?;
+    let done_before = db.count_status("done").await?;
+    let meter = CpuMeter::start(db).await;
+    let secs = drain(&db.pool, n, setting).await?;
+    let cpu = meter.stop(db).await;
+    let done = db.count_status("done").await? - done_before;
+    if done != i64::try_from(n)? {
+        bail!("after the drain {done} messages are done, expected {n}");
+    }
+    Ok(Sample {
+        rate: n as f64 / secs,
+        cpu: cpu.per(n),
+    })
+}
+
+/// One W2 run: `total` transactions (business INSERT, plus `enqueue` when `with_enqueue`) from
+/// `producers` connections while a default worker runs (or, with `with_worker` false, none:
+/// the cost of the `enqueue` statement alone). Returns transactions per second.
+pub(crate) async fn w2(
+    db: &Db,
+    producers: u32,
+    total: u64,
+    with_enqueue: bool,
+    with_worker: bool,
+) -> Result<Sample> {
+    let handled = with_enqueue && with_worker;
+    let state = ProbeState::new(if handled { total } else { u64::MAX }, 0);
+    let stop = Arc::new(Notify::new());
+    let running = if with_worker {
+        let w = worker(&db.pool, &state, DEFAULT_SETTING.config())?;
+        let stop = stop.clone();
+        Some(tokio::spawn(async move {
+            w.run_until(async move { stop.notified().await }).await
+        }))
+    } else {
+        None
+    };
+    let pool = db.extra_pool(producers).await?;
+    // Let the worker start and settle into its idle wait, as in a quiet service.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let next = Arc::new(AtomicU64::new(0));
+    let insert = match db.kind {
+        Kind::Postgres => {
+            "INSERT INTO bench_orders (customer, amount) VALUES ($1, $2) RETURNING id"
+        }
+        Kind::Sqlite => "INSERT INTO bench_orders (customer, amount) VALUES (?1, ?2) RETURNING id",
+    };
+    let meter = CpuMeter::start(db).await;
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..producers {
+        let pool = pool.clone();
+        let next = next.clone();
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= total {
+                    return Ok::<_, anyhow::Error>(());
+                }
+                let amount = i64::try_from(i % 100_000)?;
+                let customer = format!("customer-{}@example.com", i % 1000);
+                on_pool!(&pool, p => {
+                    let mut tx = p.begin().await?;
+                    let id: i64 = sqlx::query_scalar(insert)
+                        .bind(&customer)
+                        .bind(amount)
+                        .fetch_one(&mut *tx)
+                        .await?;
+                    if with_enqueue {
+                        let mut m = BenchMessage::new(i);
+                        m.order_id = format!("ord-{id:012}");
+                        enqueue(&mut *tx, &m).await?;
+                    }
+                    tx.commit().await?;
+                });
+            }
+        }));
+    }
+    let mut failure = None;
+    for t in tasks {
+        match t.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => failure = Some(e),
+            Err(e) => failure = Some(anyhow!("producer task failed: {e}")),
+        }
+    }
+    let secs = start.elapsed().as_secs_f64();
+    let cpu = meter.stop(db).await;
+    let drained = !handled || state.wait_all(limit_for(total)).await;
+    stop.notify_one();
+    if let Some(running) = running {
+        running.await??;
+    }
+    pool.close().await;
+    if let Some(e) = failure {
+        return Err(e);
+    }
+    if !drained {
+        bail!("the worker handled {} of {total} messages", state.handled());
+    }
+    Ok(Sample {
+        rate: total as f64 / secs,
+        cpu: cpu.per(total),
+    })
+}
+
+/// W3's figures.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct Latency {
+    /// Messages measured.
+    pub(crate) count: usize,
+    /// Median of (handler start - commit), in ms.
+    pub(crate) p50_ms: f64,
+    /// 99th percentile, in ms.
+    pub(crate) p99_ms: f64,
+    /// Largest, in ms.
+    pub(crate) max_ms: f64,
+}
+
+/// W3: an idle default worker; one message enqueued (and committed) every 10 ms for
+/// `duration`; handler start minus the moment `commit()` returned, same clock, same process.
+pub(crate) async fn w3(db: &Db, duration: Duration) -> Result<Latency> {
+    let interval = Duration::from_millis(10);
+    let n = usize::try_from((duration.as_millis() / interval.as_millis()).max(1))?;
+    let state = ProbeState::new(u64::try_from(n)?, n);
+    let w = worker(&db.pool, &state, DEFAULT_SETTING.config())?;
+    let stop = Arc::new(Notify::new());
+    let running = {
+        let stop = stop.clone();
+        tokio::spawn(async move { w.run_until(async move { stop.notified().await }).await })
+    };
+    let pool = db.extra_pool(1).await?;
+    // Idle: long past the worker's hot-poll window, asleep on its wake-up channel.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    let mut commits: Vec<Instant> = Vec::with_capacity(n);
+    let t0 = tokio::time::Instant::now() + interval;
+    for i in 0..n {
+        tokio::time::sleep_until(t0 + interval * u32::try_from(i)?).await;
+        let m = BenchMessage::new(u64::try_from(i)?);
+        on_pool!(&pool, p => {
+            let mut tx = p.begin().await?;
+            enqueue(&mut *tx, &m).await?;
+            tx.commit().await?;
+        });
+        commits.push(Instant::now());
+    }
+    let drained = state.wait_all(limit_for(u64::try_from(n)?)).await;
+    stop.notify_one();
+    running.await??;
+    pool.close().await;
+    if !drained {
+        bail!("the worker handled {} of {n} messages", state.handled());
+    }
+    let mut lat: Vec<f64> = commits
+        .iter()
+        .zip(&state.starts)
+        .map(|(commit, start)| {
+            let start = start.get().copied().unwrap_or(*commit);
+            // Signed: a handler may start before commit() has returned to the producer.
+            if start >= *commit {
+                (start - *commit).as_secs_f64() * 1e3
+            } else {
+                -((*commit - start).as_secs_f64() * 1e3)
+            }
+        })
+        .collect();
+    lat.sort_by(f64::total_cmp);
+    Ok(Latency {
+        count: lat.len(),
+        p50_ms: percentile(&lat, 50.0),
+        p99_ms: percentile(&lat, 99.0),
+        max_ms: lat.last().copied().unwrap_or(0.0),
+    })
+}
+
+/// Nearest-rank percentile of sorted values.
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+/// W6: `enqueue_many` of `total` messages, `batch` per transaction, one connection. The
+/// events are built before the clock starts. Returns msgs/s.
+pub(crate) async fn w6(db: &Db, total: u64, batch: usize) -> Result<Sample> {
+    let all = messages(total);
+    let meter = CpuMeter::start(db).await;
+    let start = Instant::now();
+    for chunk in all.chunks(batch) {
+        on_pool!(&db.pool, p => {
+            let mut tx = p.begin().await?;
+            enqueue_many(&mut *tx, chunk).await?;
+            tx.commit().await?;
+        });
+    }
+    let secs = start.elapsed().as_secs_f64();
+    let cpu = meter.stop(db).await;
+    let pending = db.count_status("pending").await?;
+    if pending != i64::try_from(total)? {
+        bail!("{pending} messages pending after W6, expected {total}");
+    }
+    Ok(Sample {
+        rate: total as f64 / secs,
+        cpu: cpu.per(total),
+    })
+}
+
+/// The peak-RSS run's figures.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct Rss {
+    /// VmHWM of the worker process, in MB (10^6 bytes).
+    pub(crate) peak_mb: f64,
+    /// The child's drain rate, msgs/s.
+    pub(crate) rate: f64,
+}
+
+/// Peak RSS: `n` pending messages, drained by a worker in a child process (this binary with
+/// `--worker-child`); its VmHWM is read from `/proc/<pid>/status` once it has drained them.
+pub(crate) async fn rss(db: &Db, n: u64, setting: Setting) -> Result<Rss> {
+    db.seed(&messages(n)).await?;
+    db.analyze().await?;
+    let exe = std::env::current_exe()?;
+    let kind = db.kind.name().to_string();
+    let url = db.url.clone();
+    tokio::task::spawn_blocking(move || -> Result<Rss> {
+        let mut child = Command::new(exe)
+            .args(["--worker-child", "--backend", &kind, "--child-url", &url])
+            .args(["--child-count", &n.to_string()])
+            .args([
+                "--child-setting",
+                &format!("{}x{}", setting.concurrency, setting.batch_size),
+            ])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .context("starting the worker child")?;
+        let pid = child.id();
+        let mut line = String::new();
+        let stdout = child
+            .stdout
+            .take()
+            .ok_or_else(|| anyhow!("no child stdout"))?;
+        BufReader::new(stdout).read_line(&mut line)?;
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status"));
+        // Closing stdin lets the child exit.
+        drop(child.stdin.take());
+        let exit = child.wait()?;
+        let report: ChildReport = serde_json::from_str(line.trim())
+            .with_context(|| format!("worker child ({exit}) said `{}`", line.trim()))?;
+        let kib = status
+            .ok()
+            .as_deref()
+            .and_then(vm_hwm_kib)
+            .unwrap_or(report.vm_hwm_kib);
+        Ok(Rss {
+            peak_mb: kib as f64 * 1024.0 / 1e6,
+            rate: n as f64 / report.secs,
+        })
+    })
+    .await?
+}
+
+/// What the worker child prints when it has drained its messages.
+#[derive(Debug, Serialize, Deserialize)]
+struct ChildReport {
+    secs: f64,
+    vm_hwm_kib: u64,
+}
+
+/// `VmHWM` (peak resident set) in KiB from the text of `/proc/<pid>/status`.
+fn vm_hwm_kib(status: &str) -> Option<u64> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+}
+
+/// The `--worker-child` mode: drain `n` messages, print a [`ChildReport`], wait for stdin to
+/// close, exit.
+pub(crate) async fn worker_child(kind: Kind, url: &str, n: u64, setting: Setting) -> Result<()> {
+    let pool = match kind {
+        Kind::Postgres => Pool::Pg(
+            sqlx::postgres::PgPoolOptions::new()
+                .max_connections(10)
+                .connect(url)
+                .await?,
+        ),
+        Kind::Sqlite => Pool::Sqlite(outbox_core::sqlite_pool(url).await?),
+    };
+    let secs = drain(&pool, n, setting).await?;
+    let own = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let report = ChildReport {
+        secs,
+        vm_hwm_kib: vm_hwm_kib(&own).unwrap_or(0),
+    };
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{}", serde_json::to_string(&report)?)?;
+    out.flush()?;
+    drop(out);
+    tokio::task::spawn_blocking(|| {
+        let mut sink = String::new();
+        while std::io::stdin()
+            .read_line(&mut sink)
+            .map(|n| n > 0)
+            .unwrap_or(false)
+        {
+            sink.clear();
+        }
+    })
+    .await?;
+    pool.close().await;
+    Ok(())
+}
+
+/// The ~200-byte payload of W4's done rows, the same shape as [`BenchMessage`].
+pub(crate) fn sample_payload() -> String {
+    serde_json::to_string(&BenchMessage::new(123_456)).unwrap_or_default()
+}
+
+/// The unhandled messages of W5.
+pub(crate) fn unhandled(n: u64) -> Vec<Unhandled> {
+    (0..n)
+        .map(|seq| Unhandled {
+            seq,
+            note: "y".repeat(150),
+        })
+        .collect()
+}
