@@ -244,7 +244,7 @@ mod tests {
         struct App {
             email: EmailConfig,
         }
-        let app: App = toml::from_str("[email]\ntransport = 'file'\ndir = '/tmp/x'").unwrap();
+        let app: App = toml::from_str("[email]\ntransport = 'file'\ndir = 'outbox-mail'").unwrap();
         assert_eq!(app.email.transport.as_deref(), Some("file"));
     }
 }
