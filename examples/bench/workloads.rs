@@ -342,7 +342,7 @@ pub(crate) async fn w3(db: &Db, duration: Duration) -> Result<Latency> {
         tokio::spawn(async move { w.run_until(async move { stop.notified().await }).await })
     };
     let pool = db.extra_pool(1).await?;
-    // Idle: long past the worker's hot-poll window, asleep on its wake-up channel.
+    // Idle: asleep on its wake-up channel, as a quiet service is.
     tokio::time::sleep(Duration::from_secs(1)).await;
 
     let mut commits: Vec<Instant> = Vec::with_capacity(n);

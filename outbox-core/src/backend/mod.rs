@@ -116,6 +116,10 @@ pub(crate) trait Backend: Send + Sync + 'static {
     /// Removes a worker on shutdown.
     async fn worker_deregister(&self, id: uuid::Uuid) -> Result<()>;
 
+    /// Whether [`Backend::wakeup_listener`] gives a listener: producers then notify a waiting
+    /// worker, which can sleep until they do instead of polling.
+    fn listens(&self) -> bool;
+
     /// Opens a wake-up listener, if this backend has one.
     async fn wakeup_listener(&self) -> Result<Option<Box<dyn WakeupListener>>>;
 }

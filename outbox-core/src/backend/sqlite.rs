@@ -462,6 +462,10 @@ impl Backend for SqliteBackend {
         Ok(())
     }
 
+    fn listens(&self) -> bool {
+        false
+    }
+
     async fn wakeup_listener(&self) -> Result<Option<Box<dyn WakeupListener>>> {
         Ok(None)
     }

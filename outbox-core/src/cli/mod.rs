@@ -72,6 +72,9 @@ pub struct WorkerArgs {
     /// Poll interval in seconds.
     #[arg(long, value_parser = seconds)]
     pub poll_interval: Option<Duration>,
+    /// Under a steady trickle, seconds between claims that did not fill a batch (e.g. 0.005).
+    #[arg(long, value_parser = seconds)]
+    pub claim_interval: Option<Duration>,
     /// Handler timeout in seconds.
     #[arg(long, value_parser = seconds)]
     pub handler_timeout: Option<Duration>,
@@ -125,6 +128,9 @@ impl WorkerArgs {
         }
         if let Some(d) = self.poll_interval {
             config = config.poll_interval(d);
+        }
+        if let Some(d) = self.claim_interval {
+            config = config.claim_interval(d);
         }
         if let Some(d) = self.handler_timeout {
             config = config.handler_timeout(d);

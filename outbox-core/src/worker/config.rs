@@ -133,6 +133,7 @@ pub struct WorkerConfig {
     pub(crate) batch_size: usize,
     pub(crate) lease: Duration,
     pub(crate) poll_interval: Duration,
+    pub(crate) claim_interval: Duration,
     pub(crate) handler_timeout: Duration,
     pub(crate) shutdown_timeout: Duration,
     pub(crate) retry: RetryPolicy,
@@ -155,6 +156,7 @@ impl Default for WorkerConfig {
             batch_size: 100,
             lease: Duration::from_secs(300),
             poll_interval: Duration::from_secs(1),
+            claim_interval: Duration::from_millis(5),
             handler_timeout: Duration::from_secs(60),
             shutdown_timeout: Duration::from_secs(30),
             retry: RetryPolicy::default(),
@@ -205,6 +207,26 @@ impl WorkerConfig {
     /// How often an idle worker looks for work without a wake-up (default 1 s).
     pub fn poll_interval(mut self, interval: Duration) -> Self {
         self.poll_interval = interval;
+        self
+    }
+
+    /// While messages keep coming, how long the worker waits after a claim that did not fill
+    /// its batch before it claims again (default 5 ms).
+    ///
+    /// A claim that fills its batch is followed by the next one at once, and a worker woken from
+    /// idle claims at once; this only spaces out claims under a steady trickle, so that each one
+    /// takes several messages instead of one. Longer means fewer, larger claims (less work for
+    /// the database per message); shorter means a message waits less under load.
+    /// `Duration::ZERO` claims again at once.
+    ///
+    /// ```
+    /// use outbox_core::WorkerConfig;
+    /// use std::time::Duration;
+    ///
+    /// let config = WorkerConfig::default().claim_interval(Duration::from_millis(20));
+    /// ```
+    pub fn claim_interval(mut self, interval: Duration) -> Self {
+        self.claim_interval = interval;
         self
     }
 

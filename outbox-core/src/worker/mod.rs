@@ -33,11 +33,14 @@ use crate::resources::Resources;
 use crate::store::Store;
 use process::{failure, run_message, Outcome};
 
-/// After work was found, an idle worker keeps polling this often for [`HOT_WINDOW`] before it
-/// goes back to sleeping on its wake-up channel: bursts are picked up fast, and producers only
-/// pay for a NOTIFY when the worker really sleeps.
+/// A worker without a wake-up channel (SQLite, or [`Wakeup::Poll`]) keeps polling at the claim
+/// interval (at least [`HOT_POLL`]) for [`HOT_WINDOW`] after it found work, so bursts are picked
+/// up fast, then falls back to the poll interval.
 const HOT_POLL: Duration = Duration::from_millis(1);
 const HOT_WINDOW: Duration = Duration::from_millis(50);
+/// How often a worker asleep on LISTEN rewrites its `waiting` flag: rows not written for a
+/// minute are taken for workers that died, and producers stop notifying them.
+const WAITING_REFRESH: Duration = Duration::from_secs(20);
 
 /// Builds a [`Worker`]: a store, handlers from the registry and added explicitly, resources,
 /// and a config.
@@ -402,7 +405,12 @@ impl Worker {
 
         let mut db_failures: u32 = 0;
         let mut hot_until = Instant::now();
-        let mut waiting = false;
+        // Since when this worker's `waiting` flag is set, if it is.
+        let mut waiting: Option<Instant> = None;
+        let mut settle_until = Instant::now();
+        // The last claim found work.
+        let mut streaming = false;
+        let listening = cfg.wakeup == Wakeup::Listen && self.inner.store.backend().listens();
         while !stop.is_cancelled() {
             self.inner.health.tick();
             // Wait for room: never claim more than can start now.
@@ -434,27 +442,59 @@ impl Worker {
             };
             let got = claimed.len();
             if got > 0 {
+                // Handlers first: the flag write below must not delay them.
+                self.spawn_all(claimed, &tracker, &run, &permits).await;
                 hot_until = Instant::now() + HOT_WINDOW;
-                if waiting {
-                    waiting = false;
+                // A waiting worker keeps its flag while single messages come, so producers go on
+                // waking it; a full batch or a second claim in a row with work means a stream,
+                // and producers stop paying for NOTIFY.
+                if waiting.is_some() && (got == want || streaming) {
+                    waiting = None;
                     self.set_waiting(false).await;
                 }
-                self.spawn_all(claimed, &tracker, &run, &permits).await;
+                streaming = true;
                 if got == want {
                     continue; // a full batch: there is probably more
                 }
-            }
-            // Idle: poll fast for a while after activity, then sleep on the wake-up channel.
-            let now = Instant::now();
-            let nap = if now < hot_until {
-                HOT_POLL
-            } else {
-                if cfg.wakeup == Wakeup::Listen && !waiting {
-                    // Say we wait, then look once more, so a message committed in between is seen.
-                    waiting = true;
-                    self.set_waiting(true).await;
-                    continue;
+                // A trickle: let a few more messages arrive, so the next claim takes several.
+                if !cfg.claim_interval.is_zero() {
+                    tokio::select! {
+                        () = stop.cancelled() => break,
+                        () = tokio::time::sleep(cfg.claim_interval) => {}
+                    }
                 }
+                continue;
+            }
+            streaming = false;
+            // Nothing due. A listening worker says it waits and looks once more, then sleeps
+            // until a producer notifies it. A producer that checked the flag just before it was
+            // set but commits after that look is caught by one more look a little later. A
+            // polling worker keeps polling fast for a while after activity, then at the poll
+            // interval.
+            let now = Instant::now();
+            let nap = if listening {
+                match waiting {
+                    None => {
+                        waiting = Some(now);
+                        settle_until = now + HOT_WINDOW;
+                        self.set_waiting(true).await;
+                        continue;
+                    }
+                    Some(since) if since.elapsed() > WAITING_REFRESH => {
+                        // Keep the flag fresh: rows not written for a minute count as gone.
+                        waiting = Some(now);
+                        self.set_waiting(true).await;
+                    }
+                    Some(_) => {}
+                }
+                if now < settle_until {
+                    settle_until - now
+                } else {
+                    cfg.poll_interval
+                }
+            } else if now < hot_until {
+                cfg.claim_interval.max(HOT_POLL)
+            } else {
                 cfg.poll_interval
             };
             tokio::select! {
