@@ -11,8 +11,8 @@
 //! | W1  | drain 20,000 pending ~200-byte messages with a no-op handler, from worker start until all are done: concurrency 1, a sweep of settings, and the best (median of `--repeat` runs) |
 //! | W2  | 5,000 transactions (business `INSERT` + `enqueue`) from 1 and 8 producers with a worker running, against the same transactions without `enqueue`, and their ratio |
 //! | W3  | an idle worker, one message committed every 10 ms for 5 s: p50 and p99 of handler start - commit |
-//! | W4  | W1 (best setting) with 2,000,000 done rows in the table; ratio to W1 |
-//! | W5  | W1 (best setting) with 10,000 pending messages of an unhandled topic due earlier; ratio to W1 |
+//! | W4  | W1 (best setting) with 2,000,000 done rows in the table (a second database); ratio to W1 runs paired with it |
+//! | W5  | W1 (best setting) with 10,000 pending messages of an unhandled topic due earlier; ratio to W1 runs paired with it |
 //! | W6  | `enqueue_many` of 100,000 messages in batches of 1,000 |
 //! | RSS | peak RSS (VmHWM) of a worker process draining a 100,000-message backlog |
 //!
@@ -206,6 +206,37 @@ fn median_sample(runs: Vec<Result<Sample>>) -> Result<Sample> {
     })
 }
 
+/// Reports a workload compared with W1 at the same setting, run in (W1, workload) pairs: the
+/// median of each side, and the ratio of the medians.
+fn push_paired(
+    report: &mut Report,
+    id: &'static str,
+    what: &str,
+    pairs: Result<Vec<(Result<Sample>, Result<Sample>)>>,
+    setting: Setting,
+) {
+    let (alone, with) = match pairs {
+        Ok(pairs) => {
+            let (a, w): (Vec<_>, Vec<_>) = pairs.into_iter().unzip();
+            (median_sample(a), median_sample(w))
+        }
+        Err(e) => (Err(anyhow::anyhow!("{e:#}")), Err(e)),
+    };
+    let ratio = match (&with, &alone) {
+        (Ok(w), Ok(a)) => Ok(w.rate / a.rate),
+        (Err(e), _) | (_, Err(e)) => Err(anyhow::anyhow!("{e:#}")),
+    };
+    report.push_sample(
+        "W1",
+        format!("drain, paired with {id} ({setting})"),
+        alone,
+        "msgs/s",
+        None,
+    );
+    report.push_sample(id, what.to_string(), with, "msgs/s", None);
+    report.push(id, "ratio to W1", ratio, "x", Target::at_least(0.9));
+}
+
 /// Every workload on one database, in order; each figure lands in `report`.
 async fn run(args: &Args, db: &mut Db, report: &mut Report) -> Result<()> {
     let n1 = args.scaled(20_000);
@@ -220,7 +251,6 @@ async fn run(args: &Args, db: &mut Db, report: &mut Report) -> Result<()> {
 
     // W1: concurrency 1, the sweep, then the best setting again for a median.
     let mut best_setting = args.settings.first().copied().unwrap_or(DEFAULT_SETTING);
-    let mut baseline: Option<f64> = None;
     if args.wants("w1") {
         let one = Setting {
             concurrency: 1,
@@ -252,7 +282,6 @@ async fn run(args: &Args, db: &mut Db, report: &mut Report) -> Result<()> {
             }
             let m = median_sample(all);
             best_setting = s;
-            baseline = m.as_ref().ok().map(|m| m.rate);
             report.push_sample(
                 "W1",
                 runs(&format!("drain, best setting ({s})")),
@@ -350,73 +379,65 @@ async fn run(args: &Args, db: &mut Db, report: &mut Report) -> Result<()> {
         }
     }
 
-    // W4 and W5 compare with W1 at the same setting.
-    if (args.wants("w4") || args.wants("w5")) && baseline.is_none() {
-        db.reset().await?;
-        let r = workloads::w1(db, n1, best_setting).await;
-        baseline = r.as_ref().ok().map(|s| s.rate);
-        report.push_sample(
-            "W1",
-            format!("drain, baseline for W4/W5 ({best_setting})"),
-            r,
-            "msgs/s",
-            None,
-        );
-    }
-    let ratio_to_w1 = |r: &Result<Sample>| match (r, baseline) {
-        (Ok(v), Some(b)) => Ok(v.rate / b),
-        (Err(e), _) => Err(anyhow::anyhow!("{e:#}")),
-        (_, None) => Err(anyhow::anyhow!("no W1 figure to compare with")),
-    };
+    // W4 and W5 compare with W1 at the same setting, run in pairs (one W1 run, then one of
+    // theirs), so that drift over the bench (a warming cache, a checkpoint) cancels out.
     if args.wants("w4") {
-        db.reset().await?;
         let done = args.scaled(2_000_000);
-        eprintln!("  W4 inserting {done} done rows");
-        let r = async {
-            db.insert_done(done, "bench.message", &workloads::sample_payload())
-                .await?;
-            db.analyze().await?;
-            db.checkpoint().await?;
-            let mut all = Vec::new();
-            for _ in 0..repeat {
-                all.push(workloads::w1(db, n1, best_setting).await);
+        eprintln!("  W4 inserting {done} done rows into a second database");
+        let (pairs, big) = match Db::create(db.kind, &args.database_url).await {
+            Ok(big) => {
+                let pairs = async {
+                    big.insert_done(done, "bench.message", &workloads::sample_payload())
+                        .await?;
+                    big.analyze().await?;
+                    let mut pairs = Vec::new();
+                    for _ in 0..repeat {
+                        db.reset().await?;
+                        pairs.push((
+                            workloads::w1(db, n1, best_setting).await,
+                            workloads::w1(&big, n1, best_setting).await,
+                        ));
+                    }
+                    Ok::<_, anyhow::Error>(pairs)
+                }
+                .await;
+                (pairs, Some(big))
             }
-            median_sample(all)
+            Err(e) => (Err(e), None),
+        };
+        if let Some(big) = big {
+            big.drop_all().await;
         }
-        .await;
-        let ratio = ratio_to_w1(&r);
-        report.push_sample(
+        push_paired(
+            report,
             "W4",
-            runs(&format!("drain with {done} done rows ({best_setting})")),
-            r,
-            "msgs/s",
-            None,
+            &runs(&format!("drain with {done} done rows ({best_setting})")),
+            pairs,
+            best_setting,
         );
-        report.push("W4", "ratio to W1", ratio, "x", Target::at_least(0.9));
     }
     if args.wants("w5") {
-        db.reset().await?;
         let ahead = args.scaled(10_000);
-        let r = async {
-            db.seed(&workloads::unhandled(ahead)).await?;
-            db.push_ahead("bench.unhandled").await?;
-            db.checkpoint().await?;
-            let mut all = Vec::new();
+        let pairs = async {
+            let mut pairs = Vec::new();
             for _ in 0..repeat {
-                all.push(workloads::w1(db, n1, best_setting).await);
+                db.reset().await?;
+                let alone = workloads::w1(db, n1, best_setting).await;
+                db.reset().await?;
+                db.seed(&workloads::unhandled(ahead)).await?;
+                db.push_ahead("bench.unhandled").await?;
+                pairs.push((alone, workloads::w1(db, n1, best_setting).await));
             }
-            median_sample(all)
+            Ok::<_, anyhow::Error>(pairs)
         }
         .await;
-        let ratio = ratio_to_w1(&r);
-        report.push_sample(
+        push_paired(
+            report,
             "W5",
-            runs(&format!("drain behind {ahead} unhandled ({best_setting})")),
-            r,
-            "msgs/s",
-            None,
+            &runs(&format!("drain behind {ahead} unhandled ({best_setting})")),
+            pairs,
+            best_setting,
         );
-        report.push("W5", "ratio to W1", ratio, "x", Target::at_least(0.9));
     }
 
     // W6: bulk enqueue.

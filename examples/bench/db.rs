@@ -115,7 +115,12 @@ impl Db {
                     .await
                     .with_context(|| format!("cannot connect to PostgreSQL at {database_url}"))?;
                 drop_stale(&mut admin).await;
-                let name = format!("outbox_bench_{}_{}", unix_secs(), std::process::id());
+                let name = format!(
+                    "outbox_bench_{}_{}_{}",
+                    unix_secs(),
+                    std::process::id(),
+                    next_serial()
+                );
                 sqlx::raw_sql(AssertSqlSafe(format!("CREATE DATABASE {name}")))
                     .execute(&mut admin)
                     .await?;
@@ -141,9 +146,10 @@ impl Db {
             }
             Kind::Sqlite => {
                 let path = std::env::temp_dir().join(format!(
-                    "outbox-bench-{}-{}.db",
+                    "outbox-bench-{}-{}-{}.db",
                     unix_secs(),
-                    std::process::id()
+                    std::process::id(),
+                    next_serial()
                 ));
                 let url = format!("sqlite://{}", path.display());
                 let pool = sqlite_pool_of(&url, 8).await?;
@@ -366,6 +372,12 @@ fn remove_sqlite_files(path: &std::path::Path) {
 }
 
 /// Drops bench databases left behind more than an hour ago by runs that were killed.
+/// Tells apart the databases one bench process creates (W4 uses a second one).
+fn next_serial() -> u64 {
+    static SERIAL: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    SERIAL.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
 async fn drop_stale(admin: &mut PgConnection) {
     let names: Vec<String> = sqlx::query_scalar(
         "SELECT datname FROM pg_database WHERE datname LIKE 'outbox\\_bench\\_%'",

@@ -1,6 +1,6 @@
 -- Empties the tables and loads 500,000 pending messages (~200-byte JSON payloads) for the claim
 -- scripts. Run it before each claim_*.sql run: claimed rows are done and not claimed again.
-TRUNCATE pgb_outbox, pgb_orders RESTART IDENTITY;
+TRUNCATE pgb_outbox, pgb_orders, pgb_plain RESTART IDENTITY;
 
 INSERT INTO pgb_outbox (public_id, topic, payload)
 SELECT gen_random_uuid(), 'bench.message',

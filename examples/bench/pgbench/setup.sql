@@ -1,6 +1,6 @@
 -- The pgbench reference: an outbox-shaped table (the columns, constraints and partial claim
 -- index of outbox_messages) beside a small business table. Re-running drops and recreates both.
-DROP TABLE IF EXISTS pgb_outbox, pgb_orders;
+DROP TABLE IF EXISTS pgb_outbox, pgb_orders, pgb_plain;
 
 CREATE TABLE pgb_orders (
     id         BIGINT      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -32,3 +32,11 @@ CREATE TABLE pgb_outbox (
 CREATE INDEX pgb_outbox_ready_idx
     ON pgb_outbox (topic, available_at, id)
     WHERE status IN ('pending', 'running');
+
+-- The cheapest second row a transaction can write: a table with a primary key and one text
+-- column, no other index. business.sql against insert_plain.sql shows what any second INSERT
+-- costs a producer, whatever it writes.
+CREATE TABLE pgb_plain (
+    id      BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    payload TEXT   NOT NULL
+);
