@@ -467,6 +467,31 @@ conformance! {
         let report = stale_outcome(&db, Duration::from_millis(300)).await;
         assert_eq!(report.retried, 1, "the old worker's handler timed out");
     }
+
+    async fn an_idle_worker_picks_up_each_message_long_before_its_poll_interval(db) {
+        // PostgreSQL wakes it with NOTIFY; SQLite, which has none, from the producer in the
+        // same process. Either way nothing waits for the 30 s poll.
+        let (counts, stop_tx, running) =
+            outbox_tests::jobs::start(&db.pool, config().poll_interval(Duration::from_secs(30)));
+        for n in 1..=3 {
+            // Idle before each message: past the worker's fast polling after the last one.
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let start = Instant::now();
+            let mut tx = db.pool.begin().await.unwrap();
+            enqueue(&mut *tx, &job(n, Mode::Ok)).await.unwrap();
+            tx.commit().await.unwrap();
+            while counts.get() < usize::try_from(n).unwrap() {
+                assert!(
+                    start.elapsed() < Duration::from_secs(5),
+                    "message {n} was not picked up: the poll interval is 30 s"
+                );
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+        let _ = stop_tx.send(());
+        running.await.unwrap().unwrap();
+        assert_eq!(db.count_status("done").await, 3);
+    }
 }
 
 /// The helper methods both test databases share, so one test body serves both.

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use outbox_core::{enqueue_many, Worker, WorkerConfig};
-use outbox_tests::jobs::{config, job, Counts, Job, Mode, Runner};
+use outbox_tests::jobs::{config, job, start, Counts, Job, Mode, Runner};
 use outbox_tests::{pg, TestDb};
 use sqlx::Connection;
 
@@ -15,32 +15,6 @@ async fn put(db: &TestDb, jobs: &[Job]) -> Vec<uuid::Uuid> {
     let ids = enqueue_many(&mut *tx, jobs).await.unwrap();
     tx.commit().await.unwrap();
     ids
-}
-
-/// Starts a worker with a [`Runner`] and `config` in the background; send on the returned
-/// channel to stop it.
-fn start(
-    db: &TestDb,
-    config: WorkerConfig,
-) -> (
-    Arc<Counts>,
-    tokio::sync::oneshot::Sender<()>,
-    tokio::task::JoinHandle<Result<(), outbox_core::Error>>,
-) {
-    let counts = Arc::new(Counts::default());
-    let w = Worker::builder(&db.pool)
-        .handler(Runner(counts.clone()))
-        .config(config)
-        .build()
-        .unwrap();
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let running = tokio::spawn(async move {
-        w.run_until(async {
-            let _ = stop_rx.await;
-        })
-        .await
-    });
-    (counts, stop_tx, running)
 }
 
 #[tokio::test]
@@ -82,7 +56,8 @@ async fn claim_skips_locked_rows_instead_of_waiting() {
 #[tokio::test]
 async fn an_idle_worker_wakes_long_before_its_poll_interval() {
     let db = pg().await;
-    let (counts, stop_tx, running) = start(&db, config().poll_interval(Duration::from_secs(30)));
+    let (counts, stop_tx, running) =
+        start(&db.pool, config().poll_interval(Duration::from_secs(30)));
     // Let it go idle and wait on its wake-up channel.
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
@@ -142,7 +117,8 @@ async fn build_refuses_a_lease_shorter_than_the_handler_timeout() {
 #[tokio::test]
 async fn a_killed_listener_reconnects_and_wakes_the_worker_again() {
     let db = pg().await;
-    let (counts, stop_tx, running) = start(&db, config().poll_interval(Duration::from_secs(30)));
+    let (counts, stop_tx, running) =
+        start(&db.pool, config().poll_interval(Duration::from_secs(30)));
     let waiting = async || -> bool {
         sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM outbox_workers WHERE waiting)")
             .fetch_one(&db.pool)
@@ -202,37 +178,12 @@ async fn a_killed_listener_reconnects_and_wakes_the_worker_again() {
 }
 
 #[tokio::test]
-async fn single_messages_one_after_another_each_wake_the_worker() {
-    // Woken for one message, the worker must be listening again (its `waiting` flag set) by the
-    // time the next single message commits, or that one waits for the 30 s poll.
-    let db = pg().await;
-    let (counts, stop_tx, running) = start(&db, config().poll_interval(Duration::from_secs(30)));
-    for n in 1..=5 {
-        // Idle before each message: the last one is long done.
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        let start = Instant::now();
-        put(&db, &[job(n, Mode::Ok)]).await;
-        while counts.get() < usize::try_from(n).unwrap() {
-            assert!(
-                start.elapsed() < Duration::from_secs(5),
-                "message {n} was not picked up: the poll interval is 30 s"
-            );
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    }
-    let _ = stop_tx.send(());
-    running.await.unwrap().unwrap();
-    assert_eq!(db.count_status("done").await, 5);
-    db.drop_db().await;
-}
-
-#[tokio::test]
 async fn a_steady_trickle_is_claimed_several_messages_at_a_time() {
     // One message committed every 2 ms: with a 50 ms claim interval, each claim after the first
     // takes the messages that came in meanwhile, instead of one claim per message.
     let db = pg().await;
     let (counts, stop_tx, running) = start(
-        &db,
+        &db.pool,
         config()
             .poll_interval(Duration::from_secs(30))
             .claim_interval(Duration::from_millis(50)),

@@ -506,6 +506,33 @@ pub mod jobs {
             .lease(Duration::from_secs(5))
     }
 
+    /// A worker running in the background: its runner's counts, the channel that stops it, and
+    /// its task.
+    pub type Started = (
+        Arc<Counts>,
+        tokio::sync::oneshot::Sender<()>,
+        tokio::task::JoinHandle<Result<(), outbox_core::Error>>,
+    );
+
+    /// Starts a worker with a [`Runner`] and `config` in the background; send on the returned
+    /// channel to stop it.
+    pub fn start(store: impl Into<Store>, config: WorkerConfig) -> Started {
+        let counts = Arc::new(Counts::default());
+        let w = Worker::builder(store)
+            .handler(Runner(counts.clone()))
+            .config(config)
+            .build()
+            .expect("the test worker builds");
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let running = tokio::spawn(async move {
+            w.run_until(async {
+                let _ = stop_rx.await;
+            })
+            .await
+        });
+        (counts, stop_tx, running)
+    }
+
     /// A worker with a [`Runner`] and [`config`], and the runner's call counts.
     pub fn worker(store: impl Into<Store>) -> (Worker, Arc<Counts>) {
         let counts = Arc::new(Counts::default());

@@ -116,8 +116,9 @@ pub(crate) trait Backend: Send + Sync + 'static {
     /// Removes a worker on shutdown.
     async fn worker_deregister(&self, id: uuid::Uuid) -> Result<()>;
 
-    /// Whether [`Backend::wakeup_listener`] gives a listener: producers then notify a waiting
-    /// worker, which can sleep until they do instead of polling.
+    /// Whether [`Backend::wakeup_listener`] hears every producer after its commit: a waiting
+    /// worker can then sleep until notified instead of polling. (SQLite's in-process wake-up
+    /// comes before the commit and misses other processes, so its workers still poll.)
     fn listens(&self) -> bool;
 
     /// Opens a wake-up listener, if this backend has one.

@@ -129,6 +129,9 @@ pub(crate) async fn outbox_insert(
         .bind(now)
         .execute(conn)
         .await?;
+        if row.delay.is_zero() {
+            ENQUEUED.notify_waiters();
+        }
         return Ok(());
     }
     // One statement for the whole slice: the rows travel as one JSON array.
@@ -153,7 +156,28 @@ pub(crate) async fn outbox_insert(
     .bind(now)
     .execute(conn)
     .await?;
+    if rows.iter().any(|r| r.delay.is_zero()) {
+        ENQUEUED.notify_waiters();
+    }
     Ok(())
+}
+
+/// Wakes the SQLite workers of this process when a due message is inserted. SQLite has no
+/// NOTIFY, and the insert runs before its transaction commits, so a woken worker looks again
+/// every millisecond for a little while (see the worker loop) until the commit shows the row.
+/// Workers in other processes still find messages by polling.
+static ENQUEUED: std::sync::LazyLock<tokio::sync::Notify> =
+    std::sync::LazyLock::new(tokio::sync::Notify::new);
+
+/// The in-process wake-up channel of SQLite workers.
+struct InProcessWakeup;
+
+#[async_trait]
+impl WakeupListener for InProcessWakeup {
+    async fn recv(&mut self) -> Result<()> {
+        ENQUEUED.notified().await;
+        Ok(())
+    }
 }
 
 fn parse_uuid(s: &str) -> Result<Uuid, sqlx::Error> {
@@ -467,6 +491,6 @@ impl Backend for SqliteBackend {
     }
 
     async fn wakeup_listener(&self) -> Result<Option<Box<dyn WakeupListener>>> {
-        Ok(None)
+        Ok(Some(Box::new(InProcessWakeup)))
     }
 }

@@ -106,7 +106,9 @@ impl RetryPolicy {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum Wakeup {
-    /// LISTEN on a channel that producers notify only while a worker waits, plus polling.
+    /// Woken by producers, plus polling. On PostgreSQL: LISTEN on a channel that producers
+    /// notify only while a worker waits. On SQLite, which has no NOTIFY: woken by `enqueue` calls
+    /// in the same process; messages written by other processes are found by polling.
     #[default]
     Listen,
     /// Polling only: works behind PgBouncer in transaction mode.

@@ -33,9 +33,10 @@ use crate::resources::Resources;
 use crate::store::Store;
 use process::{failure, run_message, Outcome};
 
-/// A worker without a wake-up channel (SQLite, or [`Wakeup::Poll`]) keeps polling at the claim
-/// interval (at least [`HOT_POLL`]) for [`HOT_WINDOW`] after it found work, so bursts are picked
-/// up fast, then falls back to the poll interval.
+/// A worker that cannot sleep until notified (SQLite, or [`Wakeup::Poll`]) keeps polling at the
+/// claim interval (at least [`HOT_POLL`]) for [`HOT_WINDOW`] after it found work, so bursts are
+/// picked up fast, then falls back to the poll interval. Woken in-process by a SQLite producer,
+/// whose commit has not happened yet, it polls every [`HOT_POLL`] until the message shows.
 const HOT_POLL: Duration = Duration::from_millis(1);
 const HOT_WINDOW: Duration = Duration::from_millis(50);
 /// How often a worker asleep on LISTEN rewrites its `waiting` flag: rows not written for a
@@ -410,6 +411,8 @@ impl Worker {
         let mut settle_until = Instant::now();
         // The last claim found work.
         let mut streaming = false;
+        // Woken by a wake-up that may come before the producer's commit, and not found it yet.
+        let mut woken = false;
         let listening = cfg.wakeup == Wakeup::Listen && self.inner.store.backend().listens();
         while !stop.is_cancelled() {
             self.inner.health.tick();
@@ -442,6 +445,7 @@ impl Worker {
             };
             let got = claimed.len();
             if got > 0 {
+                woken = false;
                 // Handlers first: the flag write below must not delay them.
                 self.spawn_all(claimed, &tracker, &run, &permits).await;
                 hot_until = Instant::now() + HOT_WINDOW;
@@ -493,13 +497,25 @@ impl Worker {
                     cfg.poll_interval
                 }
             } else if now < hot_until {
-                cfg.claim_interval.max(HOT_POLL)
+                // Woken before the producer's commit (SQLite): look every millisecond until it
+                // shows; otherwise keep to the claim interval.
+                if woken {
+                    HOT_POLL
+                } else {
+                    cfg.claim_interval.max(HOT_POLL)
+                }
             } else {
+                woken = false;
                 cfg.poll_interval
             };
             tokio::select! {
                 () = stop.cancelled() => break,
-                () = wake.notified() => {}
+                () = wake.notified() => {
+                    if !listening {
+                        woken = true;
+                        hot_until = Instant::now() + HOT_WINDOW;
+                    }
+                }
                 () = tokio::time::sleep(nap) => {}
             }
         }
