@@ -86,6 +86,19 @@ impl Handler for HandlerB {
     }
 }
 
+/// A second handler on the job topic that always succeeds at once, so that a failed attempt of
+/// the runner carries a succeeded handler with it.
+struct JobEcho;
+
+#[outbox_core::async_trait]
+impl Handler for JobEcho {
+    type Event = Job;
+    const NAME: &'static str = "echo";
+    async fn handle(&self, _: Job, _: &Context) -> Result<(), HandlerError> {
+        Ok(())
+    }
+}
+
 /// A topic that sorts after `test.job`, to show it is not starved by a backlog of those.
 #[outbox_event(topic = "zz.late")]
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -500,6 +513,7 @@ trait Db {
     async fn steal_claim(&self, id: uuid::Uuid, token: uuid::Uuid) -> bool;
     async fn claim_state(&self, id: uuid::Uuid) -> (String, Option<uuid::Uuid>, Option<String>);
     async fn enqueue_job(&self, job: Job) -> uuid::Uuid;
+    async fn deliveries(&self, id: uuid::Uuid) -> Vec<String>;
 }
 
 impl Db for outbox_tests::TestDb {
@@ -517,6 +531,9 @@ impl Db for outbox_tests::TestDb {
         let id = enqueue(&mut *tx, &job).await.unwrap();
         tx.commit().await.unwrap();
         id
+    }
+    async fn deliveries(&self, id: uuid::Uuid) -> Vec<String> {
+        self.deliveries(id).await
     }
 }
 
@@ -536,13 +553,18 @@ impl Db for outbox_tests::SqliteDb {
         tx.commit().await.unwrap();
         id
     }
+    async fn deliveries(&self, id: uuid::Uuid) -> Vec<String> {
+        self.deliveries(id).await
+    }
 }
 
 /// Runs one slow job while the test takes its claim away (as a newer claim after lease expiry
-/// would), then checks the old worker's outcome was not written.
+/// would), then checks the old worker's outcome was not written: neither the message's state
+/// nor the success of the job's second handler.
 async fn stale_outcome(db: &impl Db, timeout: Duration) -> outbox_core::BatchReport {
     let w = Worker::builder(db.store())
         .handler(Runner(Arc::new(Counts::default())))
+        .handler(JobEcho)
         .config(config().handler_timeout(timeout))
         .build()
         .unwrap();
@@ -559,6 +581,11 @@ async fn stale_outcome(db: &impl Db, timeout: Duration) -> outbox_core::BatchRep
         db.claim_state(id).await,
         ("running".to_string(), Some(new_token), None),
         "the stale outcome was not written"
+    );
+    assert_eq!(
+        db.deliveries(id).await,
+        Vec::<String>::new(),
+        "the stale attempt recorded no handler as delivered"
     );
     report
 }

@@ -227,7 +227,7 @@ impl Backend for PgBackend {
                 RETURNING id \
              ), ins AS ( \
                 INSERT INTO outbox_deliveries (message_id, handler) \
-                SELECT $1, h FROM unnest($6::text[]) AS h \
+                SELECT $1, h FROM unnest($6::text[]) AS h WHERE EXISTS (SELECT 1 FROM upd) \
                 ON CONFLICT DO NOTHING \
              ) \
              SELECT count(*) FROM upd",

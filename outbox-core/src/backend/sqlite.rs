@@ -326,7 +326,10 @@ impl Backend for SqliteBackend {
         .bind(f.error)
         .execute(&mut *tx)
         .await?;
-        for handler in f.succeeded {
+        // A fenced-out attempt (its claim was taken over) records nothing, its handlers either.
+        let current = r.rows_affected() > 0;
+        let succeeded: &[&str] = if current { f.succeeded } else { &[] };
+        for handler in succeeded {
             sqlx::query(
                 "INSERT INTO outbox_deliveries (message_id, handler, completed_at) VALUES (?1, ?2, ?3) \
                  ON CONFLICT DO NOTHING",
@@ -338,7 +341,7 @@ impl Backend for SqliteBackend {
             .await?;
         }
         tx.commit().await?;
-        Ok(r.rows_affected() > 0)
+        Ok(current)
     }
 
     async fn outbox_unknown_topics(&self, known: &[&str]) -> Result<Vec<(String, i64)>> {
