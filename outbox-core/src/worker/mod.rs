@@ -39,6 +39,10 @@ use process::{failure, run_message, Outcome};
 /// whose commit has not happened yet, it polls every [`HOT_POLL`] until the message shows.
 const HOT_POLL: Duration = Duration::from_millis(1);
 const HOT_WINDOW: Duration = Duration::from_millis(50);
+/// After setting its `waiting` flag, a worker looks again this long after, twice: a producer
+/// that read the flag just before it was set sends no NOTIFY, and its commit may come after the
+/// worker's first look. The first look catches ordinary transactions, the second slow ones.
+const SETTLE_LOOKS: [Duration; 2] = [Duration::from_millis(5), HOT_WINDOW];
 /// How often a worker asleep on LISTEN rewrites its `waiting` flag: rows not written for a
 /// minute are taken for workers that died, and producers stop notifying them.
 const WAITING_REFRESH: Duration = Duration::from_secs(20);
@@ -408,7 +412,9 @@ impl Worker {
         let mut hot_until = Instant::now();
         // Since when this worker's `waiting` flag is set, if it is.
         let mut waiting: Option<Instant> = None;
-        let mut settle_until = Instant::now();
+        // When the flag was last set, and how many of the SETTLE_LOOKS after it are done.
+        let mut settled_from = Instant::now();
+        let mut settle_looks = SETTLE_LOOKS.len();
         // The last claim found work.
         let mut streaming = false;
         // Woken by a wake-up that may come before the producer's commit, and not found it yet.
@@ -472,7 +478,7 @@ impl Worker {
             streaming = false;
             // Nothing due. A listening worker says it waits and looks once more, then sleeps
             // until a producer notifies it. A producer that checked the flag just before it was
-            // set but commits after that look is caught by one more look a little later. A
+            // set but commits after that look is caught by the SETTLE_LOOKS a little later. A
             // polling worker keeps polling fast for a while after activity, then at the poll
             // interval.
             let now = Instant::now();
@@ -480,7 +486,8 @@ impl Worker {
                 match waiting {
                     None => {
                         waiting = Some(now);
-                        settle_until = now + HOT_WINDOW;
+                        settled_from = now;
+                        settle_looks = 0;
                         self.set_waiting(true).await;
                         continue;
                     }
@@ -491,10 +498,14 @@ impl Worker {
                     }
                     Some(_) => {}
                 }
-                if now < settle_until {
-                    settle_until - now
-                } else {
-                    cfg.poll_interval
+                while settle_looks < SETTLE_LOOKS.len()
+                    && settled_from + SETTLE_LOOKS[settle_looks] <= now
+                {
+                    settle_looks += 1;
+                }
+                match SETTLE_LOOKS.get(settle_looks) {
+                    Some(&after) => (settled_from + after).saturating_duration_since(now),
+                    None => cfg.poll_interval,
                 }
             } else if now < hot_until {
                 // Woken before the producer's commit (SQLite): look every millisecond until it
