@@ -206,6 +206,38 @@ fn median_sample(runs: Vec<Result<Sample>>) -> Result<Sample> {
     })
 }
 
+/// The ratio of two rates, or the first error.
+fn ratio(a: &Result<Sample>, b: &Result<Sample>) -> Result<f64> {
+    match (a, b) {
+        (Ok(a), Ok(b)) => Ok(a.rate / b.rate),
+        (Err(e), _) | (_, Err(e)) => Err(anyhow::anyhow!("{e:#}")),
+    }
+}
+
+/// W4's runs: `done` done rows go into `big` once, then each W1 run on `db` is paired with one
+/// on `big`.
+async fn w4_pairs(
+    db: &mut Db,
+    big: &Db,
+    done: u64,
+    n: u64,
+    setting: Setting,
+    repeat: usize,
+) -> Result<Vec<(Result<Sample>, Result<Sample>)>> {
+    big.insert_done(done, "bench.message", &workloads::sample_payload())
+        .await?;
+    big.analyze().await?;
+    let mut pairs = Vec::new();
+    for _ in 0..repeat {
+        db.reset().await?;
+        pairs.push((
+            workloads::w1(db, n, setting).await,
+            workloads::w1(big, n, setting).await,
+        ));
+    }
+    Ok(pairs)
+}
+
 /// Reports a workload compared with W1 at the same setting, run in (W1, workload) pairs: the
 /// median of each side, and the ratio of the medians.
 fn push_paired(
@@ -222,10 +254,7 @@ fn push_paired(
         }
         Err(e) => (Err(anyhow::anyhow!("{e:#}")), Err(e)),
     };
-    let ratio = match (&with, &alone) {
-        (Ok(w), Ok(a)) => Ok(w.rate / a.rate),
-        (Err(e), _) | (_, Err(e)) => Err(anyhow::anyhow!("{e:#}")),
-    };
+    let ratio = ratio(&with, &alone);
     report.push_sample(
         "W1",
         format!("drain, paired with {id} ({setting})"),
@@ -311,10 +340,7 @@ async fn run(args: &Args, db: &mut Db, report: &mut Report) -> Result<()> {
                 median_sample(without),
                 median_sample(alone),
             );
-            let ratio = match (&with, &without) {
-                (Ok(a), Ok(b)) => Ok(a.rate / b.rate),
-                (Err(e), _) | (_, Err(e)) => Err(anyhow::anyhow!("{e:#}")),
-            };
+            let ratio = ratio(&with, &without);
             let p = if producers == 1 {
                 "1 producer".to_string()
             } else {
@@ -384,28 +410,12 @@ async fn run(args: &Args, db: &mut Db, report: &mut Report) -> Result<()> {
     if args.wants("w4") {
         let done = args.scaled(2_000_000);
         eprintln!("  W4 inserting {done} done rows into a second database");
-        let (pairs, big) = match Db::create(db.kind, &args.database_url).await {
-            Ok(big) => {
-                let pairs = async {
-                    big.insert_done(done, "bench.message", &workloads::sample_payload())
-                        .await?;
-                    big.analyze().await?;
-                    let mut pairs = Vec::new();
-                    for _ in 0..repeat {
-                        db.reset().await?;
-                        pairs.push((
-                            workloads::w1(db, n1, best_setting).await,
-                            workloads::w1(&big, n1, best_setting).await,
-                        ));
-                    }
-                    Ok::<_, anyhow::Error>(pairs)
-                }
-                .await;
-                (pairs, Some(big))
-            }
-            Err(e) => (Err(e), None),
+        let big = Db::create(db.kind, &args.database_url).await;
+        let pairs = match &big {
+            Ok(big) => w4_pairs(db, big, done, n1, best_setting, repeat).await,
+            Err(e) => Err(anyhow::anyhow!("{e:#}")),
         };
-        if let Some(big) = big {
+        if let Ok(big) = big {
             big.drop_all().await;
         }
         push_paired(

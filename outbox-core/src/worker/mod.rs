@@ -412,9 +412,8 @@ impl Worker {
         let mut hot_until = Instant::now();
         // Since when this worker's `waiting` flag is set, if it is.
         let mut waiting: Option<Instant> = None;
-        // When the flag was last set, and how many of the SETTLE_LOOKS after it are done.
+        // When the flag was last set from clear: the SETTLE_LOOKS count from there.
         let mut settled_from = Instant::now();
-        let mut settle_looks = SETTLE_LOOKS.len();
         // The last claim found work.
         let mut streaming = false;
         // Woken by a wake-up that may come before the producer's commit, and not found it yet.
@@ -487,7 +486,6 @@ impl Worker {
                     None => {
                         waiting = Some(now);
                         settled_from = now;
-                        settle_looks = 0;
                         self.set_waiting(true).await;
                         continue;
                     }
@@ -498,15 +496,12 @@ impl Worker {
                     }
                     Some(_) => {}
                 }
-                while settle_looks < SETTLE_LOOKS.len()
-                    && settled_from + SETTLE_LOOKS[settle_looks] <= now
-                {
-                    settle_looks += 1;
-                }
-                match SETTLE_LOOKS.get(settle_looks) {
-                    Some(&after) => (settled_from + after).saturating_duration_since(now),
-                    None => cfg.poll_interval,
-                }
+                // The next settle look still ahead, else the poll interval.
+                SETTLE_LOOKS
+                    .iter()
+                    .map(|&after| settled_from + after)
+                    .find(|&at| at > now)
+                    .map_or(cfg.poll_interval, |at| at - now)
             } else if now < hot_until {
                 // Woken before the producer's commit (SQLite): look every millisecond until it
                 // shows; otherwise keep to the claim interval.
