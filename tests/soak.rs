@@ -16,10 +16,11 @@
 //!
 //! Right after each kill the ids of the messages then running (for a SIGKILL: claimed by that
 //! process) are recorded: only those, and the laggards, may be delivered twice. At the end,
-//! with nothing left to do, it checks and fails loudly otherwise: every healthy message DONE,
-//! poison ones DEAD with their last error, none in flight, one dedup effect per message, every
-//! handler reached, duplicates only where a kill explains them, enqueued == DONE + DEAD; and it
-//! prints one summary line.
+//! with nothing left to do, it checks and fails loudly otherwise: every healthy message DONE
+//! (or DEAD by crash exhaustion, when kills caught it in flight on every attempt no injected
+//! fault explains), poison ones DEAD with their last error, none in flight, one dedup effect
+//! per message, every handler reached, duplicates only where a kill explains them, enqueued ==
+//! DONE + DEAD; and it prints one summary line.
 //!
 //! Knobs (environment): `SOAK_MESSAGES` (default 52000), `SOAK_RATE` (messages a second of the
 //! steady production, default 260), `SOAK_SEED` (the kill schedule),
@@ -65,6 +66,11 @@ const WORKER_FLAGS: &[&str] = &[
     "--shutdown-timeout",
     "5",
 ];
+/// `--max-attempts` above.
+const MAX_ATTEMPTS: u32 = 6;
+/// The first attempts of a message on which tests/bin/soak_worker.rs may inject a transient
+/// failure (its `TRANSIENT_ATTEMPTS`).
+const TRANSIENT_ATTEMPTS: u32 = 2;
 /// The lease above: how long after a restart messages of the old server may still be in flight.
 const LEASE: Duration = Duration::from_millis(2500);
 const WORKERS: usize = 3;
@@ -756,8 +762,9 @@ async fn run() {
         messages as f64 / wall.as_secs_f64(),
     );
     line.push_str(&format!(
-        " (stale_outcomes={} drain={:.1}s restarts={} seed={}",
+        " (stale_outcomes={} crash_exhausted={} drain={:.1}s restarts={} seed={}",
         report.stale,
+        report.crash_exhausted,
         drain.as_secs_f64(),
         chaos.postgres_restarts,
         s.seed
@@ -810,6 +817,8 @@ struct Report {
     duplicates: i64,
     dead: i64,
     stale: i64,
+    /// Healthy messages DEAD by crash exhaustion that the kills account for.
+    crash_exhausted: usize,
 }
 
 /// Lists at most a few rows of a violation.
@@ -887,7 +896,11 @@ async fn check(pool: &PgPool, s: &Settings, chaos: &Chaos, enqueued: i64) -> Rep
             sample(&stale_dead)
         ));
     }
-    // With the kills that caught each one in flight: every kill costs an attempt.
+    // With the kills that caught each one in flight: every kill costs an attempt. A healthy
+    // message may end DEAD only by crash exhaustion (attempt MAX_ATTEMPTS + 1 finds the earlier
+    // ones ended without an outcome), and only when the kills that caught it account for all
+    // the attempts no injected fault explains: a laggard's stale first attempt, or the transient
+    // failures of the first attempts of the others.
     let other_not_done: Vec<_> = not_done
         .iter()
         .filter(|m| !stale_dead.contains(m))
@@ -895,7 +908,16 @@ async fn check(pool: &PgPool, s: &Settings, chaos: &Chaos, enqueued: i64) -> Rep
             let kills = chaos.in_flight_at_kills.get(id).copied().unwrap_or(0);
             (id, topic, status, attempts, laggard, kills, error)
         })
+        .filter(|(_, _, status, _, laggard, kills, error)| {
+            let injected = if **laggard { 1 } else { TRANSIENT_ATTEMPTS };
+            let crash_exhausted = *status == "dead"
+                && error
+                    .as_deref()
+                    .is_some_and(|e| e.contains(&format!("past the limit of {MAX_ATTEMPTS}")));
+            !(crash_exhausted && *kills + injected >= MAX_ATTEMPTS)
+        })
         .collect();
+    let crash_exhausted = not_done.len() - stale_dead.len() - other_not_done.len();
     if !other_not_done.is_empty() {
         failures.push(format!(
             "{} healthy message(s) not DONE (id, topic, status, attempts, laggard, kills in flight, last_error): {}",
@@ -1034,5 +1056,6 @@ async fn check(pool: &PgPool, s: &Settings, chaos: &Chaos, enqueued: i64) -> Rep
         duplicates,
         dead,
         stale,
+        crash_exhausted,
     }
 }
