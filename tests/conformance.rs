@@ -440,17 +440,26 @@ conformance! {
         let mut tx = db.pool.begin().await.unwrap();
         let id = enqueue(&mut *tx, &job(1, Mode::Ok)).await.unwrap();
         tx.commit().await.unwrap();
-        // Eight claims whose worker died each time: attempts counted, no outcome, lease over.
-        sqlx::query("UPDATE outbox_messages SET status = 'running', attempts = 8")
-            .execute(&db.pool)
-            .await
-            .unwrap();
+        // Eight claims: one failed with an error, the seven after it died with their worker
+        // (attempts counted, no outcome, lease over).
+        sqlx::query(
+            "UPDATE outbox_messages SET status = 'running', attempts = 8, \
+             last_error = 'handler `runner`: the provider answered 503'",
+        )
+        .execute(&db.pool)
+        .await
+        .unwrap();
         let r = w.run_once().await.unwrap();
         assert_eq!((r.claimed, r.dead), (1, 1));
         assert_eq!(counts.calls.load(Ordering::SeqCst), 0, "not run a ninth time");
         let (state, attempts, err) = db.status(id).await;
         assert_eq!((state.as_str(), attempts), ("dead", 9));
-        assert!(err.unwrap().contains("ended without an outcome"));
+        let err = err.unwrap();
+        assert!(err.contains("ended without an outcome"), "{err}");
+        assert!(
+            err.contains("the last error recorded before: handler `runner`: the provider answered 503"),
+            "the error of the attempt that finished is kept: {err}"
+        );
     }
 
     async fn a_backlog_of_one_topic_does_not_starve_another(db) {

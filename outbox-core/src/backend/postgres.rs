@@ -162,7 +162,7 @@ impl Backend for PgBackend {
                  claimed_at = now(), available_at = now() + make_interval(secs => $5) \
              FROM picked WHERE m.id = picked.id \
              RETURNING m.id, m.public_id, m.topic, m.payload::text AS payload, m.idempotency_key, \
-                       m.attempts, m.created_at",
+                       m.attempts, m.created_at, m.last_error",
         )
         .bind(p.topics)
         .bind(p.limit)
@@ -182,6 +182,7 @@ impl Backend for PgBackend {
                     attempts: r.try_get("attempts")?,
                     created_at: r.try_get("created_at")?,
                     claim_token: p.claim_token,
+                    last_error: r.try_get("last_error")?,
                 })
             })
             .collect::<Result<Vec<_>, sqlx::Error>>()

@@ -250,7 +250,7 @@ impl Backend for SqliteBackend {
                      SELECT id FROM outbox_messages \
                      WHERE topic = ?5 AND status IN ('pending', 'running') AND available_at <= ?3 \
                      ORDER BY available_at, id LIMIT ?6) \
-                 RETURNING id, public_id, topic, payload, idempotency_key, attempts, created_at",
+                 RETURNING id, public_id, topic, payload, idempotency_key, attempts, created_at, last_error",
             )
             .bind(&token)
             .bind(p.worker)
@@ -271,6 +271,7 @@ impl Backend for SqliteBackend {
                     attempts: r.try_get("attempts")?,
                     created_at: DateTime::<Utc>::from_timestamp_millis(created).unwrap_or_default(),
                     claim_token: p.claim_token,
+                    last_error: r.try_get("last_error")?,
                 });
             }
         }

@@ -26,6 +26,9 @@ pub(crate) struct ClaimedMessage {
     pub(crate) attempts: i32,
     pub(crate) created_at: DateTime<Utc>,
     pub(crate) claim_token: Uuid,
+    /// The error an earlier attempt recorded, if any: kept when the message is dead-lettered
+    /// for attempts that never finished.
+    pub(crate) last_error: Option<String>,
 }
 
 /// A message id and the claim token that fences writes to it.

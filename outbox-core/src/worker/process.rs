@@ -37,6 +37,7 @@ pub(crate) async fn run_message(
     let mut succeeded = Vec::new();
     let mut errors = Vec::new();
     let mut retry_in: Option<Duration> = Some(Duration::ZERO);
+    let mut exhausted = false;
     for h in handlers.iter().filter(|h| !completed.contains(h.name())) {
         let max_attempts = h
             .max_attempts()
@@ -54,6 +55,7 @@ pub(crate) async fn run_message(
                 "attempts exhausted by attempts that never finished; the message is dead-lettered"
             );
             retry_in = None;
+            exhausted = true;
             errors.push(format!(
                 "handler `{}`: attempt {attempt} is past the limit of {max_attempts}; the earlier attempts \
                  ended without an outcome (the worker crashed, was killed or lost its lease)",
@@ -118,6 +120,13 @@ pub(crate) async fn run_message(
                 };
                 errors.push(format!("handler `{}`: {chain}", h.name()));
             }
+        }
+    }
+    if exhausted {
+        // The dead letter keeps what a finished attempt said: most often what the operator
+        // needs (the crash itself left no error behind).
+        if let Some(before) = msg.last_error.as_deref() {
+            errors.push(format!("the last error recorded before: {before}"));
         }
     }
     if errors.is_empty() {
