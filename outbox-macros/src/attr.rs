@@ -64,7 +64,12 @@ fn string_value(meta: &ParseNestedMeta<'_>, key: &str, example: &str) -> syn::Re
         return Err(syn::Error::new_spanned(&meta.path, usage));
     }
     let value = meta.value()?;
-    match value.parse::<Expr>()? {
+    let mut expr = value.parse::<Expr>()?;
+    // A `$topic:literal` of a `macro_rules!` arrives wrapped in an invisible group.
+    while let Expr::Group(group) = expr {
+        expr = *group.expr;
+    }
+    match expr {
         Expr::Lit(ExprLit {
             lit: Lit::Str(lit), ..
         }) => Ok(lit),
@@ -145,6 +150,19 @@ mod tests {
         assert_eq!(
             quote!(#krate).to_string(),
             quote!(::re::outbox_core).to_string()
+        );
+    }
+
+    #[test]
+    fn a_literal_passed_through_macro_rules_is_read() {
+        // What `macro_rules! m { ($t:literal) => { #[outbox_event(topic = $t)] ... } }` hands on.
+        let wrapped = proc_macro2::Group::new(proc_macro2::Delimiter::None, quote!("a.b"));
+        let args = parse(quote!(topic = #wrapped)).expect("valid");
+        assert_eq!(args.topic.map(|lit| lit.value()).as_deref(), Some("a.b"));
+        let wrapped = proc_macro2::Group::new(proc_macro2::Delimiter::None, quote!(42));
+        assert_eq!(
+            error_of(quote!(topic = #wrapped)),
+            "`topic` takes a string literal: write `topic = \"booking.created\"`"
         );
     }
 

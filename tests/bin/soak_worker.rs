@@ -60,7 +60,7 @@ struct Body {
 }
 
 macro_rules! soak_event {
-    ($name:ident, $topic:tt) => {
+    ($name:ident, $topic:literal) => {
         #[outbox_event(topic = $topic)]
         #[derive(Debug, Clone, Serialize, Deserialize)]
         struct $name {
