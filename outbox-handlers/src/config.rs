@@ -398,6 +398,10 @@ pub(crate) fn base_url(key: &str, raw: &str) -> Result<reqwest::Url, ConfigError
 /// Writes the loaders every configuration section shares: `from_env`, `from_env_prefixed`,
 /// `from_lookup`, `from_toml_str` and `from_toml_file`, all ending in the type's own
 /// `fn read(Fields) -> Result<Self, ConfigError>`.
+#[cfg_attr(
+    not(any(feature = "email", feature = "search", feature = "dedup")),
+    allow(unused_macros)
+)]
 macro_rules! loaders {
     ($ty:ident, $section:literal, $prefix:literal) => {
         impl $ty {
@@ -454,6 +458,10 @@ macro_rules! loaders {
         }
     };
 }
+#[cfg_attr(
+    not(any(feature = "email", feature = "search", feature = "dedup")),
+    allow(unused_imports)
+)]
 pub(crate) use loaders;
 
 #[cfg(test)]
