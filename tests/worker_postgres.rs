@@ -17,6 +17,21 @@ async fn put(db: &TestDb, jobs: &[Job]) -> Vec<uuid::Uuid> {
     ids
 }
 
+/// Waits until a worker has set its `waiting` flag: idle, asleep on LISTEN.
+async fn until_idle(db: &TestDb) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !sqlx::query_scalar::<_, bool>(
+        "SELECT EXISTS (SELECT 1 FROM outbox_workers WHERE waiting)",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap()
+    {
+        assert!(Instant::now() < deadline, "the worker never went idle");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 #[tokio::test]
 async fn claim_skips_locked_rows_instead_of_waiting() {
     let db = pg().await;
@@ -59,19 +74,7 @@ async fn an_idle_worker_wakes_long_before_its_poll_interval() {
     let (counts, stop_tx, running) =
         start(&db.pool, config().poll_interval(Duration::from_secs(30)));
     // Let it go idle and wait on its wake-up channel.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let waiting: bool =
-            sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM outbox_workers WHERE waiting)")
-                .fetch_one(&db.pool)
-                .await
-                .unwrap();
-        if waiting {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the worker never went idle");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until_idle(&db).await;
     let start = Instant::now();
     put(&db, &[job(1, Mode::Ok)]).await;
     while counts.calls.load(Ordering::SeqCst) == 0 {
@@ -119,17 +122,7 @@ async fn a_killed_listener_reconnects_and_wakes_the_worker_again() {
     let db = pg().await;
     let (counts, stop_tx, running) =
         start(&db.pool, config().poll_interval(Duration::from_secs(30)));
-    let waiting = async || -> bool {
-        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM outbox_workers WHERE waiting)")
-            .fetch_one(&db.pool)
-            .await
-            .unwrap_or(false)
-    };
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !waiting().await {
-        assert!(Instant::now() < deadline, "the worker never went idle");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until_idle(&db).await;
     // Kill every connection of the worker, its listener included.
     let mut admin = sqlx::PgConnection::connect(&outbox_tests::database_url())
         .await
@@ -171,6 +164,43 @@ async fn a_killed_listener_reconnects_and_wakes_the_worker_again() {
             "not woken after the reconnect: the poll interval is 30 s"
         );
         tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let _ = stop_tx.send(());
+    running.await.unwrap().unwrap();
+    db.drop_db().await;
+}
+
+#[tokio::test]
+async fn an_idle_worker_rewrites_its_waiting_flag_before_it_counts_as_gone() {
+    // Rows of workers not written for a minute are deleted as dead, and producers stop waking
+    // them; an idle worker must rewrite its row well within that, even with a poll interval of
+    // two minutes.
+    let db = pg().await;
+    let (_counts, stop_tx, running) =
+        start(&db.pool, config().poll_interval(Duration::from_secs(120)));
+    until_idle(&db).await;
+    // As if the flag had been written 50 s ago: 10 s from counting as gone.
+    sqlx::query("UPDATE outbox_workers SET heartbeat_at = now() - interval '50 seconds'")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (waiting, age): (bool, f64) = sqlx::query_as(
+            "SELECT waiting, extract(epoch FROM now() - heartbeat_at)::float8 FROM outbox_workers",
+        )
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+        if age < 30.0 {
+            assert!(waiting, "the rewritten row still says the worker waits");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the idle worker's row is {age:.0} s old: it was not rewritten"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let _ = stop_tx.send(());
     running.await.unwrap().unwrap();

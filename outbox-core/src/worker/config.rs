@@ -206,7 +206,9 @@ impl WorkerConfig {
         self
     }
 
-    /// How often an idle worker looks for work without a wake-up (default 1 s).
+    /// How often an idle worker looks for work without a wake-up (default 1 s). On PostgreSQL an
+    /// idle worker also looks every 20 s at the latest, when it rewrites the row that tells
+    /// producers to wake it.
     pub fn poll_interval(mut self, interval: Duration) -> Self {
         self.poll_interval = interval;
         self

@@ -489,19 +489,20 @@ impl Worker {
                         self.set_waiting(true).await;
                         continue;
                     }
-                    Some(since) if since.elapsed() > WAITING_REFRESH => {
+                    Some(since) if since.elapsed() >= WAITING_REFRESH => {
                         // Keep the flag fresh: rows not written for a minute count as gone.
                         waiting = Some(now);
                         self.set_waiting(true).await;
                     }
                     Some(_) => {}
                 }
-                // The next settle look still ahead, else the poll interval.
+                // The next settle look still ahead, else the poll interval, but never past the
+                // next refresh of the flag (a poll interval may be longer than a minute).
                 SETTLE_LOOKS
                     .iter()
                     .map(|&after| settled_from + after)
                     .find(|&at| at > now)
-                    .map_or(cfg.poll_interval, |at| at - now)
+                    .map_or(cfg.poll_interval.min(WAITING_REFRESH), |at| at - now)
             } else if now < hot_until {
                 // Woken before the producer's commit (SQLite): look every millisecond until it
                 // shows; otherwise keep to the claim interval.
