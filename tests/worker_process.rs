@@ -581,3 +581,37 @@ async fn two_workers_on_one_sqlite_file_take_different_messages() {
     }
     db.drop_db().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sqlite_worker_sees_the_commits_of_another_process_long_before_its_poll_interval() {
+    // SQLite has no NOTIFY, and `enqueue` in this process cannot wake a worker in another one:
+    // the worker has to notice the commit itself, not wait 30 s for its next poll.
+    let db = outbox_tests::sqlite().await;
+    sqlx::query("CREATE TABLE effects (message_id TEXT NOT NULL UNIQUE, handler TEXT NOT NULL, n INTEGER NOT NULL)")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let mut worker = spawn_worker(&db.url, &["--poll-interval", "30"]);
+    let worker_pid = pid(&worker);
+    // The first message also waits for the worker to start; the second comes when it is idle.
+    for (n, limit) in [(0, Duration::from_secs(20)), (1, Duration::from_secs(5))] {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let start = Instant::now();
+        let mut tx = db.pool.begin().await.unwrap();
+        enqueue_many(&mut *tx, &[Work { n, sleep_ms: 0 }])
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+        while db.count_status("done").await < n + 1 {
+            assert!(
+                start.elapsed() < limit,
+                "message {n} not picked up within {limit:?}: the poll interval is 30 s"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    sigterm(worker_pid);
+    let status = wait_exit(&mut worker, Duration::from_secs(15), "sigterm").await;
+    assert_eq!(status.code(), Some(0));
+    db.drop_db().await;
+}

@@ -117,17 +117,27 @@ pub(crate) trait Backend: Send + Sync + 'static {
     async fn worker_deregister(&self, id: uuid::Uuid) -> Result<()>;
 
     /// Whether [`Backend::wakeup_listener`] hears every producer after its commit: a waiting
-    /// worker can then sleep until notified instead of polling. (SQLite's in-process wake-up
-    /// comes before the commit and misses other processes, so its workers still poll.)
+    /// worker can then sleep until notified instead of polling. (SQLite's wake-ups come before
+    /// the commit, or from a file that changes for other reasons too, so its workers still poll.)
     fn listens(&self) -> bool;
 
     /// Opens a wake-up listener, if this backend has one.
     async fn wakeup_listener(&self) -> Result<Option<Box<dyn WakeupListener>>>;
 }
 
+/// What a wake-up says of the message that caused it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Wake {
+    /// Its transaction has committed, or something changed that a claim should look at now.
+    Committed,
+    /// It was inserted in this process, and its transaction may not have committed yet: a
+    /// claim right away may not see it.
+    BeforeCommit,
+}
+
 /// A connection that receives wake-up notifications.
 #[async_trait]
 pub(crate) trait WakeupListener: Send {
     /// Waits for the next notification.
-    async fn recv(&mut self) -> Result<()>;
+    async fn recv(&mut self) -> Result<Wake>;
 }

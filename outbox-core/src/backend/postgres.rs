@@ -6,7 +6,7 @@ use sqlx::{PgConnection, Row};
 use uuid::Uuid;
 
 use super::selection;
-use super::{Backend, ClaimParams, ClaimedMessage, Failure, Fence, WakeupListener};
+use super::{Backend, ClaimParams, ClaimedMessage, Failure, Fence, Wake, WakeupListener};
 use crate::__private::NewMessage;
 use crate::error::{Error, Result};
 use crate::migrate::Migration;
@@ -427,11 +427,11 @@ struct PgWakeup(PgListener);
 
 #[async_trait]
 impl WakeupListener for PgWakeup {
-    async fn recv(&mut self) -> Result<()> {
+    async fn recv(&mut self) -> Result<Wake> {
         // `None` means the connection was lost: it reconnects on the next call, and
         // notifications sent meanwhile are gone, so wake the worker to look for itself.
         let _ = self.0.try_recv().await?;
-        Ok(())
+        Ok(Wake::Committed)
     }
 }
 

@@ -3,8 +3,10 @@
 //! SQLite has one writer at a time, so each claim is a single `UPDATE ... WHERE id IN (SELECT
 //! ... LIMIT n) RETURNING` statement: atomic under the write lock, so several workers on one
 //! file always take different messages. There is no `SKIP LOCKED` and no LISTEN; idle workers
-//! poll (fast right after activity).
+//! poll (fast right after activity), and are woken by inserts of their own process and by
+//! changes of the write-ahead log file (commits of other processes).
 
+use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
@@ -14,7 +16,7 @@ use sqlx::{Row, SqliteConnection};
 use uuid::Uuid;
 
 use super::selection;
-use super::{Backend, ClaimParams, ClaimedMessage, Failure, Fence, WakeupListener};
+use super::{Backend, ClaimParams, ClaimedMessage, Failure, Fence, Wake, WakeupListener};
 use crate::__private::NewMessage;
 use crate::error::{Error, Result};
 use crate::migrate::Migration;
@@ -165,18 +167,59 @@ pub(crate) async fn outbox_insert(
 /// Wakes the SQLite workers of this process when a due message is inserted. SQLite has no
 /// NOTIFY, and the insert runs before its transaction commits, so a woken worker looks again
 /// every millisecond for a little while (see the worker loop) until the commit shows the row.
-/// Workers in other processes still find messages by polling.
 static ENQUEUED: std::sync::LazyLock<tokio::sync::Notify> =
     std::sync::LazyLock::new(tokio::sync::Notify::new);
 
-/// The in-process wake-up channel of SQLite workers.
-struct InProcessWakeup;
+/// How often a SQLite worker looks at the database's write-ahead log for commits of other
+/// processes: one `stat` call, no query.
+const WAL_LOOK: Duration = Duration::from_millis(10);
+
+/// The wake-up channel of SQLite workers: inserts in this process, and commits of other
+/// processes, seen as a change of the write-ahead log file (every commit appends to it).
+///
+/// The log also changes with this worker's own writes, and a look may fall between the frames
+/// of one commit; either way the next look sees the change that matters, and a claim that finds
+/// nothing costs little. Where the file cannot be read (an in-memory database), only inserts
+/// in this process wake the worker, and the poll interval finds the rest.
+struct SqliteWakeup {
+    wal: PathBuf,
+    seen: Option<(u64, SystemTime)>,
+}
+
+impl SqliteWakeup {
+    fn new(database: &Path) -> Self {
+        let mut wal = database.as_os_str().to_owned();
+        wal.push("-wal");
+        let wal = PathBuf::from(wal);
+        let seen = stamp(&wal);
+        SqliteWakeup { wal, seen }
+    }
+}
+
+/// The size and modification time of a file, `None` while it does not exist.
+fn stamp(path: &Path) -> Option<(u64, SystemTime)> {
+    let m = std::fs::metadata(path).ok()?;
+    Some((m.len(), m.modified().ok()?))
+}
 
 #[async_trait]
-impl WakeupListener for InProcessWakeup {
-    async fn recv(&mut self) -> Result<()> {
-        ENQUEUED.notified().await;
-        Ok(())
+impl WakeupListener for SqliteWakeup {
+    async fn recv(&mut self) -> Result<Wake> {
+        let enqueued = ENQUEUED.notified();
+        tokio::pin!(enqueued);
+        enqueued.as_mut().enable();
+        loop {
+            tokio::select! {
+                () = &mut enqueued => return Ok(Wake::BeforeCommit),
+                () = tokio::time::sleep(WAL_LOOK) => {
+                    let now = stamp(&self.wal);
+                    if now != self.seen {
+                        self.seen = now;
+                        return Ok(Wake::Committed);
+                    }
+                }
+            }
+        }
     }
 }
 
@@ -495,6 +538,7 @@ impl Backend for SqliteBackend {
     }
 
     async fn wakeup_listener(&self) -> Result<Option<Box<dyn WakeupListener>>> {
-        Ok(Some(Box::new(InProcessWakeup)))
+        let options = self.pool.connect_options();
+        Ok(Some(Box::new(SqliteWakeup::new(options.get_filename()))))
     }
 }

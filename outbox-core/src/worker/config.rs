@@ -108,7 +108,8 @@ impl RetryPolicy {
 pub enum Wakeup {
     /// Woken by producers, plus polling. On PostgreSQL: LISTEN on a channel that producers
     /// notify only while a worker waits. On SQLite, which has no NOTIFY: woken by `enqueue` calls
-    /// in the same process; messages written by other processes are found by polling.
+    /// in the same process, and by commits of other processes, seen as a change of the
+    /// database's write-ahead log file (looked at every 10 ms).
     #[default]
     Listen,
     /// Polling only: works behind PgBouncer in transaction mode.

@@ -14,6 +14,7 @@ mod process;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -24,7 +25,7 @@ use uuid::Uuid;
 
 pub use config::{RetryPolicy, Wakeup, WorkerConfig};
 
-use crate::backend::{ClaimParams, ClaimedMessage, Fence};
+use crate::backend::{ClaimParams, ClaimedMessage, Fence, Wake};
 use crate::error::{Error, Result};
 use crate::handler::{erase, ErasedHandler, Handler};
 use crate::health::Health;
@@ -360,7 +361,7 @@ impl Worker {
         });
         let tracker = TaskTracker::new();
         let permits = Arc::new(Semaphore::new(cfg.concurrency));
-        let wake = Arc::new(Notify::new());
+        let wake = Arc::new(Wakeups::default());
         let listener_stop = stop.child_token();
         if cfg.wakeup == Wakeup::Listen {
             tokio::spawn(listen(
@@ -515,15 +516,31 @@ impl Worker {
                 woken = false;
                 cfg.poll_interval
             };
-            tokio::select! {
-                () = stop.cancelled() => break,
-                () = wake.notified() => {
-                    if !listening {
-                        woken = true;
-                        hot_until = Instant::now() + HOT_WINDOW;
+            let nap_until = now + nap;
+            let stopped = loop {
+                tokio::select! {
+                    () = stop.cancelled() => break true,
+                    () = wake.notify.notified() => {
+                        if listening {
+                            break false;
+                        }
+                        if wake.before_commit.swap(false, Ordering::Relaxed) {
+                            woken = true;
+                            hot_until = Instant::now() + HOT_WINDOW;
+                            break false;
+                        }
+                        // A commit seen in the SQLite file: news only to a worker that polls
+                        // at its poll interval. One that polls at its claim interval looks
+                        // soon anyway, and the change is most often its own write.
+                        if Instant::now() >= hot_until {
+                            break false;
+                        }
                     }
+                    () = tokio::time::sleep_until(nap_until.into()) => break false,
                 }
-                () = tokio::time::sleep(nap) => {}
+            };
+            if stopped {
+                break;
             }
         }
 
@@ -768,8 +785,17 @@ impl Worker {
     }
 }
 
+/// How the wake-up listener wakes the claim loop.
+#[derive(Default)]
+struct Wakeups {
+    notify: Notify,
+    /// A wake-up since the loop last woke came before its producer's commit: the loop looks
+    /// again every millisecond for a little while, until the commit shows.
+    before_commit: AtomicBool,
+}
+
 /// Keeps a wake-up listener connected; reconnects with backoff, while polling goes on.
-async fn listen(store: Store, wake: Arc<Notify>, stop: CancellationToken) {
+async fn listen(store: Store, wake: Arc<Wakeups>, stop: CancellationToken) {
     let mut failures: u32 = 0;
     while !stop.is_cancelled() {
         let listener = tokio::select! {
@@ -794,7 +820,12 @@ async fn listen(store: Store, wake: Arc<Notify>, stop: CancellationToken) {
             tokio::select! {
                 () = stop.cancelled() => return,
                 r = listener.recv() => match r {
-                    Ok(()) => wake.notify_one(),
+                    Ok(kind) => {
+                        if kind == Wake::BeforeCommit {
+                            wake.before_commit.store(true, Ordering::Relaxed);
+                        }
+                        wake.notify.notify_one();
+                    }
                     Err(e) => {
                         tracing::warn!(error = %e, "wake-up listener lost its connection; reconnecting");
                         break;
