@@ -516,31 +516,13 @@ impl Worker {
                 woken = false;
                 cfg.poll_interval
             };
-            let nap_until = now + nap;
-            let stopped = loop {
-                tokio::select! {
-                    () = stop.cancelled() => break true,
-                    () = wake.notify.notified() => {
-                        if listening {
-                            break false;
-                        }
-                        if wake.before_commit.swap(false, Ordering::Relaxed) {
-                            woken = true;
-                            hot_until = Instant::now() + HOT_WINDOW;
-                            break false;
-                        }
-                        // A commit seen in the SQLite file: news only to a worker that polls
-                        // at its poll interval. One that polls at its claim interval looks
-                        // soon anyway, and the change is most often its own write.
-                        if Instant::now() >= hot_until {
-                            break false;
-                        }
-                    }
-                    () = tokio::time::sleep_until(nap_until.into()) => break false,
+            match idle_wait(&wake, &stop, now + nap, listening, hot_until).await {
+                NapEnd::Stopped => break,
+                NapEnd::BeforeCommit => {
+                    woken = true;
+                    hot_until = Instant::now() + HOT_WINDOW;
                 }
-            };
-            if stopped {
-                break;
+                NapEnd::Look => {}
             }
         }
 
@@ -792,6 +774,45 @@ struct Wakeups {
     /// A wake-up since the loop last woke came before its producer's commit: the loop looks
     /// again every millisecond for a little while, until the commit shows.
     before_commit: AtomicBool,
+}
+
+/// How an idle worker's sleep ended.
+enum NapEnd {
+    Stopped,
+    /// Time to claim: the nap is over, or a wake-up came.
+    Look,
+    /// Woken by an insert whose transaction may not have committed yet.
+    BeforeCommit,
+}
+
+/// Sleeps until `until`, or until a wake-up worth a claim.
+async fn idle_wait(
+    wake: &Wakeups,
+    stop: &CancellationToken,
+    until: Instant,
+    listening: bool,
+    hot_until: Instant,
+) -> NapEnd {
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return NapEnd::Stopped,
+            () = wake.notify.notified() => {
+                if listening {
+                    return NapEnd::Look;
+                }
+                if wake.before_commit.swap(false, Ordering::Relaxed) {
+                    return NapEnd::BeforeCommit;
+                }
+                // A commit seen in the SQLite file: news only to a worker that polls at its
+                // poll interval. One that polls at its claim interval looks soon anyway, and
+                // the change is most often its own write.
+                if Instant::now() >= hot_until {
+                    return NapEnd::Look;
+                }
+            }
+            () = tokio::time::sleep_until(until.into()) => return NapEnd::Look,
+        }
+    }
 }
 
 /// Keeps a wake-up listener connected; reconnects with backoff, while polling goes on.
