@@ -212,6 +212,12 @@ impl Report {
             load(self.load[0]),
             load(self.load[1])
         );
+        if cfg!(debug_assertions) || self.scale != 1.0 {
+            out.push_str(
+                "not comparable with the targets: they hold for a release build at scale 1 \
+                 (the README's command); this run shows the bench runs\n",
+            );
+        }
         for (n, l) in lines.iter().enumerate() {
             let cells: Vec<String> = l
                 .iter()
