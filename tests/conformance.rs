@@ -502,13 +502,12 @@ conformance! {
             let mut tx = db.pool.begin().await.unwrap();
             enqueue(&mut *tx, &job(n, Mode::Ok)).await.unwrap();
             tx.commit().await.unwrap();
-            while counts.get() < usize::try_from(n).unwrap() {
-                assert!(
-                    start.elapsed() < Duration::from_secs(5),
-                    "message {n} was not picked up: the poll interval is 30 s"
-                );
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
+            outbox_tests::wait_until(
+                Duration::from_secs(5).saturating_sub(start.elapsed()),
+                &format!("message {n} was not picked up: the poll interval is 30 s"),
+                async || counts.get() >= usize::try_from(n).unwrap(),
+            )
+            .await;
         }
         let _ = stop_tx.send(());
         running.await.unwrap().unwrap();

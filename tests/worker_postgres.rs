@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use outbox_core::{enqueue_many, Worker, WorkerConfig};
 use outbox_tests::jobs::{config, job, start, Counts, Job, Mode, Runner};
-use outbox_tests::{pg, TestDb};
+use outbox_tests::{pg, wait_until, TestDb};
 use sqlx::Connection;
 
 async fn put(db: &TestDb, jobs: &[Job]) -> Vec<uuid::Uuid> {
@@ -19,17 +19,17 @@ async fn put(db: &TestDb, jobs: &[Job]) -> Vec<uuid::Uuid> {
 
 /// Waits until a worker has set its `waiting` flag: idle, asleep on LISTEN.
 async fn until_idle(db: &TestDb) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !sqlx::query_scalar::<_, bool>(
-        "SELECT EXISTS (SELECT 1 FROM outbox_workers WHERE waiting)",
+    wait_until(
+        Duration::from_secs(10),
+        "the worker never went idle",
+        async || {
+            sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM outbox_workers WHERE waiting)")
+                .fetch_one(&db.pool)
+                .await
+                .unwrap()
+        },
     )
-    .fetch_one(&db.pool)
-    .await
-    .unwrap()
-    {
-        assert!(Instant::now() < deadline, "the worker never went idle");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    .await;
 }
 
 #[tokio::test]
@@ -75,15 +75,13 @@ async fn an_idle_worker_wakes_long_before_its_poll_interval() {
         start(&db.pool, config().poll_interval(Duration::from_secs(30)));
     // Let it go idle and wait on its wake-up channel.
     until_idle(&db).await;
-    let start = Instant::now();
     put(&db, &[job(1, Mode::Ok)]).await;
-    while counts.calls.load(Ordering::SeqCst) == 0 {
-        assert!(
-            start.elapsed() < Duration::from_secs(5),
-            "not woken: the poll interval is 30 s"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    wait_until(
+        Duration::from_secs(5),
+        "not woken: the poll interval is 30 s",
+        async || counts.calls.load(Ordering::SeqCst) > 0,
+    )
+    .await;
     let _ = stop_tx.send(());
     running.await.unwrap().unwrap();
     let (state, _, _) = sqlx::query_as::<_, (String, i32, Option<String>)>(
@@ -158,13 +156,12 @@ async fn a_killed_listener_reconnects_and_wakes_the_worker_again() {
     .await
     .unwrap();
     tx.commit().await.unwrap();
-    while counts.calls.load(Ordering::SeqCst) == 0 {
-        assert!(
-            start.elapsed() < Duration::from_secs(5),
-            "not woken after the reconnect: the poll interval is 30 s"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    wait_until(
+        Duration::from_secs(5).saturating_sub(start.elapsed()),
+        "not woken after the reconnect: the poll interval is 30 s",
+        async || counts.calls.load(Ordering::SeqCst) > 0,
+    )
+    .await;
     let _ = stop_tx.send(());
     running.await.unwrap().unwrap();
     db.drop_db().await;
@@ -224,11 +221,12 @@ async fn a_steady_trickle_is_claimed_several_messages_at_a_time() {
         put(&db, &[job(n, Mode::Ok)]).await;
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while db.count_status("done").await < total {
-        assert!(Instant::now() < deadline, "the trickle was not drained");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_until(
+        Duration::from_secs(20),
+        "the trickle was not drained",
+        async || db.count_status("done").await >= total,
+    )
+    .await;
     let _ = stop_tx.send(());
     running.await.unwrap().unwrap();
     // claimed_at is the claim transaction's start time: one value per claim.

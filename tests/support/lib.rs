@@ -1,6 +1,6 @@
 //! Shared helpers for the integration tests: a fresh, migrated database per test.
 
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection, PgConnection, PgPool, SqlitePool};
@@ -10,6 +10,19 @@ use uuid::Uuid;
 pub fn database_url() -> String {
     std::env::var("DATABASE_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_string())
+}
+
+/// Waits until `done` holds, looking every 5 ms.
+///
+/// # Panics
+///
+/// With `what` as the message, when `done` still does not hold after `limit`.
+pub async fn wait_until(limit: Duration, what: &str, mut done: impl AsyncFnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !done().await {
+        assert!(Instant::now() < deadline, "{what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
 }
 
 /// A database of its own for one test, created empty and migrated.
