@@ -3,7 +3,7 @@
 //! Run with `cargo run -p outbox-examples --example quickstart` (needs PostgreSQL at
 //! `DATABASE_URL`, default `postgres://postgres@127.0.0.1:5432/test`).
 
-use outbox_core::{enqueue, outbox_event};
+use outbox::{enqueue, outbox_event};
 use serde::{Deserialize, Serialize};
 
 /// Stored with topic `booking.created`.
@@ -19,7 +19,7 @@ async fn main() -> anyhow::Result<()> {
     let url = std::env::var("DATABASE_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
     let pool = sqlx::PgPool::connect(&url).await?;
-    outbox_core::migrate(&pool).await?;
+    outbox::migrate(&pool).await?;
     sqlx::query("CREATE TABLE IF NOT EXISTS quickstart_bookings (id BIGSERIAL PRIMARY KEY, guest_email TEXT NOT NULL)")
         .execute(&pool)
         .await?;

@@ -2,7 +2,7 @@
 //!
 //! Run with
 //! `DATABASE_URL=sqlite://worker-example.sqlite cargo run -p outbox-examples --example worker -- --once`
-//! (or a `postgres://` URL). It understands every flag of `outbox_core::cli::WorkerArgs`:
+//! (or a `postgres://` URL). It understands every flag of `outbox::cli::WorkerArgs`:
 //! `--once`, `--list-topics`, `--stats`, `--concurrency 16`, `--metrics-addr 127.0.0.1:9464`, ...
 //! and stops cleanly on SIGTERM or Ctrl-C.
 //!
@@ -11,7 +11,7 @@
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use outbox_core::{
+use outbox::{
     outbox_event, register_handler, Context, FromResources, Handler, HandlerError, ResourceError,
     Resources,
 };
@@ -37,7 +37,7 @@ struct CreditPoints {
     loyalty: Arc<Loyalty>,
 }
 
-#[outbox_core::async_trait]
+#[outbox::async_trait]
 impl Handler for CreditPoints {
     type Event = GuestCheckedOut;
     const NAME: &'static str = "credit-points";
@@ -74,19 +74,19 @@ async fn main() -> ExitCode {
     if demo_events > 0 {
         if let Err(e) = enqueue_demo(demo_events).await {
             eprintln!("error: could not enqueue the demo events: {e}");
-            return ExitCode::from(outbox_core::cli::exit::DATABASE);
+            return ExitCode::from(outbox::cli::exit::DATABASE);
         }
     }
-    outbox_core::cli::init_logging();
-    let args = <outbox_core::cli::WorkerArgs as clap::Parser>::parse_from(args);
-    outbox_core::cli::run_worker_with(
+    outbox::cli::init_logging();
+    let args = <outbox::cli::WorkerArgs as clap::Parser>::parse_from(args);
+    outbox::cli::run_worker_with(
         args,
         |_args, builder| {
             builder.resource(Loyalty {
                 points_per_night: 100,
             })
         },
-        outbox_core::cli::shutdown_signal(),
+        outbox::cli::shutdown_signal(),
     )
     .await
 }
@@ -99,8 +99,8 @@ fn take_flag(args: &mut Vec<String>, name: &str) -> Option<String> {
 
 async fn enqueue_demo(n: i64) -> anyhow::Result<()> {
     let url = std::env::var("DATABASE_URL")?;
-    let store = outbox_core::cli::connect(&url).await?;
-    outbox_core::migrate(store.clone()).await?;
+    let store = outbox::cli::connect(&url).await?;
+    outbox::migrate(store.clone()).await?;
     let events: Vec<GuestCheckedOut> = (1..=n)
         .map(|i| GuestCheckedOut {
             booking_id: i,
@@ -108,14 +108,14 @@ async fn enqueue_demo(n: i64) -> anyhow::Result<()> {
         })
         .collect();
     if url.starts_with("sqlite:") {
-        let pool = outbox_core::sqlite_pool(&url).await?;
+        let pool = outbox::sqlite_pool(&url).await?;
         let mut tx = pool.begin().await?;
-        outbox_core::enqueue_many(&mut *tx, &events).await?;
+        outbox::enqueue_many(&mut *tx, &events).await?;
         tx.commit().await?;
     } else {
         let pool = sqlx::PgPool::connect(&url).await?;
         let mut tx = pool.begin().await?;
-        outbox_core::enqueue_many(&mut *tx, &events).await?;
+        outbox::enqueue_many(&mut *tx, &events).await?;
         tx.commit().await?;
     }
     Ok(())

@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use outbox_core::{
+use outbox::{
     enqueue, enqueue_many, enqueue_with, outbox_event, Context, EnqueueOptions, Error, Handler,
     HandlerError, Store, Worker,
 };
@@ -42,7 +42,7 @@ struct Single {
     n: i64,
 }
 
-#[outbox_core::async_trait]
+#[outbox::async_trait]
 impl Handler for OneShot {
     type Event = Single;
     const NAME: &'static str = "one-shot";
@@ -63,7 +63,7 @@ struct Fanned {
 struct HandlerA(Arc<Counts>);
 struct HandlerB(Arc<Counts>);
 
-#[outbox_core::async_trait]
+#[outbox::async_trait]
 impl Handler for HandlerA {
     type Event = Fanned;
     const NAME: &'static str = "a";
@@ -73,7 +73,7 @@ impl Handler for HandlerA {
     }
 }
 
-#[outbox_core::async_trait]
+#[outbox::async_trait]
 impl Handler for HandlerB {
     type Event = Fanned;
     const NAME: &'static str = "b";
@@ -90,7 +90,7 @@ impl Handler for HandlerB {
 /// the runner carries a succeeded handler with it.
 struct JobEcho;
 
-#[outbox_core::async_trait]
+#[outbox::async_trait]
 impl Handler for JobEcho {
     type Event = Job;
     const NAME: &'static str = "echo";
@@ -108,7 +108,7 @@ struct Late {
 
 struct LateHandler(Arc<Counts>);
 
-#[outbox_core::async_trait]
+#[outbox::async_trait]
 impl Handler for LateHandler {
     type Event = Late;
     const NAME: &'static str = "late";
@@ -238,7 +238,7 @@ conformance! {
     }
 
     async fn migrate_is_idempotent_and_refuses_a_changed_migration(db) {
-        let (a, b) = tokio::join!(outbox_core::migrate(&db.pool), outbox_core::migrate(&db.pool));
+        let (a, b) = tokio::join!(outbox::migrate(&db.pool), outbox::migrate(&db.pool));
         a.unwrap();
         b.unwrap();
         assert_eq!(db.migration_versions().await, vec![1, 2, 3]);
@@ -246,7 +246,7 @@ conformance! {
             .execute(&db.pool)
             .await
             .unwrap();
-        let err = outbox_core::migrate(&db.pool).await.unwrap_err();
+        let err = outbox::migrate(&db.pool).await.unwrap_err();
         assert!(matches!(err, Error::MigrationChanged { version: 1 }), "{err}");
     }
 
@@ -406,23 +406,23 @@ conformance! {
         assert_eq!((stats.total.ready, stats.total.scheduled, stats.total.dead, stats.total.done_last_5m), (3, 1, 2, 5));
 
         let store = Store::from(&db.pool);
-        let listed = store.dead_letters(&outbox_core::DeadLetterFilter::default()).await.unwrap();
+        let listed = store.dead_letters(&outbox::DeadLetterFilter::default()).await.unwrap();
         assert_eq!(listed.len(), 2);
         assert!(listed.iter().all(|m| m.status == "dead" && m.last_error.as_deref().unwrap().contains("recipient rejected")));
-        let filtered = outbox_core::DeadLetterFilter { topic: Some("other".into()), ..Default::default() };
+        let filtered = outbox::DeadLetterFilter { topic: Some("other".into()), ..Default::default() };
         assert!(store.dead_letters(&filtered).await.unwrap().is_empty());
-        let old = outbox_core::DeadLetterFilter { older_than: Some(Duration::from_secs(3600)), ..Default::default() };
+        let old = outbox::DeadLetterFilter { older_than: Some(Duration::from_secs(3600)), ..Default::default() };
         assert!(store.dead_letters(&old).await.unwrap().is_empty(), "none has been dead for an hour");
         let shown = store.message(dead[0]).await.unwrap().unwrap();
         assert_eq!((shown.topic.as_str(), shown.attempts), ("test.job", 1));
         assert!(shown.payload.contains("Permanent") && shown.processed_at.is_some());
         assert!(store.message(uuid::Uuid::now_v7()).await.unwrap().is_none());
 
-        assert_eq!(store.retry_dead(&outbox_core::DeadSelection::One(dead[0])).await.unwrap(), 1);
+        assert_eq!(store.retry_dead(&outbox::DeadSelection::One(dead[0])).await.unwrap(), 1);
         assert_eq!(db.status(dead[0]).await.0, "pending");
         assert_eq!(db.status(dead[0]).await.1, 0, "attempts reset");
-        assert_eq!(store.discard_dead(&outbox_core::DeadSelection::Topic("test.job".into())).await.unwrap(), 1);
-        assert_eq!(store.retry_dead(&outbox_core::DeadSelection::All).await.unwrap(), 0);
+        assert_eq!(store.discard_dead(&outbox::DeadSelection::Topic("test.job".into())).await.unwrap(), 1);
+        assert_eq!(store.retry_dead(&outbox::DeadSelection::All).await.unwrap(), 0);
 
         // Purge: nothing done is old enough yet; with a zero retention the five done rows go,
         // in batches of two, and pending rows stay.
@@ -569,7 +569,7 @@ impl Db for outbox_tests::SqliteDb {
 /// Runs one slow job while the test takes its claim away (as a newer claim after lease expiry
 /// would), then checks the old worker's outcome was not written: neither the message's state
 /// nor the success of the job's second handler.
-async fn stale_outcome(db: &impl Db, timeout: Duration) -> outbox_core::BatchReport {
+async fn stale_outcome(db: &impl Db, timeout: Duration) -> outbox::BatchReport {
     let w = Worker::builder(db.store())
         .handler(Runner(Arc::new(Counts::default())))
         .handler(JobEcho)

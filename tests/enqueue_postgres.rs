@@ -1,7 +1,7 @@
 //! Enqueue and migrations on PostgreSQL, where they differ from SQLite: the JSONB snapshot,
 //! concurrent migrators under an advisory lock. The shared behaviour is in `conformance.rs`.
 
-use outbox_core::{enqueue, outbox_event, Event};
+use outbox::{enqueue, outbox_event, Event};
 use outbox_tests::pg;
 use serde::{Deserialize, Serialize};
 use sqlx::Row;
@@ -62,14 +62,14 @@ async fn commit_stores_one_row_with_the_json_snapshot() {
 async fn migrate_is_idempotent_and_safe_concurrently() {
     let db = outbox_tests::pg_empty().await;
     let (a, b, c) = tokio::join!(
-        outbox_core::migrate(&db.pool),
-        outbox_core::migrate(&db.pool),
-        outbox_core::migrate(&db.pool)
+        outbox::migrate(&db.pool),
+        outbox::migrate(&db.pool),
+        outbox::migrate(&db.pool)
     );
     a.unwrap();
     b.unwrap();
     c.unwrap();
-    outbox_core::migrate(&db.pool).await.unwrap();
+    outbox::migrate(&db.pool).await.unwrap();
     let versions: Vec<i64> =
         sqlx::query_scalar("SELECT version FROM outbox_migrations ORDER BY version")
             .fetch_all(&db.pool)

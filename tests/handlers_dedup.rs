@@ -11,7 +11,7 @@
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use outbox_core::{
+use outbox::{
     enqueue, outbox_event, Context, Event, FailureKind, Handler, HandlerError, Resources,
     RetryPolicy, Worker, WorkerConfig,
 };
@@ -47,7 +47,7 @@ struct DedupWork {
 #[derive(Debug)]
 struct AddEntry;
 
-#[outbox_core::async_trait]
+#[outbox::async_trait]
 impl TxHandler for AddEntry {
     type Event = LedgerEntry;
     const NAME: &'static str = "ledger";
@@ -100,7 +100,7 @@ async fn records(db: &TestDb) -> i64 {
     scalar(&db.pool, "SELECT count(*) FROM outbox_processed").await
 }
 
-async fn put<E: outbox_core::Event>(db: &TestDb, e: &E) -> Uuid {
+async fn put<E: outbox::Event>(db: &TestDb, e: &E) -> Uuid {
     let mut tx = db.pool.begin().await.unwrap();
     let id = enqueue(&mut *tx, e).await.unwrap();
     tx.commit().await.unwrap();

@@ -9,7 +9,7 @@ use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use outbox_core::{
+use outbox::{
     enqueue, enqueue_with, outbox_event, Context, EnqueueOptions, Event, FailureKind,
     FromResources, Handler, HandlerError, Resources, RetryPolicy, Worker, WorkerConfig,
 };

@@ -15,7 +15,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::put;
 use axum::{Json, Router};
-use outbox_core::{
+use outbox::{
     enqueue, outbox_event, Context, Event, FailureKind, FromResources, Handler, Resources,
     RetryPolicy, Worker, WorkerConfig,
 };
@@ -584,7 +584,7 @@ impl SearchMapping for HotelsByName {
         &self,
         e: &HotelChanged,
         ctx: &Context,
-    ) -> Result<IndexOp, outbox_core::HandlerError> {
+    ) -> Result<IndexOp, outbox::HandlerError> {
         Ok(op(e, ctx))
     }
     fn index(&self) -> Option<&str> {

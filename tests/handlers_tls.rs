@@ -13,7 +13,7 @@ use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::routing::post;
 use axum::{Json, Router};
-use outbox_core::FailureKind;
+use outbox::FailureKind;
 use outbox_handlers::email::{Email, EmailTransport, HttpTransport};
 use outbox_handlers::reqwest;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};

@@ -4,7 +4,7 @@
 use std::process::Output;
 use std::time::{Duration, Instant};
 
-use outbox_core::{
+use outbox::{
     enqueue_many, outbox_event, register_handler, Context, FromResources, Handler, HandlerError,
     RetryPolicy, Store, Worker, WorkerConfig,
 };
@@ -22,7 +22,7 @@ struct Task {
 
 struct TaskHandler;
 
-#[outbox_core::async_trait]
+#[outbox::async_trait]
 impl Handler for TaskHandler {
     type Event = Task;
     const NAME: &'static str = "task";
@@ -38,7 +38,7 @@ impl Handler for TaskHandler {
 }
 
 impl FromResources for TaskHandler {
-    fn from_resources(_: &outbox_core::Resources) -> Result<Self, outbox_core::ResourceError> {
+    fn from_resources(_: &outbox::Resources) -> Result<Self, outbox::ResourceError> {
         Ok(TaskHandler)
     }
 }
@@ -112,7 +112,7 @@ async fn stats_dead_letters_and_purge_never_scan_the_table() {
     let purged = store
         .purge_done(
             Duration::from_secs(86_400),
-            outbox_core::DEFAULT_PURGE_BATCH,
+            outbox::DEFAULT_PURGE_BATCH,
         )
         .await
         .unwrap();
@@ -183,7 +183,7 @@ async fn metrics_and_health_of_a_running_worker() {
     put(&db, &[task(false), task(false), task(false), task(true)]).await;
     db.insert_raw("nobody.handles", "{}", 3).await;
 
-    let prometheus = outbox_core::observe::install_prometheus().unwrap();
+    let prometheus = outbox::observe::install_prometheus().unwrap();
     let config = WorkerConfig::default()
         .concurrency(1)
         .stats_interval(Duration::from_millis(100))
@@ -196,7 +196,7 @@ async fn metrics_and_health_of_a_running_worker() {
         .build()
         .unwrap();
     let health = w.health();
-    let server = outbox_core::observe::serve("127.0.0.1:0".parse().unwrap(), prometheus, health)
+    let server = outbox::observe::serve("127.0.0.1:0".parse().unwrap(), prometheus, health)
         .await
         .unwrap();
     let addr = server.local_addr();

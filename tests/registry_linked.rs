@@ -3,7 +3,7 @@
 // Referring to the crate is what links it; without this line its registration is dropped.
 use fixture_handlers as _;
 
-use outbox_core::{HandlerInfo, Registry};
+use outbox::{HandlerInfo, Registry};
 
 #[test]
 fn linked_handler_crate_is_found() {
@@ -20,5 +20,5 @@ fn linked_handler_crate_is_found() {
         |e| e.topic() == "fixture.shipped" && e.type_name() == "fixture_events::FixtureShipped"
     ));
     registry.check().unwrap();
-    outbox_core::assert_all_events_handled();
+    outbox::assert_all_events_handled();
 }

@@ -1,7 +1,7 @@
 //! A handler crate that is not linked registers nothing, and the registry says so by name.
 
 use fixture_events::FixtureShipped;
-use outbox_core::{
+use outbox::{
     outbox_event, register_handler, Context, FromResources, Handler, HandlerError, Registry,
     ResourceError, Resources,
 };
@@ -16,7 +16,7 @@ struct RoomCleaned {
 macro_rules! handler_named {
     ($ty:ident, $name:literal) => {
         struct $ty;
-        #[outbox_core::async_trait]
+        #[outbox::async_trait]
         impl Handler for $ty {
             type Event = RoomCleaned;
             const NAME: &'static str = $name;
@@ -66,7 +66,7 @@ fn unlinked_handler_is_named_as_missing() {
         .unwrap_err();
     assert_eq!(err.problems().len(), 1);
 
-    let panic = std::panic::catch_unwind(outbox_core::assert_all_events_handled).unwrap_err();
+    let panic = std::panic::catch_unwind(outbox::assert_all_events_handled).unwrap_err();
     let msg = panic.downcast_ref::<String>().cloned().unwrap_or_default();
     assert!(msg.contains("fixture_events::FixtureShipped"), "{msg}");
 }

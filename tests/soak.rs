@@ -37,7 +37,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use outbox_core::{enqueue_many, outbox_event};
+use outbox::{enqueue_many, outbox_event};
 use outbox_tests::pg;
 use serde::{Deserialize, Serialize};
 use sqlx::{Connection, PgConnection, PgPool};

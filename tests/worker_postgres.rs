@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use outbox_core::{enqueue_many, Worker, WorkerConfig};
+use outbox::{enqueue_many, Worker, WorkerConfig};
 use outbox_tests::jobs::{config, job, start, Counts, Job, Mode, Runner};
 use outbox_tests::{pg, wait_until, TestDb};
 use sqlx::Connection;

@@ -12,7 +12,7 @@ use std::os::unix::process::ExitStatusExt;
 use std::process::{ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use outbox_core::enqueue_many;
+use outbox::enqueue_many;
 use outbox_tests::events::Work;
 use outbox_tests::{pg, TestDb};
 use sqlx::{Connection, PgConnection, PgPool};
@@ -508,7 +508,7 @@ async fn once_runs_one_batch_and_list_topics_lists() {
     eprintln!("bad database URL failed after {:?}", started.elapsed());
     assert_eq!(
         status.code(),
-        Some(i32::from(outbox_core::cli::exit::DATABASE)),
+        Some(i32::from(outbox::cli::exit::DATABASE)),
         "unreachable database: {status}\nstdout: {stdout}\nstderr: {stderr}"
     );
     assert!(!stderr.contains("panicked"), "no panic: {stderr}");

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context as _, Result};
-use outbox_core::{enqueue_many, Event, Store};
+use outbox::{enqueue_many, Event, Store};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::sqlite::SqlitePoolOptions;
 use sqlx::{AssertSqlSafe, ConnectOptions, Connection, PgConnection, PgPool, SqlitePool};
@@ -99,7 +99,7 @@ fn unix_secs() -> u64 {
 async fn sqlite_pool_of(url: &str, max: u32) -> Result<SqlitePool> {
     Ok(SqlitePoolOptions::new()
         .max_connections(max)
-        .connect_with(outbox_core::sqlite_options(url)?)
+        .connect_with(outbox::sqlite_options(url)?)
         .await?)
 }
 
@@ -172,7 +172,7 @@ impl Db {
 
     /// Migrates and creates the business table.
     async fn prepare(&self) -> Result<()> {
-        outbox_core::migrate(self.pool.store()).await?;
+        outbox::migrate(self.pool.store()).await?;
         match &self.pool {
             Pool::Pg(p) => sqlx::raw_sql(BUSINESS_TABLE_PG)
                 .execute(p)

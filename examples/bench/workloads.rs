@@ -7,7 +7,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context as _, Result};
-use outbox_core::{
+use outbox::{
     enqueue, enqueue_many, outbox_event, Context, Handler, HandlerError, Worker, WorkerConfig,
 };
 use serde::{Deserialize, Serialize};
@@ -93,7 +93,7 @@ impl ProbeState {
 /// The no-op handler: counts calls and, for W3, notes when each one started.
 pub(crate) struct Probe(pub(crate) Arc<ProbeState>);
 
-#[outbox_core::async_trait]
+#[outbox::async_trait]
 impl Handler for Probe {
     type Event = BenchMessage;
     const NAME: &'static str = "bench-probe";
@@ -503,7 +503,7 @@ pub(crate) async fn worker_child(kind: Kind, url: &str, n: u64, setting: Setting
                 .connect(url)
                 .await?,
         ),
-        Kind::Sqlite => Pool::Sqlite(outbox_core::sqlite_pool(url).await?),
+        Kind::Sqlite => Pool::Sqlite(outbox::sqlite_pool(url).await?),
     };
     let secs = drain(&pool, n, setting).await?;
     let own = std::fs::read_to_string("/proc/self/status").unwrap_or_default();

@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 
 use chrono::NaiveDate;
-use outbox_core::{enqueue, enqueue_with, EnqueueOptions, Store};
+use outbox::{enqueue, enqueue_with, EnqueueOptions, Store};
 use sqlx::{PgPool, SqlitePool};
 use uuid::Uuid;
 
@@ -81,7 +81,7 @@ impl Db {
                     let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
                 }
                 let pool =
-                    outbox_core::sqlite_pool(&format!("sqlite://{}", path.display())).await?;
+                    outbox::sqlite_pool(&format!("sqlite://{}", path.display())).await?;
                 Ok(Db::Sqlite { pool, path })
             }
         }

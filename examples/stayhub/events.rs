@@ -1,7 +1,7 @@
 //! StayHub's events: snapshots plus the ids a handler needs.
 
 use chrono::NaiveDate;
-use outbox_core::outbox_event;
+use outbox::outbox_event;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 

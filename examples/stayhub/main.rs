@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use chrono::NaiveDate;
-use outbox_core::{Context, HandlerError, RetryPolicy, Worker, WorkerConfig};
+use outbox::{Context, HandlerError, RetryPolicy, Worker, WorkerConfig};
 use outbox_handlers::email::{Email, EmailHandler, EmailMapping, FileTransport};
 use outbox_handlers::search::{Applied, IndexOp, SearchClient, SearchHandler, SearchMapping};
 
@@ -86,7 +86,7 @@ async fn main() -> anyhow::Result<()> {
         .init();
 
     let db = Db::open().await?;
-    outbox_core::migrate(db.store()).await?;
+    outbox::migrate(db.store()).await?;
     db.reset().await?;
     println!("StayHub on {}", db.describe());
 
@@ -239,7 +239,7 @@ async fn main() -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let stats = db.store().stats().await?;
-        let ours = |t: &&outbox_core::TopicStats| {
+        let ours = |t: &&outbox::TopicStats| {
             t.topic == "booking.created" || t.topic == "property.changed"
         };
         if stats.topics.iter().filter(ours).all(|t| t.pending() == 0) {
@@ -273,7 +273,7 @@ async fn main() -> anyhow::Result<()> {
     );
     println!("  dead letters     {}", stats.total.dead);
     println!("\nqueue:");
-    outbox_core::cli::print_stats(&stats, None, false);
+    outbox::cli::print_stats(&stats, None, false);
     Ok(())
 }
 

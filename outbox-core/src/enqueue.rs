@@ -18,7 +18,7 @@ pub const MAX_IDEMPOTENCY_KEY_BYTES: usize = 255;
 /// Options for [`enqueue_with`] and [`enqueue_many_with`].
 ///
 /// ```
-/// use outbox_core::EnqueueOptions;
+/// use outbox::EnqueueOptions;
 /// use std::time::Duration;
 ///
 /// let options = EnqueueOptions::new()
@@ -96,7 +96,7 @@ impl EnqueueOptions {
 /// # Example
 ///
 /// ```no_run
-/// use outbox_core::{enqueue, outbox_event};
+/// use outbox::{enqueue, outbox_event};
 /// use serde::{Deserialize, Serialize};
 ///
 /// #[outbox_event]

@@ -11,7 +11,7 @@ use std::time::Duration;
 #[non_exhaustive]
 pub enum Error {
     /// The database returned an error or could not be reached.
-    #[error("database error; check that the database is reachable and the outbox schema is migrated (outbox_core::migrate)")]
+    #[error("database error; check that the database is reachable and the outbox schema is migrated (outbox::migrate)")]
     Database(#[source] sqlx::Error),
 
     /// A payload could not be turned into JSON.

@@ -15,7 +15,7 @@ use serde::{de::DeserializeOwned, Serialize};
 /// # Example
 ///
 /// ```
-/// use outbox_core::{outbox_event, Event};
+/// use outbox::{outbox_event, Event};
 /// use serde::{Deserialize, Serialize};
 ///
 /// #[outbox_event]

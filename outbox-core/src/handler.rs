@@ -35,7 +35,7 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 /// # Example
 ///
 /// ```
-/// use outbox_core::{outbox_event, register_handler, Context, FromResources, Handler, HandlerError};
+/// use outbox::{outbox_event, register_handler, Context, FromResources, Handler, HandlerError};
 /// use serde::{Deserialize, Serialize};
 ///
 /// #[outbox_event]
@@ -45,7 +45,7 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 /// #[derive(Default)]
 /// struct SendConfirmation;
 ///
-/// #[outbox_core::async_trait]
+/// #[outbox::async_trait]
 /// impl Handler for SendConfirmation {
 ///     type Event = BookingCreated;
 ///     const NAME: &'static str = "send-confirmation";
@@ -57,7 +57,7 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 /// }
 ///
 /// impl FromResources for SendConfirmation {
-///     fn from_resources(_: &outbox_core::Resources) -> Result<Self, outbox_core::ResourceError> {
+///     fn from_resources(_: &outbox::Resources) -> Result<Self, outbox::ResourceError> {
 ///         Ok(SendConfirmation)
 ///     }
 /// }
@@ -116,7 +116,7 @@ pub enum FailureKind {
 /// # Example
 ///
 /// ```
-/// use outbox_core::{FailureKind, HandlerError};
+/// use outbox::{FailureKind, HandlerError};
 /// use std::time::Duration;
 ///
 /// let e = HandlerError::permanent("recipient address is malformed");
@@ -272,7 +272,7 @@ impl Context {
     /// A context for calling a handler directly, in a unit test of the handler.
     ///
     /// ```
-    /// use outbox_core::{Context, Resources};
+    /// use outbox::{Context, Resources};
     /// let ctx = Context::for_test("booking.created", "send-confirmation", Resources::new());
     /// assert_eq!(ctx.attempt(), 1);
     /// ```

@@ -5,7 +5,7 @@
 //! exponential backoff, dead letters and numbers that show whether it keeps up.
 //!
 //! ```no_run
-//! use outbox_core::{enqueue, outbox_event, Context, Handler, HandlerError};
+//! use outbox::{enqueue, outbox_event, Context, Handler, HandlerError};
 //! use serde::{Deserialize, Serialize};
 //!
 //! #[outbox_event] // topic "booking.created"
@@ -14,7 +14,7 @@
 //!
 //! struct SendConfirmation;
 //!
-//! #[outbox_core::async_trait]
+//! #[outbox::async_trait]
 //! impl Handler for SendConfirmation {
 //!     type Event = BookingCreated;
 //!     const NAME: &'static str = "send-confirmation";
@@ -26,7 +26,7 @@
 //!
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 //! let pool = sqlx::PgPool::connect("postgres://localhost/app").await?;
-//! outbox_core::migrate(&pool).await?;
+//! outbox::migrate(&pool).await?;
 //!
 //! let mut tx = pool.begin().await?;
 //! // ... your INSERT INTO bookings ...
@@ -83,6 +83,10 @@ mod worker;
 pub mod __private;
 
 pub use async_trait::async_trait;
+/// The sqlx this crate is built on. Use `outbox::sqlx` (or pin the same version) so that your
+/// pools and transactions are the types [`enqueue`] and [`Worker`] take: two sqlx versions in
+/// one build give errors such as "the trait `Connection` is not implemented for `PgConnection`".
+pub use sqlx;
 #[cfg(feature = "sqlite")]
 pub use backend::sqlite::{sqlite_options, sqlite_pool};
 pub use backend::Connection;

@@ -50,7 +50,7 @@ impl Migration {
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 /// let pool = sqlx::PgPool::connect("postgres://localhost/app").await?;
 /// // sqlx::migrate!().run(&pool).await?;  // the application's own, in _sqlx_migrations
-/// outbox_core::migrate(&pool).await?;       // ours, in outbox_migrations
+/// outbox::migrate(&pool).await?;       // ours, in outbox_migrations
 /// # Ok(()) }
 /// ```
 pub async fn migrate(store: impl Into<Store>) -> Result<()> {

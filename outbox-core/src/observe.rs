@@ -1,8 +1,8 @@
 //! A Prometheus `/metrics` endpoint and a `/health` endpoint for a worker.
 //!
 //! ```no_run
-//! # async fn run(worker: outbox_core::Worker) -> Result<(), Box<dyn std::error::Error>> {
-//! use outbox_core::observe;
+//! # async fn run(worker: outbox::Worker) -> Result<(), Box<dyn std::error::Error>> {
+//! use outbox::observe;
 //!
 //! let prometheus = observe::install_prometheus()?;
 //! let server = observe::serve("127.0.0.1:9464".parse()?, prometheus, worker.health()).await?;

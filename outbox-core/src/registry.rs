@@ -83,11 +83,11 @@ inventory::collect!(HandlerRegistration);
 /// [`Registry::check`] or [`assert_all_events_handled`] to catch the mistake.
 ///
 /// ```
-/// # use outbox_core::{outbox_event, Context, FromResources, Handler, HandlerError, ResourceError, Resources};
+/// # use outbox::{outbox_event, Context, FromResources, Handler, HandlerError, ResourceError, Resources};
 /// # #[outbox_event] #[derive(serde::Serialize, serde::Deserialize)] struct Ping;
 /// #[derive(Default)]
 /// struct Pong;
-/// # #[outbox_core::async_trait]
+/// # #[outbox::async_trait]
 /// # impl Handler for Pong {
 /// #     type Event = Ping;
 /// #     const NAME: &'static str = "pong";
@@ -96,7 +96,7 @@ inventory::collect!(HandlerRegistration);
 /// impl FromResources for Pong {
 ///     fn from_resources(_: &Resources) -> Result<Self, ResourceError> { Ok(Pong) }
 /// }
-/// outbox_core::register_handler!(Pong);
+/// outbox::register_handler!(Pong);
 /// ```
 #[macro_export]
 macro_rules! register_handler {
@@ -123,7 +123,7 @@ pub struct HandlerInfo {
 /// # Example
 ///
 /// ```
-/// use outbox_core::Registry;
+/// use outbox::Registry;
 ///
 /// let registry = Registry::linked();
 /// for (topic, handlers) in registry.topics() {
@@ -288,7 +288,7 @@ impl RegistryError {
 /// ```no_run
 /// #[test]
 /// fn every_event_has_a_handler() {
-///     outbox_core::assert_all_events_handled();
+///     outbox::assert_all_events_handled();
 /// }
 /// ```
 ///

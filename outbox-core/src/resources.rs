@@ -14,7 +14,7 @@ use std::sync::Arc;
 /// # Example
 ///
 /// ```
-/// use outbox_core::Resources;
+/// use outbox::Resources;
 ///
 /// #[derive(Clone)]
 /// struct ApiKey(String);
@@ -98,7 +98,7 @@ pub enum ResourceError {
 /// # Example
 ///
 /// ```
-/// use outbox_core::{FromResources, ResourceError, Resources};
+/// use outbox::{FromResources, ResourceError, Resources};
 ///
 /// struct Mailer { api_key: String }
 /// #[derive(Clone)]

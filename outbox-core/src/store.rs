@@ -14,8 +14,8 @@ use crate::backend::Backend;
 /// ```no_run
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 /// let pool = sqlx::PgPool::connect("postgres://localhost/app").await?;
-/// let store = outbox_core::Store::from(&pool);
-/// outbox_core::migrate(store.clone()).await?;
+/// let store = outbox::Store::from(&pool);
+/// outbox::migrate(store.clone()).await?;
 /// # Ok(()) }
 /// ```
 #[derive(Clone)]

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use outbox_core::HandlerError;
+use outbox::HandlerError;
 use reqwest::header::{HeaderMap, RETRY_AFTER};
 use reqwest::StatusCode;
 

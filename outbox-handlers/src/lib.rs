@@ -1,7 +1,7 @@
-//! Ready-made handlers for [`outbox_core`]: email, search index and processed-id dedup.
+//! Ready-made handlers for [`outbox`]: email, search index and processed-id dedup.
 //!
 //! ```no_run
-//! use outbox_core::{outbox_event, Worker};
+//! use outbox::{outbox_event, Worker};
 //! use outbox_handlers::email::{Email, EmailConfig, EmailHandler};
 //! use serde::{Deserialize, Serialize};
 //!
@@ -28,7 +28,7 @@
 //!
 //! - Each handler maps an event through your code (a closure, or a trait when it needs a name of
 //!   its own or registration with `register_handler!`) and performs one idempotent effect.
-//! - Sends carry [`Context::idempotency_key`](outbox_core::Context::idempotency_key), the same
+//! - Sends carry [`Context::idempotency_key`](outbox::Context::idempotency_key), the same
 //!   on every retry; index writes carry an external version, so a late event never wins.
 //! - Answers are classified once for all: 2xx is done, 408/429/5xx/timeouts/connection errors
 //!   retry (honouring `Retry-After`), other 4xx dead-letter now with the service's message.

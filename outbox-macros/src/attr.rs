@@ -12,7 +12,7 @@ use syn::{Expr, ExprLit, Lit, LitStr, Path};
 pub(crate) struct Args {
     /// `topic = "..."`: the pinned topic, as written.
     pub(crate) topic: Option<LitStr>,
-    /// `crate = "..."`: the path to `outbox_core`, parsed from the string literal.
+    /// `crate = "..."`: the path to `outbox`, parsed from the string literal.
     pub(crate) krate: Option<Path>,
     /// `idempotency_key = "field"`: the payload field whose value is the idempotency key.
     pub(crate) idempotency_key: Option<syn::Ident>,
@@ -40,7 +40,7 @@ pub(crate) fn parse(args: TokenStream) -> syn::Result<Args> {
             let field = syn::Ident::new(&field.to_string(), lit.span());
             set_once(&meta, "idempotency_key", &mut parsed.idempotency_key, field)
         } else if meta.path.is_ident("crate") {
-            let lit = string_value(&meta, "crate", "::outbox_core")?;
+            let lit = string_value(&meta, "crate", "::outbox")?;
             let path = parse_path(&lit)?;
             set_once(&meta, "crate", &mut parsed.krate, path)
         } else {
@@ -83,8 +83,8 @@ fn parse_path(lit: &LitStr) -> syn::Result<Path> {
         syn::Error::new(
             lit.span(),
             format_args!(
-                "`crate` must name the path to `outbox_core`, e.g. `crate = \"::outbox_core\"` \
-                 or `crate = \"::my_reexport::outbox_core\"`; `{}` is not a path",
+                "`crate` must name the path to `outbox`, e.g. `crate = \"::outbox\"` \
+                 or `crate = \"::my_reexport::outbox\"`; `{}` is not a path",
                 lit.value(),
             ),
         )
@@ -144,12 +144,12 @@ mod tests {
 
     #[test]
     fn both_keys_are_read() {
-        let args = parse(quote!(topic = "a.b", crate = "::re::outbox_core")).expect("valid");
+        let args = parse(quote!(topic = "a.b", crate = "::re::outbox")).expect("valid");
         assert_eq!(args.topic.map(|lit| lit.value()).as_deref(), Some("a.b"));
         let krate = args.krate.expect("crate is set");
         assert_eq!(
             quote!(#krate).to_string(),
-            quote!(::re::outbox_core).to_string()
+            quote!(::re::outbox).to_string()
         );
     }
 
@@ -191,8 +191,8 @@ mod tests {
             ),
             (
                 quote!(crate = "not a path"),
-                "`crate` must name the path to `outbox_core`, e.g. `crate = \"::outbox_core\"` \
-                 or `crate = \"::my_reexport::outbox_core\"`; `not a path` is not a path",
+                "`crate` must name the path to `outbox`, e.g. `crate = \"::outbox\"` \
+                 or `crate = \"::my_reexport::outbox\"`; `not a path` is not a path",
             ),
         ];
         for (args, expected) in cases {

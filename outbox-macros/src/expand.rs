@@ -13,12 +13,12 @@ use crate::{attr, validate};
 ///
 /// ```text
 /// #[automatically_derived]
-/// impl ::outbox_core::Event for BookingCreated {
+/// impl ::outbox::Event for BookingCreated {
 ///     const TOPIC: &'static str = "booking.created";
 /// }
 /// const _: () = {
-///     ::outbox_core::__private::inventory::submit! {
-///         ::outbox_core::__private::EventDescriptor::__new(
+///     ::outbox::__private::inventory::submit! {
+///         ::outbox::__private::EventDescriptor::__new(
 ///             "booking.created",
 ///             ::core::concat!(::core::module_path!(), "::", "BookingCreated"),
 ///         )
@@ -79,9 +79,9 @@ fn both<A, B>(a: syn::Result<A>, b: syn::Result<B>) -> syn::Result<(A, B)> {
     }
 }
 
-/// `::outbox_core`, the path used when `crate = "..."` is not given.
+/// `::outbox`, the path used when `crate = "..."` is not given.
 fn default_crate_path() -> Path {
-    syn::parse_quote!(::outbox_core)
+    syn::parse_quote!(::outbox)
 }
 
 #[cfg(test)]
@@ -110,13 +110,13 @@ mod tests {
             }
 
             #[automatically_derived]
-            impl ::outbox_core::Event for BookingCreated {
+            impl ::outbox::Event for BookingCreated {
                 const TOPIC: &'static str = "booking.created";
             }
 
             const _: () = {
-                ::outbox_core::__private::inventory::submit! {
-                    ::outbox_core::__private::EventDescriptor::__new(
+                ::outbox::__private::inventory::submit! {
+                    ::outbox::__private::EventDescriptor::__new(
                         "booking.created",
                         ::core::concat!(::core::module_path!(), "::", "BookingCreated"),
                     )
@@ -129,16 +129,16 @@ mod tests {
     #[test]
     fn uses_the_pinned_topic_and_crate_path() {
         let expanded = expand(
-            quote!(topic = "booking.made", crate = "::app::outbox_core"),
+            quote!(topic = "booking.made", crate = "::app::outbox"),
             quote!(
                 enum R {
                     A,
                 }
             ),
         );
-        assert!(expanded.contains("impl :: app :: outbox_core :: Event for R"));
+        assert!(expanded.contains("impl :: app :: outbox :: Event for R"));
         assert!(expanded.contains("const TOPIC : & 'static str = \"booking.made\""));
-        assert!(expanded.contains(":: app :: outbox_core :: __private :: inventory :: submit !"));
+        assert!(expanded.contains(":: app :: outbox :: __private :: inventory :: submit !"));
     }
 
     #[test]
@@ -149,7 +149,7 @@ mod tests {
                 struct r#Type;
             ),
         );
-        assert!(expanded.contains("impl :: outbox_core :: Event for r#Type"));
+        assert!(expanded.contains("impl :: outbox :: Event for r#Type"));
         assert!(expanded.contains("\"::\" , \"Type\""));
     }
 

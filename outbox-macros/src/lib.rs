@@ -1,8 +1,8 @@
 //! The `#[outbox_event]` attribute of the `outbox` transactional-outbox framework.
 //!
-//! This crate is an implementation detail of `outbox-core`, which re-exports the attribute as
-//! `outbox_core::outbox_event`. Depend on `outbox-core` and write `use outbox_core::outbox_event;`
-//! rather than depending on this crate directly: the generated code names items of `outbox-core`.
+//! This crate is an implementation detail of `outbox`, which re-exports the attribute as
+//! `outbox::outbox_event`. Depend on `outbox` and write `use outbox::outbox_event;`
+//! rather than depending on this crate directly: the generated code names items of `outbox`.
 //!
 //! The crate is split by stage:
 //!
@@ -22,7 +22,7 @@ use proc_macro::TokenStream;
 
 /// Marks a struct or an enum as an outbox event payload.
 ///
-/// The attribute implements `outbox_core::Event` for the type and registers it, so the worker
+/// The attribute implements `outbox::Event` for the type and registers it, so the worker
 /// can name events that no linked handler serves. The type must also derive
 /// `serde::Serialize` and `serde::Deserialize`: payloads are stored as JSON.
 ///
@@ -42,7 +42,7 @@ use proc_macro::TokenStream;
 /// longer reach their handlers. Pin the topic to keep it stable:
 ///
 /// ```ignore
-/// use outbox_core::outbox_event;
+/// use outbox::outbox_event;
 /// use serde::{Deserialize, Serialize};
 ///
 /// #[outbox_event(topic = "booking.created")]
@@ -58,8 +58,8 @@ use proc_macro::TokenStream;
 /// # Arguments
 ///
 /// - `topic = "..."`: the topic, instead of the one derived from the type name.
-/// - `crate = "..."`: the path to `outbox_core`, for crates that reach it through a
-///   re-export, e.g. `crate = "::my_app_support::outbox_core"`. Defaults to `::outbox_core`.
+/// - `crate = "..."`: the path to `outbox`, for crates that reach it through a
+///   re-export, e.g. `crate = "::my_app_support::outbox"`. Defaults to `::outbox`.
 ///
 /// # Limits
 ///

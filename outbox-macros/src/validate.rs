@@ -5,7 +5,7 @@ use syn::{Ident, Item, LitStr};
 
 use crate::case;
 
-/// The longest topic accepted, in characters. `outbox-core` stores topics with the same limit.
+/// The longest topic accepted, in characters. `outbox` stores topics with the same limit.
 pub(crate) const MAX_TOPIC_LEN: usize = 64;
 
 /// The characters a topic may use, as said in error messages.
@@ -74,7 +74,7 @@ enum Problem {
     BadChar(char),
 }
 
-/// Checks `topic` against the rules shared with `outbox-core`.
+/// Checks `topic` against the rules shared with `outbox`.
 fn check(topic: &str) -> Result<(), Problem> {
     if topic.is_empty() {
         return Err(Problem::Empty);

@@ -1,5 +1,5 @@
 //! A worker binary for the dedup crash test (tests/handlers_dedup.rs), built on
-//! `outbox_core::cli::run_worker` exactly as a user's worker is.
+//! `outbox::cli::run_worker` exactly as a user's worker is.
 //!
 //! Topic `test.dedup`, handler `dedup-effect`: `SleepAfter<Dedup<InsertEffect>>`. `InsertEffect`
 //! inserts `(message_id, n)` into `effects` on the dedup transaction; `Dedup` records the message
@@ -10,7 +10,7 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use outbox_core::{
+use outbox::{
     outbox_event, register_handler, Context, FromResources, Handler, HandlerError, ResourceError,
     Resources,
 };
@@ -30,7 +30,7 @@ struct DedupWork {
 /// The effect: one row in `effects`, on the dedup transaction.
 struct InsertEffect;
 
-#[outbox_core::async_trait]
+#[outbox::async_trait]
 impl TxHandler for InsertEffect {
     type Event = DedupWork;
     const NAME: &'static str = "dedup-effect";
@@ -54,7 +54,7 @@ impl TxHandler for InsertEffect {
 /// commit and the worker's "done".
 struct SleepAfter<H>(H);
 
-#[outbox_core::async_trait]
+#[outbox::async_trait]
 impl<H: Handler<Event = DedupWork>> Handler for SleepAfter<H> {
     type Event = DedupWork;
     const NAME: &'static str = H::NAME;
@@ -86,7 +86,7 @@ register_handler!(SleepAfter<Dedup<InsertEffect>>);
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    outbox_core::cli::run_worker(|args, builder| {
+    outbox::cli::run_worker(|args, builder| {
         let pool = PgPool::connect_lazy(&args.database_url).expect("database URL parses");
         builder.resource(pool)
     })

@@ -1,5 +1,5 @@
 //! The worker of the fault-injection soak (tests/soak.rs), built on
-//! `outbox_core::cli::run_worker` exactly as a user's worker is.
+//! `outbox::cli::run_worker` exactly as a user's worker is.
 //!
 //! Topics and handlers:
 //!
@@ -26,7 +26,7 @@
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use outbox_core::{
+use outbox::{
     outbox_event, register_handler, Context, Event, FromResources, Handler, HandlerError,
     ResourceError, Resources,
 };
@@ -231,7 +231,7 @@ async fn log_delivery(pool: &PgPool, body: &Body, ctx: &Context) -> Result<(), H
 
 macro_rules! plain_handler {
     ($event:ty, $name:literal) => {
-        #[outbox_core::async_trait]
+        #[outbox::async_trait]
         impl Handler for LogDelivery<$event> {
             type Event = $event;
             const NAME: &'static str = $name;
@@ -262,7 +262,7 @@ plain_handler!(IndexChanged, "index");
 /// failure comes after the INSERT, so the rollback of effect and record together is exercised.
 struct Ledger;
 
-#[outbox_core::async_trait]
+#[outbox::async_trait]
 impl TxHandler for Ledger {
     type Event = InvoiceIssued;
     const NAME: &'static str = "ledger";
@@ -302,7 +302,7 @@ struct Paced<H> {
     pool: PgPool,
 }
 
-#[outbox_core::async_trait]
+#[outbox::async_trait]
 impl<H: Handler<Event = InvoiceIssued>> Handler for Paced<H> {
     type Event = InvoiceIssued;
     const NAME: &'static str = H::NAME;
@@ -342,7 +342,7 @@ async fn main() -> ExitCode {
         EmailRequested::TOPIC,
         IndexChanged::TOPIC,
     ];
-    outbox_core::cli::run_worker(|args, builder| {
+    outbox::cli::run_worker(|args, builder| {
         let pool = sqlx::postgres::PgPoolOptions::new()
             .max_connections(6)
             .acquire_timeout(Duration::from_secs(5))

@@ -1,5 +1,5 @@
 //! A worker binary for the process tests: handlers that record each run in a table, sleep on
-//! request, and fail on request. Built on `outbox_core::cli` exactly as a user's worker is.
+//! request, and fail on request. Built on `outbox::cli` exactly as a user's worker is.
 //!
 //! Events: topic `test.work` (handler `record`). Each run inserts a row into `effects`
 //! (message_id, handler, n) of the same database, PostgreSQL or SQLite; the test decides
@@ -8,7 +8,7 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use outbox_core::{
+use outbox::{
     register_handler, Context, FromResources, Handler, HandlerError, ResourceError, Resources,
 };
 use outbox_tests::events::Work;
@@ -25,7 +25,7 @@ struct Record {
     effects: Effects,
 }
 
-#[outbox_core::async_trait]
+#[outbox::async_trait]
 impl Handler for Record {
     type Event = Work;
     const NAME: &'static str = "record";
@@ -68,10 +68,10 @@ register_handler!(Record);
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    outbox_core::cli::run_worker(|args, builder| {
+    outbox::cli::run_worker(|args, builder| {
         let url = &args.database_url;
         let effects = if url.starts_with("sqlite:") {
-            let options = outbox_core::sqlite_options(url).expect("SQLite URL parses");
+            let options = outbox::sqlite_options(url).expect("SQLite URL parses");
             Effects::Sqlite(SqlitePool::connect_lazy_with(options))
         } else {
             Effects::Pg(PgPool::connect_lazy(url).expect("database URL parses"))

@@ -43,7 +43,7 @@ pub struct TestDb {
 /// When PostgreSQL cannot be reached: a misconfigured run fails loudly instead of skipping.
 pub async fn pg() -> TestDb {
     let db = pg_empty().await;
-    outbox_core::migrate(&db.pool)
+    outbox::migrate(&db.pool)
         .await
         .expect("outbox migrations apply");
     db
@@ -246,7 +246,7 @@ pub struct SqliteDb {
 /// Creates a fresh SQLite database file and applies the outbox migrations.
 pub async fn sqlite() -> SqliteDb {
     let db = sqlite_empty().await;
-    outbox_core::migrate(&db.pool)
+    outbox::migrate(&db.pool)
         .await
         .expect("outbox migrations apply on SQLite");
     db
@@ -256,7 +256,7 @@ pub async fn sqlite() -> SqliteDb {
 pub async fn sqlite_empty() -> SqliteDb {
     let dir = tempfile::tempdir().expect("temp dir");
     let url = format!("sqlite://{}", dir.path().join("outbox.sqlite").display());
-    let pool = outbox_core::sqlite_pool(&url).await.expect("open SQLite");
+    let pool = outbox::sqlite_pool(&url).await.expect("open SQLite");
     SqliteDb { pool, url, dir }
 }
 
@@ -397,7 +397,7 @@ impl SqliteDb {
 
 /// Events shared by the tests and the test worker binary.
 pub mod events {
-    use outbox_core::outbox_event;
+    use outbox::outbox_event;
     use serde::{Deserialize, Serialize};
 
     /// A unit of work for the test worker: record `n`, after sleeping `sleep_ms`.
@@ -418,7 +418,7 @@ pub mod jobs {
     use std::sync::Arc;
     use std::time::Duration;
 
-    use outbox_core::{
+    use outbox::{
         outbox_event, Context, Handler, HandlerError, RetryPolicy, Store, Worker, WorkerConfig,
     };
     use serde::{Deserialize, Serialize};
@@ -479,7 +479,7 @@ pub mod jobs {
     #[derive(Debug)]
     pub struct Runner(pub Arc<Counts>);
 
-    #[outbox_core::async_trait]
+    #[outbox::async_trait]
     impl Handler for Runner {
         type Event = Job;
         const NAME: &'static str = "runner";
@@ -524,7 +524,7 @@ pub mod jobs {
     pub type Started = (
         Arc<Counts>,
         tokio::sync::oneshot::Sender<()>,
-        tokio::task::JoinHandle<Result<(), outbox_core::Error>>,
+        tokio::task::JoinHandle<Result<(), outbox::Error>>,
     );
 
     /// Starts a worker with a [`Runner`] and `config` in the background; send on the returned

@@ -3,5 +3,5 @@
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    outbox_core::cli::ops::main().await
+    outbox::cli::ops::main().await
 }

@@ -7,7 +7,7 @@
 //!
 //! #[tokio::main]
 //! async fn main() -> std::process::ExitCode {
-//!     outbox_core::cli::run_worker(|_args, builder| builder).await
+//!     outbox::cli::run_worker(|_args, builder| builder).await
 //! }
 //! ```
 //!

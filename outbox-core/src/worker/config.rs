@@ -13,7 +13,7 @@ use crate::error::{Error, Result};
 /// failed together do not retry together). Turn jitter off to get exact delays, e.g. in tests.
 ///
 /// ```
-/// use outbox_core::RetryPolicy;
+/// use outbox::RetryPolicy;
 /// use std::time::Duration;
 ///
 /// let policy = RetryPolicy::default().jitter(false);
@@ -119,7 +119,7 @@ pub enum Wakeup {
 /// How a worker runs: concurrency, batches, leases, timeouts and retries.
 ///
 /// ```
-/// use outbox_core::{RetryPolicy, WorkerConfig};
+/// use outbox::{RetryPolicy, WorkerConfig};
 /// use std::time::Duration;
 ///
 /// let config = WorkerConfig::default()
@@ -225,7 +225,7 @@ impl WorkerConfig {
     /// `Duration::ZERO` claims again at once.
     ///
     /// ```
-    /// use outbox_core::WorkerConfig;
+    /// use outbox::WorkerConfig;
     /// use std::time::Duration;
     ///
     /// let config = WorkerConfig::default().claim_interval(Duration::from_millis(20));

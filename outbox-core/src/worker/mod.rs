@@ -52,9 +52,9 @@ const WAITING_REFRESH: Duration = Duration::from_secs(20);
 /// and a config.
 ///
 /// ```no_run
-/// use outbox_core::{Registry, Worker, WorkerConfig};
+/// use outbox::{Registry, Worker, WorkerConfig};
 ///
-/// # async fn run(pool: sqlx::PgPool) -> Result<(), outbox_core::Error> {
+/// # async fn run(pool: sqlx::PgPool) -> Result<(), outbox::Error> {
 /// let worker = Worker::builder(&pool)
 ///     .registry(Registry::linked())
 ///     .resource(reqwest_client_or_any_shared_value())

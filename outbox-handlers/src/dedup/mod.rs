@@ -15,14 +15,14 @@
 //! same message at once (a lease ran out) serialize on the record's primary key: the second waits
 //! for the first to commit, then skips.
 //!
-//! The table is created by `outbox_core::migrate`. Records are kept for a retention period and
+//! The table is created by `outbox::migrate`. Records are kept for a retention period and
 //! removed by [`purge_processed`] (or [`Retention::purge`]); keep them longer than a message can
 //! be redelivered (the lease plus all retry delays), a week by default.
 //!
 //! # Example
 //!
 //! ```no_run
-//! use outbox_core::{outbox_event, Context, HandlerError, Worker};
+//! use outbox::{outbox_event, Context, HandlerError, Worker};
 //! use outbox_handlers::dedup::{Dedup, TxHandler};
 //! use serde::{Deserialize, Serialize};
 //! use sqlx::PgConnection;
@@ -33,7 +33,7 @@
 //!
 //! struct AddToLedger;
 //!
-//! #[outbox_core::async_trait]
+//! #[outbox::async_trait]
 //! impl TxHandler for AddToLedger {
 //!     type Event = PaymentCaptured;
 //!     const NAME: &'static str = "ledger";
@@ -63,7 +63,7 @@ use std::fmt;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use outbox_core::{Context, Event, FromResources, Handler, HandlerError, ResourceError, Resources};
+use outbox::{Context, Event, FromResources, Handler, HandlerError, ResourceError, Resources};
 use sqlx::{PgConnection, PgPool};
 
 pub use purge::{purge_processed, DedupConfig, Retention, DEFAULT_PURGE_BATCH, DEFAULT_RETENTION};
@@ -130,17 +130,17 @@ pub trait TxHandler: Send + Sync + 'static {
 /// The wrapped [`TxHandler`].
 ///
 /// ```no_run
-/// # use outbox_core::{outbox_event, Context, HandlerError, Worker};
+/// # use outbox::{outbox_event, Context, HandlerError, Worker};
 /// # use outbox_handlers::dedup::{Dedup, TxHandler};
 /// # #[outbox_event] #[derive(serde::Serialize, serde::Deserialize)] struct Ping;
 /// # struct Record;
-/// # #[outbox_core::async_trait]
+/// # #[outbox::async_trait]
 /// # impl TxHandler for Record {
 /// #     type Event = Ping;
 /// #     const NAME: &'static str = "record";
 /// #     async fn handle(&self, _: Ping, _: &Context, _: &mut sqlx::PgConnection) -> Result<(), HandlerError> { Ok(()) }
 /// # }
-/// # fn run(pool: sqlx::PgPool) -> Result<(), outbox_core::Error> {
+/// # fn run(pool: sqlx::PgPool) -> Result<(), outbox::Error> {
 /// // The pool from the worker's resources:
 /// let worker = Worker::builder(&pool)
 ///     .resource(pool.clone())

@@ -21,7 +21,7 @@ const MAX_PURGE_BATCH: usize = 100_000;
 /// Deletes the processed records older than `older_than`, `batch` rows per statement, until none
 /// is left; returns how many were deleted.
 ///
-/// The same as [`outbox_core::Store::purge_processed`]: each statement deletes at most `batch`
+/// The same as [`outbox::Store::purge_processed`]: each statement deletes at most `batch`
 /// rows, so locks and transactions stay short however many records have piled up.
 ///
 /// A record purged while its message can still be redelivered no longer protects it: keep
@@ -30,7 +30,7 @@ const MAX_PURGE_BATCH: usize = 100_000;
 ///
 /// # Errors
 ///
-/// [`outbox_core::Error::Config`] when `batch` is 0; [`outbox_core::Error::Database`] when a
+/// [`outbox::Error::Config`] when `batch` is 0; [`outbox::Error::Database`] when a
 /// statement fails (the rows deleted before stay deleted).
 ///
 /// # Cancellation safety
@@ -43,7 +43,7 @@ const MAX_PURGE_BATCH: usize = 100_000;
 /// use outbox_handlers::dedup::purge_processed;
 /// use std::time::Duration;
 ///
-/// # async fn run(pool: sqlx::PgPool) -> Result<(), outbox_core::Error> {
+/// # async fn run(pool: sqlx::PgPool) -> Result<(), outbox::Error> {
 /// let deleted = purge_processed(&pool, Duration::from_secs(7 * 24 * 3600), 1000).await?;
 /// println!("purged {deleted} processed records");
 /// # Ok(()) }
@@ -52,8 +52,8 @@ pub async fn purge_processed(
     pool: &PgPool,
     older_than: Duration,
     batch: usize,
-) -> outbox_core::Result<u64> {
-    outbox_core::Store::from(pool)
+) -> outbox::Result<u64> {
+    outbox::Store::from(pool)
         .purge_processed(older_than, batch)
         .await
 }
@@ -128,7 +128,7 @@ impl Retention {
     /// # Cancellation safety
     ///
     /// As [`purge_processed`].
-    pub async fn purge(&self, pool: &PgPool) -> outbox_core::Result<u64> {
+    pub async fn purge(&self, pool: &PgPool) -> outbox::Result<u64> {
         purge_processed(pool, self.older_than, self.batch).await
     }
 }

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use async_trait::async_trait;
-use outbox_core::HandlerError;
+use outbox::HandlerError;
 use serde::Serialize;
 
 use super::{Email, EmailTransport};

@@ -4,7 +4,7 @@ use std::fmt;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use outbox_core::HandlerError;
+use outbox::HandlerError;
 use reqwest::header::{HeaderValue, AUTHORIZATION};
 use reqwest::StatusCode;
 

@@ -19,7 +19,7 @@
 //! # Example
 //!
 //! ```no_run
-//! use outbox_core::{outbox_event, Worker};
+//! use outbox::{outbox_event, Worker};
 //! use outbox_handlers::email::{Email, EmailHandler, HttpTransport};
 //! use serde::{Deserialize, Serialize};
 //! use std::time::Duration;
@@ -51,7 +51,7 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use outbox_core::{Context, Event, FromResources, Handler, HandlerError, ResourceError, Resources};
+use outbox::{Context, Event, FromResources, Handler, HandlerError, ResourceError, Resources};
 use serde::{Deserialize, Serialize};
 
 pub use config::EmailConfig;
@@ -147,13 +147,13 @@ impl Email {
 ///
 /// ```
 /// use outbox_handlers::email::{Email, EmailTransport};
-/// use outbox_core::HandlerError;
+/// use outbox::HandlerError;
 /// use std::sync::Mutex;
 ///
 /// #[derive(Default)]
 /// struct Outbox(Mutex<Vec<(String, Email)>>);
 ///
-/// #[outbox_core::async_trait]
+/// #[outbox::async_trait]
 /// impl EmailTransport for Outbox {
 ///     async fn send(&self, email: &Email, idempotency_key: &str) -> Result<(), HandlerError> {
 ///         let mut sent = self.0.lock().unwrap();
@@ -197,11 +197,11 @@ impl<T: EmailTransport + ?Sized> EmailTransport for Box<T> {
 ///
 /// Implement it on a type of yours when you need a handler name of your own (several email
 /// handlers on one topic), a fallible mapping, or registration with
-/// [`register_handler!`](outbox_core::register_handler); otherwise use
+/// [`register_handler!`](outbox::register_handler); otherwise use
 /// [`EmailHandler::from_fn`].
 ///
 /// ```
-/// use outbox_core::{outbox_event, Context, HandlerError};
+/// use outbox::{outbox_event, Context, HandlerError};
 /// use outbox_handlers::email::{Email, EmailMapping};
 /// use serde::{Deserialize, Serialize};
 ///
@@ -291,11 +291,11 @@ where
 /// # Registration
 ///
 /// With a mapping that is `Default`, the handler can be registered with
-/// [`register_handler!`](outbox_core::register_handler). It is then built from the worker's
+/// [`register_handler!`](outbox::register_handler). It is then built from the worker's
 /// resources: an `Arc<dyn EmailTransport>` if there is one, else an [`EmailConfig`].
 ///
 /// ```
-/// # use outbox_core::{outbox_event, Context, HandlerError};
+/// # use outbox::{outbox_event, Context, HandlerError};
 /// # use outbox_handlers::email::{Email, EmailMapping};
 /// # #[outbox_event] #[derive(serde::Serialize, serde::Deserialize)] struct Welcome { to: String }
 /// #[derive(Default)]
@@ -307,13 +307,13 @@ where
 ///         Ok(Email::new(&e.to, "Welcome", "Hello!"))
 ///     }
 /// }
-/// outbox_core::register_handler!(outbox_handlers::email::EmailHandler<WelcomeEmail>);
+/// outbox::register_handler!(outbox_handlers::email::EmailHandler<WelcomeEmail>);
 ///
 /// // The worker then needs the configuration as a resource:
 /// # fn run(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
 /// let config = outbox_handlers::email::EmailConfig::from_env()?;
-/// let builder = outbox_core::Worker::builder(&pool)
-///     .registry(outbox_core::Registry::linked())
+/// let builder = outbox::Worker::builder(&pool)
+///     .registry(outbox::Registry::linked())
 ///     .resource(config);
 /// # Ok(()) }
 /// ```

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use outbox_core::HandlerError;
+use outbox::HandlerError;
 use reqwest::header::{HeaderValue, AUTHORIZATION};
 use reqwest::StatusCode;
 

@@ -22,7 +22,7 @@
 //! # Example
 //!
 //! ```no_run
-//! use outbox_core::{outbox_event, Worker};
+//! use outbox::{outbox_event, Worker};
 //! use outbox_handlers::search::{IndexOp, SearchClient, SearchHandler};
 //! use serde::{Deserialize, Serialize};
 //!
@@ -54,7 +54,7 @@ use std::fmt;
 use std::marker::PhantomData;
 
 use async_trait::async_trait;
-use outbox_core::{Context, Event, FromResources, Handler, HandlerError, ResourceError, Resources};
+use outbox::{Context, Event, FromResources, Handler, HandlerError, ResourceError, Resources};
 
 pub use client::{Applied, SearchClient, SearchClientBuilder};
 pub use config::SearchConfig;
@@ -107,7 +107,7 @@ impl IndexOp {
 /// same `UPDATE` as the change) and use it instead.
 ///
 /// ```
-/// use outbox_core::{Context, Resources};
+/// use outbox::{Context, Resources};
 /// use outbox_handlers::search::message_version;
 ///
 /// let ctx = Context::for_test("hotel.changed", "search-index", Resources::new());
@@ -125,11 +125,11 @@ pub fn message_version(ctx: &Context) -> u64 {
 /// How an event becomes an [`IndexOp`], and the handler's name.
 ///
 /// Implement it on a type of yours for a handler name of your own, a fallible mapping, an index
-/// per mapping, or registration with [`register_handler!`](outbox_core::register_handler);
+/// per mapping, or registration with [`register_handler!`](outbox::register_handler);
 /// otherwise use [`SearchHandler::from_fn`].
 ///
 /// ```
-/// use outbox_core::{outbox_event, Context, HandlerError};
+/// use outbox::{outbox_event, Context, HandlerError};
 /// use outbox_handlers::search::{message_version, IndexOp, SearchMapping};
 /// use serde::{Deserialize, Serialize};
 ///
@@ -233,7 +233,7 @@ where
 /// # Registration
 ///
 /// With a mapping that is `Default`, the handler can be registered with
-/// [`register_handler!`](outbox_core::register_handler); it is then built from a
+/// [`register_handler!`](outbox::register_handler); it is then built from a
 /// [`SearchClient`] or a [`SearchConfig`] among the worker's resources.
 pub struct SearchHandler<M> {
     client: SearchClient,

@@ -1,4 +1,4 @@
-use outbox_core::outbox_event;
+use outbox::outbox_event;
 
 // The topic derived from this name, `ünïcode`, is not ASCII.
 #[outbox_event]

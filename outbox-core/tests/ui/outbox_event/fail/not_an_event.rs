@@ -1,4 +1,4 @@
-use outbox_core::Event;
+use outbox::Event;
 
 // Serializable, but `#[outbox_event]` was forgotten.
 #[derive(serde::Serialize, serde::Deserialize)]

@@ -1,4 +1,4 @@
-use outbox_core::outbox_event;
+use outbox::outbox_event;
 
 // Every mistake is reported at once, not one per build.
 #[outbox_event(topik = "payment.amount")]

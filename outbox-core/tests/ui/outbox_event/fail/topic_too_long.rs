@@ -1,4 +1,4 @@
-use outbox_core::outbox_event;
+use outbox::outbox_event;
 
 #[outbox_event(topic = "booking.created.by.the.guest.through.the.public.website.in.the.morning")]
 #[derive(serde::Serialize, serde::Deserialize)]

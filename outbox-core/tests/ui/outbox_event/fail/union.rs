@@ -1,4 +1,4 @@
-use outbox_core::outbox_event;
+use outbox::outbox_event;
 
 #[outbox_event]
 #[repr(C)]

@@ -1,4 +1,4 @@
-use outbox_core::{outbox_event, Event};
+use outbox::{outbox_event, Event};
 use serde::{Deserialize, Serialize};
 
 // A `#[cfg]` below the attribute gates the generated impl and registration too.

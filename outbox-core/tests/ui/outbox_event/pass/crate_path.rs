@@ -1,26 +1,26 @@
-// A crate that reaches `outbox_core` only through a re-export, e.g. an in-house facade crate.
+// A crate that reaches `outbox` only through a re-export, e.g. an in-house facade crate.
 mod reexport {
-    pub use outbox_core;
+    pub use outbox;
 }
 
 mod events {
-    use crate::reexport::outbox_core::outbox_event;
+    use crate::reexport::outbox::outbox_event;
     use serde::{Deserialize, Serialize};
 
-    #[outbox_event(crate = "crate::reexport::outbox_core")]
+    #[outbox_event(crate = "crate::reexport::outbox")]
     #[derive(Serialize, Deserialize)]
     pub struct BookingCreated {
         pub booking_id: i64,
     }
 
-    #[outbox_event(topic = "booking.cancelled", crate = "crate::reexport::outbox_core")]
+    #[outbox_event(topic = "booking.cancelled", crate = "crate::reexport::outbox")]
     #[derive(Serialize, Deserialize)]
     pub struct BookingCancelled {
         pub booking_id: i64,
     }
 }
 
-use reexport::outbox_core::Event;
+use reexport::outbox::Event;
 
 fn main() {
     assert_eq!(events::BookingCreated::TOPIC, "booking.created");

@@ -1,7 +1,7 @@
 // Crates that forbid unsafe code can declare events: the registration uses none of theirs.
 #![forbid(unsafe_code)]
 
-use outbox_core::{outbox_event, Event};
+use outbox::{outbox_event, Event};
 use serde::{Deserialize, Serialize};
 
 #[outbox_event]
@@ -45,7 +45,7 @@ fn main() {
 
     // Every event type is registered for the worker, under its topic and its Rust path.
     let registered: Vec<_> =
-        outbox_core::__private::inventory::iter::<outbox_core::__private::EventDescriptor>
+        outbox::__private::inventory::iter::<outbox::__private::EventDescriptor>
             .into_iter()
             .map(|event| (event.topic(), event.type_name()))
             .collect();

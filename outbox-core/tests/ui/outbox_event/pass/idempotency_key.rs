@@ -1,4 +1,4 @@
-use outbox_core::{outbox_event, Event};
+use outbox::{outbox_event, Event};
 
 #[outbox_event(idempotency_key = "booking_ref")]
 #[derive(serde::Serialize, serde::Deserialize)]

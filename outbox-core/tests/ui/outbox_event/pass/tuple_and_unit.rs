@@ -1,4 +1,4 @@
-use outbox_core::{outbox_event, Event};
+use outbox::{outbox_event, Event};
 use serde::{Deserialize, Serialize};
 
 #[outbox_event]
