@@ -9,8 +9,8 @@ pub use inventory;
 /// One message about to be inserted.
 #[derive(Debug, Clone)]
 pub struct NewMessage {
-    /// Its public id (UUID v7).
-    pub public_id: uuid::Uuid,
+    /// Its id (UUID v7).
+    pub id: uuid::Uuid,
     /// Its topic.
     pub topic: &'static str,
     /// Its payload as JSON text.

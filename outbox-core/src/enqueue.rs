@@ -139,7 +139,7 @@ where
         None => event.idempotency_key(),
     };
     let row = new_message(event, key, options)?;
-    let id = row.public_id;
+    let id = row.id;
     conn.__insert(std::slice::from_ref(&row)).await?;
     Ok(id)
 }
@@ -196,7 +196,7 @@ where
         .map(|e| new_message(e, e.idempotency_key(), options))
         .collect::<Result<Vec<_>>>()?;
     conn.__insert(&rows).await?;
-    Ok(rows.iter().map(|r| r.public_id).collect())
+    Ok(rows.iter().map(|r| r.id).collect())
 }
 
 fn new_message<E: Event>(
@@ -234,7 +234,7 @@ fn new_message<E: Event>(
         return Err(Error::DelayOutOfRange(options.delay));
     }
     Ok(NewMessage {
-        public_id: Uuid::now_v7(),
+        id: Uuid::now_v7(),
         topic: E::TOPIC,
         payload,
         idempotency_key: key,

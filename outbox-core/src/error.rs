@@ -73,6 +73,11 @@ pub enum Error {
     /// A configuration value is out of range.
     #[error("invalid configuration: {0}")]
     Config(String),
+
+    /// The worker itself failed: its thread could not start, or it ended by a panic (a bug;
+    /// the log has the panic message). Restart the process.
+    #[error("the worker failed: {0}")]
+    Worker(String),
 }
 
 impl Error {

@@ -11,6 +11,15 @@ fn now_ms() -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
+/// How long messages may stay held by a worker that stopped renewing their lease before
+/// health fails: a live worker of their topic takes them over within a poll interval.
+pub(crate) const STALLED_LIMIT: Duration = Duration::from_secs(30);
+
+fn millis(age: Option<Duration>) -> i64 {
+    age.map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
 /// What the health endpoint checks, shared with the worker that updates it.
 #[derive(Debug, Clone)]
 pub struct Health {
@@ -21,6 +30,7 @@ pub struct Health {
 struct HealthInner {
     last_tick_ms: AtomicI64,
     oldest_ready_ms: AtomicI64,
+    oldest_stalled_ms: AtomicI64,
     max_tick_age: Duration,
     max_oldest_ready: Duration,
 }
@@ -31,6 +41,7 @@ impl Health {
             inner: Arc::new(HealthInner {
                 last_tick_ms: AtomicI64::new(now_ms()),
                 oldest_ready_ms: AtomicI64::new(0),
+                oldest_stalled_ms: AtomicI64::new(0),
                 max_tick_age,
                 max_oldest_ready,
             }),
@@ -42,14 +53,21 @@ impl Health {
     }
 
     pub(crate) fn set_oldest_ready(&self, age: Option<Duration>) {
-        let ms = age
-            .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-            .unwrap_or(0);
-        self.inner.oldest_ready_ms.store(ms, Ordering::Relaxed);
+        self.inner
+            .oldest_ready_ms
+            .store(millis(age), Ordering::Relaxed);
     }
 
-    /// `Ok(())` when healthy, else the reason: the worker loop has not ticked recently, or the
-    /// oldest ready message has waited too long.
+    pub(crate) fn set_oldest_stalled(&self, age: Option<Duration>) {
+        self.inner
+            .oldest_stalled_ms
+            .store(millis(age), Ordering::Relaxed);
+    }
+
+    /// `Ok(())` when healthy, else the reason: the worker loop has not ticked recently, the
+    /// oldest ready message has waited too long, or messages of this worker's topics are held
+    /// by a worker that stopped renewing their lease and nobody has taken them over for
+    /// 30 s.
     ///
     /// # Errors
     ///
@@ -60,6 +78,14 @@ impl Health {
             return Err(format!(
                 "the worker loop has not ticked for {since_tick} ms (limit {} ms)",
                 self.inner.max_tick_age.as_millis()
+            ));
+        }
+        let stalled = self.inner.oldest_stalled_ms.load(Ordering::Relaxed);
+        if stalled > i64::try_from(STALLED_LIMIT.as_millis()).unwrap_or(i64::MAX) {
+            return Err(format!(
+                "messages held by a worker that stopped renewing their lease have not been taken \
+                 over for {stalled} ms (limit {} ms): is any worker of their topic running?",
+                STALLED_LIMIT.as_millis()
             ));
         }
         let oldest = self.inner.oldest_ready_ms.load(Ordering::Relaxed);

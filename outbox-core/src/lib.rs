@@ -83,10 +83,6 @@ mod worker;
 pub mod __private;
 
 pub use async_trait::async_trait;
-/// The sqlx this crate is built on. Use `outbox::sqlx` (or pin the same version) so that your
-/// pools and transactions are the types [`enqueue`] and [`Worker`] take: two sqlx versions in
-/// one build give errors such as "the trait `Connection` is not implemented for `PgConnection`".
-pub use sqlx;
 #[cfg(feature = "sqlite")]
 pub use backend::sqlite::{sqlite_options, sqlite_pool};
 pub use backend::Connection;
@@ -106,6 +102,10 @@ pub use registry::{
     assert_all_events_handled, HandlerInfo, HandlerRegistration, Registry, RegistryError,
 };
 pub use resources::{FromResources, ResourceError, Resources};
+/// The sqlx this crate is built on. Use `outbox::sqlx` (or pin the same version) so that your
+/// pools and transactions are the types [`enqueue`] and [`Worker`] take: two sqlx versions in
+/// one build give errors such as "the trait `Connection` is not implemented for `PgConnection`".
+pub use sqlx;
 pub use store::Store;
 pub use worker::{BatchReport, RetryPolicy, Wakeup, Worker, WorkerBuilder, WorkerConfig};
 

@@ -9,7 +9,8 @@
 //! | `outbox_messages_processed_total` | counter | `topic`, `outcome` (`done`, `retry`, `dead`) | messages whose attempt ended |
 //! | `outbox_handler_duration_seconds` | histogram | `topic`, `handler` | one handler call |
 //! | `outbox_claim_duration_seconds` | histogram | | one claim statement |
-//! | `outbox_pending_messages` | gauge | `topic`, `state` (`ready`, `scheduled`, `in_flight`) | pending depth |
+//! | `outbox_handler_blocking_total` | counter | `topic`, `handler` | handler calls that held their thread without yielding for 500 ms or more |
+//! | `outbox_pending_messages` | gauge | `topic`, `state` (`ready`, `scheduled`, `in_flight`, `stalled`) | pending depth; `stalled`: held by a worker that stopped renewing their lease (also counted as ready) |
 //! | `outbox_oldest_ready_age_seconds` | gauge | `topic` | how long the oldest ready message has been due |
 //! | `outbox_dead_messages` | gauge | `topic` | dead letters |
 //! | `outbox_unhandled_pending_messages` | gauge | `topic` | pending messages of topics this worker has no handler for |
@@ -23,6 +24,8 @@ pub const PROCESSED: &str = "outbox_messages_processed_total";
 pub const HANDLER_DURATION: &str = "outbox_handler_duration_seconds";
 /// Histogram: seconds of one claim statement.
 pub const CLAIM_DURATION: &str = "outbox_claim_duration_seconds";
+/// Counter: handler calls that held their thread without yielding, by `topic` and `handler`.
+pub const BLOCKING: &str = "outbox_handler_blocking_total";
 /// Gauge: pending messages, by `topic` and `state`.
 pub const PENDING: &str = "outbox_pending_messages";
 /// Gauge: age in seconds of the oldest ready message, by `topic`.
@@ -49,6 +52,10 @@ pub fn describe() {
         Unit::Seconds,
         "Duration of one claim statement"
     );
+    describe_counter!(
+        BLOCKING,
+        "Handler calls that held their thread without yielding for 500 ms or more"
+    );
     describe_gauge!(PENDING, "Pending messages by topic and state");
     describe_gauge!(
         OLDEST_READY_AGE,
@@ -70,6 +77,7 @@ pub(crate) fn record_stats(stats: &crate::Stats, handled: &dyn Fn(&str) -> bool)
             ("ready", t.ready),
             ("scheduled", t.scheduled),
             ("in_flight", t.in_flight),
+            ("stalled", t.stalled),
         ] {
             metrics::gauge!(PENDING, "topic" => topic.clone(), "state" => state).set(n as f64);
         }

@@ -24,12 +24,20 @@ pub struct TopicStats {
     pub scheduled: i64,
     /// Claimed by a worker, lease running.
     pub in_flight: i64,
+    /// Claimed by a worker that stopped renewing its lease (it crashed, was killed or lost
+    /// the database): ready again, counted in `ready` too, until a live worker claims them.
+    pub stalled: i64,
     /// Dead-lettered.
     pub dead: i64,
-    /// Done in the last five minutes.
+    /// Done in the last five minutes (counted per whole minute).
     pub done_last_5m: i64,
     /// How long the oldest ready message has been due.
     pub oldest_ready_age: Option<Duration>,
+    /// How long ago the oldest stalled message's lease ran out.
+    pub oldest_stalled_age: Option<Duration>,
+    /// Live workers (heartbeat within seconds) that serve this topic. In [`Stats::total`],
+    /// the largest per-topic count.
+    pub live_workers: i64,
 }
 
 impl TopicStats {
@@ -37,14 +45,22 @@ impl TopicStats {
         self.ready += o.ready;
         self.scheduled += o.scheduled;
         self.in_flight += o.in_flight;
+        self.stalled += o.stalled;
         self.dead += o.dead;
         self.done_last_5m += o.done_last_5m;
         self.oldest_ready_age = self.oldest_ready_age.max(o.oldest_ready_age);
+        self.oldest_stalled_age = self.oldest_stalled_age.max(o.oldest_stalled_age);
+        self.live_workers = self.live_workers.max(o.live_workers);
     }
 
     /// Messages not yet done or dead: ready + scheduled + in flight.
     pub fn pending(&self) -> i64 {
         self.ready + self.scheduled + self.in_flight
+    }
+
+    /// Ready messages that no live worker serves: they wait until one starts.
+    pub fn unserved(&self) -> bool {
+        self.ready > 0 && self.live_workers == 0
     }
 }
 

@@ -67,17 +67,33 @@ pub(crate) trait Backend: Send + Sync + 'static {
     /// Applies the embedded migrations.
     async fn migrate(&self) -> Result<()>;
 
-    /// Claims up to `limit` ready messages of `topics`, marking them running.
+    /// A backend on a new pool with the same connect options, opened on the calling runtime:
+    /// the worker's own loop uses it, so that no connection it needs is driven by the runtime
+    /// its handlers run (and may block) on. It opens `connections` connections before it
+    /// returns, so the first claims do not wait for a connect.
+    async fn detached(&self, connections: u32) -> Result<std::sync::Arc<dyn Backend>>;
+
+    /// Claims up to `limit` ready messages of `topics`: counts the attempt and takes the lease.
     async fn outbox_claim_batch(&self, params: &ClaimParams<'_>) -> Result<Vec<ClaimedMessage>>;
 
     /// The handlers that already succeeded for these messages.
-    async fn delivery_completed(&self, message_ids: &[i64]) -> Result<Vec<(i64, String)>>;
+    async fn delivery_completed(
+        &self,
+        message_ids: &[uuid::Uuid],
+    ) -> Result<Vec<(uuid::Uuid, String)>>;
 
-    /// Marks messages done, each only if its claim token still matches. Returns rows changed.
-    async fn outbox_mark_done(&self, done: &[Fence]) -> Result<u64>;
+    /// Deletes done messages, each only if its claim token still matches, and counts them for
+    /// the statistics under `worker`. Returns how many were deleted.
+    async fn outbox_mark_done(&self, worker: uuid::Uuid, done: &[Done]) -> Result<u64>;
 
     /// Writes one failed attempt (retry or dead), fenced; records the handlers that succeeded.
     async fn outbox_mark_failed(&self, failure: &Failure<'_>) -> Result<bool>;
+
+    /// Gives claimed messages back, ready at once, their attempt not counted (shutdown).
+    async fn outbox_hand_back(&self, fences: &[Fence]) -> Result<u64>;
+
+    /// Extends the leases of messages still running under these claims.
+    async fn outbox_renew(&self, fences: &[Fence], lease: std::time::Duration) -> Result<u64>;
 
     /// Pending topics with their counts, among topics not in `known`.
     async fn outbox_unknown_topics(&self, known: &[&str]) -> Result<Vec<(String, i64)>>;
@@ -91,7 +107,7 @@ pub(crate) trait Backend: Send + Sync + 'static {
         filter: &crate::ops::DeadLetterFilter,
     ) -> Result<Vec<crate::ops::MessageInfo>>;
 
-    /// One message by public id.
+    /// One message by id, live or dead.
     async fn outbox_message(&self, id: uuid::Uuid) -> Result<Option<crate::ops::MessageInfo>>;
 
     /// Dead letters back to pending, attempts reset.
@@ -100,7 +116,7 @@ pub(crate) trait Backend: Send + Sync + 'static {
     /// Deletes dead letters.
     async fn outbox_dead_discard(&self, which: &crate::ops::DeadSelection) -> Result<u64>;
 
-    /// Deletes one batch of DONE rows older than `older_than`.
+    /// Deletes one batch of per-minute done counts older than `older_than`.
     async fn outbox_purge_done(&self, older_than: std::time::Duration, batch: i64) -> Result<u64>;
 
     /// Deletes one batch of processed-id records older than `older_than`.
@@ -110,8 +126,9 @@ pub(crate) trait Backend: Send + Sync + 'static {
         batch: i64,
     ) -> Result<u64>;
 
-    /// Records a live worker and whether it is sleeping on its wake-up channel.
-    async fn worker_set_waiting(&self, id: uuid::Uuid, name: &str, waiting: bool) -> Result<()>;
+    /// Records a live worker: its topics, whether it sleeps on its wake-up channel, and a fresh
+    /// heartbeat. Returns how many live workers (itself included) serve any of its topics.
+    async fn worker_heartbeat(&self, beat: &Beat<'_>) -> Result<i64>;
 
     /// Removes a worker on shutdown.
     async fn worker_deregister(&self, id: uuid::Uuid) -> Result<()>;
@@ -121,8 +138,8 @@ pub(crate) trait Backend: Send + Sync + 'static {
     /// the commit, or from a file that changes for other reasons too, so its workers still poll.)
     fn listens(&self) -> bool;
 
-    /// Opens a wake-up listener, if this backend has one.
-    async fn wakeup_listener(&self) -> Result<Option<Box<dyn WakeupListener>>>;
+    /// Opens a wake-up listener for the worker `worker`, if this backend has one.
+    async fn wakeup_listener(&self, worker: uuid::Uuid) -> Result<Option<Box<dyn WakeupListener>>>;
 }
 
 /// What a wake-up says of the message that caused it.

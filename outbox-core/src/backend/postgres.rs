@@ -6,14 +6,16 @@ use sqlx::{PgConnection, Row};
 use uuid::Uuid;
 
 use super::selection;
-use super::{Backend, ClaimParams, ClaimedMessage, Failure, Fence, Wake, WakeupListener};
+use super::{
+    Backend, Beat, ClaimParams, ClaimedMessage, Done, Failure, Fence, Wake, WakeupListener,
+};
 use crate::__private::NewMessage;
 use crate::error::{Error, Result};
 use crate::migrate::Migration;
 use crate::ops::{DeadLetterFilter, DeadSelection, MessageInfo, TopicStats};
 
 /// The channel producers notify when a worker is waiting.
-const WAKEUP_CHANNEL: &str = "outbox_wakeup";
+pub(crate) const WAKEUP_CHANNEL: &str = "outbox_wakeup";
 
 /// The advisory lock key that serialises migrations ("outbox" in ASCII).
 const MIGRATION_LOCK: i64 = 0x6f75_7462_6f78;
@@ -34,15 +36,18 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         description: "partial indexes for operations",
         sql: include_str!("../../migrations/postgres/0003_ops_indexes.sql"),
     },
+    Migration {
+        version: 4,
+        description: "live rows only: UUID keys, HOT claims, deleted when done, dead letters apart",
+        sql: include_str!("../../migrations/postgres/0004_live_rows.sql"),
+    },
 ];
 
-const MESSAGE_COLUMNS: &str =
-    "public_id, topic, status, attempts, payload::text AS payload, last_error, \
-     created_at, available_at, processed_at";
-
+/// Columns of [`MessageInfo`], from either the live or the dead table (`status` and the
+/// time columns are computed by each query).
 fn message_info(r: &sqlx::postgres::PgRow) -> Result<MessageInfo, sqlx::Error> {
     Ok(MessageInfo {
-        id: r.try_get("public_id")?,
+        id: r.try_get("id")?,
         topic: r.try_get("topic")?,
         status: r.try_get("status")?,
         attempts: r.try_get("attempts")?,
@@ -53,6 +58,10 @@ fn message_info(r: &sqlx::postgres::PgRow) -> Result<MessageInfo, sqlx::Error> {
         processed_at: r.try_get("processed_at")?,
     })
 }
+
+const DEAD_COLUMNS: &str =
+    "id, topic, 'dead' AS status, attempts, payload::text AS payload, last_error, \
+     created_at, dead_at AS available_at, dead_at AS processed_at";
 
 pub(crate) struct PgBackend {
     pool: PgPool,
@@ -68,53 +77,73 @@ fn secs(d: std::time::Duration) -> f64 {
     d.as_secs_f64()
 }
 
-/// One insert for one or many rows; it also wakes a waiting worker, but only when one is
-/// waiting and the message is due now, so busy systems never take NOTIFY's commit lock.
+/// Waiting workers of a topic count as alive while their heartbeat is this fresh (seconds).
+/// Workers write it every second; a crashed worker stops being notified within this time.
+const LIVE_SECS: &str = "5";
+
+/// One insert for one or many rows; it also wakes a waiting worker, but only one that serves
+/// the message's topic, is alive and sleeps on LISTEN, and only when the message is due now:
+/// busy systems never take NOTIFY's commit lock. The notification names the worker it is for,
+/// so the others sleep on.
 pub(crate) async fn outbox_insert(
     conn: &mut PgConnection,
     rows: &[NewMessage],
 ) -> Result<(), sqlx::Error> {
     if let [row] = rows {
-        sqlx::query(
+        let sql = sqlx::AssertSqlSafe(format!(
             "WITH ins AS ( \
-                INSERT INTO outbox_messages (public_id, topic, payload, idempotency_key, available_at) \
-                VALUES ($1, $2, $3::jsonb, $4, now() + make_interval(secs => $5)) \
+                INSERT INTO outbox_messages (id, topic, payload, idempotency_key, available_at) \
+                VALUES ($1, $2, $3::json, $4, now() + make_interval(secs => $5)) \
              ) \
-             SELECT pg_notify('outbox_wakeup', '') FROM outbox_workers WHERE waiting AND $5 = 0 LIMIT 1",
-        )
-        .bind(row.public_id)
-        .bind(row.topic)
-        .bind(&row.payload)
-        .bind(&row.idempotency_key)
-        .bind(secs(row.delay))
-        .execute(conn)
-        .await?;
+             SELECT pg_notify('{WAKEUP_CHANNEL}', w.id::text) FROM outbox_workers w \
+             WHERE $5 = 0 AND w.waiting AND $2 = ANY(w.topics) \
+               AND w.heartbeat_at > now() - interval '{LIVE_SECS} seconds' LIMIT 1"
+        ));
+        sqlx::query(sql)
+            .bind(row.id)
+            .bind(row.topic)
+            .bind(&row.payload)
+            .bind(&row.idempotency_key)
+            .bind(secs(row.delay))
+            .execute(conn)
+            .await?;
         return Ok(());
     }
-    let ids: Vec<Uuid> = rows.iter().map(|r| r.public_id).collect();
+    let ids: Vec<Uuid> = rows.iter().map(|r| r.id).collect();
     let topics: Vec<&str> = rows.iter().map(|r| r.topic).collect();
     let payloads: Vec<&str> = rows.iter().map(|r| r.payload.as_str()).collect();
     let keys: Vec<Option<&str>> = rows.iter().map(|r| r.idempotency_key.as_deref()).collect();
     let delays: Vec<f64> = rows.iter().map(|r| secs(r.delay)).collect();
-    let due_now = rows.iter().any(|r| r.delay.is_zero());
-    sqlx::query(
+    let due_now: Vec<&str> = rows
+        .iter()
+        .filter(|r| r.delay.is_zero())
+        .map(|r| r.topic)
+        .collect();
+    let sql = sqlx::AssertSqlSafe(format!(
         "WITH ins AS ( \
-            INSERT INTO outbox_messages (public_id, topic, payload, idempotency_key, available_at) \
-            SELECT u.public_id, u.topic, u.payload::jsonb, u.idempotency_key, now() + make_interval(secs => u.delay) \
+            INSERT INTO outbox_messages (id, topic, payload, idempotency_key, available_at) \
+            SELECT u.id, u.topic, u.payload::json, u.idempotency_key, now() + make_interval(secs => u.delay) \
             FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::text[], $5::float8[]) \
-                 AS u(public_id, topic, payload, idempotency_key, delay) \
+                 AS u(id, topic, payload, idempotency_key, delay) \
          ) \
-         SELECT pg_notify('outbox_wakeup', '') FROM outbox_workers WHERE waiting AND $6 LIMIT 1",
-    )
-    .bind(ids)
-    .bind(topics)
-    .bind(payloads)
-    .bind(keys)
-    .bind(delays)
-    .bind(due_now)
-    .execute(conn)
-    .await?;
+         SELECT pg_notify('{WAKEUP_CHANNEL}', w.id::text) FROM outbox_workers w \
+         WHERE w.waiting AND w.topics && $6::text[] \
+           AND w.heartbeat_at > now() - interval '{LIVE_SECS} seconds' LIMIT 1"
+    ));
+    sqlx::query(sql)
+        .bind(ids)
+        .bind(topics)
+        .bind(payloads)
+        .bind(keys)
+        .bind(delays)
+        .bind(due_now)
+        .execute(conn)
+        .await?;
     Ok(())
+}
+
+fn fences(f: &[Fence]) -> (Vec<Uuid>, Vec<Uuid>) {
+    f.iter().map(|f| (f.id, f.claim_token)).unzip()
 }
 
 #[async_trait]
@@ -135,9 +164,28 @@ impl Backend for PgBackend {
         Ok(())
     }
 
+    async fn detached(&self, connections: u32) -> Result<std::sync::Arc<dyn Backend>> {
+        let options = (*self.pool.connect_options()).clone();
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(connections.max(1))
+            .min_connections(connections.max(1))
+            .connect_with(options)
+            .await?;
+        // Open every connection now: a cold worker picks up as fast as a warm one.
+        let mut open = Vec::new();
+        for _ in 0..connections {
+            open.push(pool.acquire());
+        }
+        let conns = futures_util::future::try_join_all(open).await?;
+        drop(conns);
+        Ok(std::sync::Arc::new(PgBackend::new(pool)))
+    }
+
     async fn outbox_claim_batch(&self, p: &ClaimParams<'_>) -> Result<Vec<ClaimedMessage>> {
-        // Per topic, the index gives due rows in order; the outer LIMIT stops the lateral scan as
-        // soon as the batch is full, and rows of topics not asked for are never read.
+        // Per topic, the index gives rows in due order; running rows whose lease still runs are
+        // skipped on the heap, and the outer LIMIT stops the lateral scan as soon as the batch
+        // is full. Rows of topics not asked for are never read. The UPDATE writes no indexed
+        // column, so PostgreSQL can keep it on the row's page without new index entries.
         //
         // The claim commits without waiting for its WAL flush (`synchronous_commit` off for this
         // one transaction, set where the topic list is read, which the lateral scan needs first).
@@ -150,18 +198,19 @@ impl Backend for PgBackend {
                                  THEN $1::text[] END) AS t(topic) \
                 CROSS JOIN LATERAL ( \
                     SELECT id FROM outbox_messages \
-                    WHERE topic = t.topic AND status IN ('pending', 'running') AND available_at <= now() \
-                    ORDER BY available_at, id \
+                    WHERE topic = t.topic AND available_at <= now() \
+                      AND (locked_until IS NULL OR locked_until < now()) \
+                    ORDER BY available_at \
                     LIMIT $2 \
                     FOR UPDATE SKIP LOCKED \
                 ) c \
                 LIMIT $2 \
              ) \
              UPDATE outbox_messages m \
-             SET status = 'running', attempts = m.attempts + 1, claim_token = $3, claimed_by = $4, \
-                 claimed_at = now(), available_at = now() + make_interval(secs => $5) \
+             SET attempts = m.attempts + 1, claim_token = $3, claimed_by = $4, \
+                 locked_until = now() + make_interval(secs => $5) \
              FROM picked WHERE m.id = picked.id \
-             RETURNING m.id, m.public_id, m.topic, m.payload::text AS payload, m.idempotency_key, \
+             RETURNING m.id, m.topic, m.payload::text AS payload, m.idempotency_key, \
                        m.attempts, m.created_at, m.last_error",
         )
         .bind(p.topics)
@@ -175,7 +224,6 @@ impl Backend for PgBackend {
             .map(|r| {
                 Ok(ClaimedMessage {
                     id: r.try_get("id")?,
-                    public_id: r.try_get("public_id")?,
                     topic: r.try_get("topic")?,
                     payload: r.try_get("payload")?,
                     idempotency_key: r.try_get("idempotency_key")?,
@@ -189,23 +237,95 @@ impl Backend for PgBackend {
             .map_err(Error::from)
     }
 
-    async fn delivery_completed(&self, message_ids: &[i64]) -> Result<Vec<(i64, String)>> {
+    async fn delivery_completed(&self, message_ids: &[Uuid]) -> Result<Vec<(Uuid, String)>> {
         Ok(sqlx::query_as(
-            "SELECT message_id, handler FROM outbox_deliveries WHERE message_id = ANY($1::bigint[])",
+            "SELECT message_id, handler FROM outbox_deliveries WHERE message_id = ANY($1::uuid[])",
         )
         .bind(message_ids)
         .fetch_all(&self.pool)
         .await?)
     }
 
-    async fn outbox_mark_done(&self, done: &[Fence]) -> Result<u64> {
-        let ids: Vec<i64> = done.iter().map(|f| f.id).collect();
-        let tokens: Vec<Uuid> = done.iter().map(|f| f.claim_token).collect();
+    async fn outbox_mark_done(&self, worker: Uuid, done: &[Done]) -> Result<u64> {
+        let (ids, tokens): (Vec<Uuid>, Vec<Uuid>) = done
+            .iter()
+            .map(|d| (d.fence.id, d.fence.claim_token))
+            .unzip();
+        let progress: Vec<Uuid> = done
+            .iter()
+            .filter(|d| d.had_attempts)
+            .map(|d| d.fence.id)
+            .collect();
+        let n: i64 = sqlx::query_scalar(
+            "WITH del AS ( \
+                DELETE FROM outbox_messages m \
+                USING UNNEST($1::uuid[], $2::uuid[]) AS d(id, claim_token) \
+                WHERE m.id = d.id AND m.claim_token = d.claim_token \
+                RETURNING m.topic \
+             ), counted AS ( \
+                INSERT INTO outbox_done_counts (topic, minute, worker, done) \
+                SELECT topic, date_trunc('minute', now()), $3, count(*) FROM del GROUP BY topic \
+                ON CONFLICT (topic, minute, worker) DO UPDATE SET done = outbox_done_counts.done + excluded.done \
+             ), progress AS ( \
+                DELETE FROM outbox_deliveries WHERE message_id = ANY($4::uuid[]) \
+             ) \
+             SELECT count(*) FROM del",
+        )
+        .bind(ids)
+        .bind(tokens)
+        .bind(worker)
+        .bind(progress)
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(u64::try_from(n).unwrap_or(0))
+    }
+
+    async fn outbox_mark_failed(&self, f: &Failure<'_>) -> Result<bool> {
+        let sql = if f.retry_in.is_some() {
+            "WITH upd AS ( \
+                UPDATE outbox_messages \
+                SET available_at = now() + make_interval(secs => $3), locked_until = NULL, \
+                    claim_token = NULL, last_error = $4 \
+                WHERE id = $1 AND claim_token = $2 \
+                RETURNING id \
+             ), ins AS ( \
+                INSERT INTO outbox_deliveries (message_id, handler) \
+                SELECT $1, h FROM unnest($5::text[]) AS h WHERE EXISTS (SELECT 1 FROM upd) \
+                ON CONFLICT DO NOTHING \
+             ) \
+             SELECT count(*) FROM upd"
+        } else {
+            "WITH del AS ( \
+                DELETE FROM outbox_messages WHERE id = $1 AND claim_token = $2 \
+                RETURNING id, topic, payload, idempotency_key, attempts, created_at \
+             ), dead AS ( \
+                INSERT INTO outbox_dead (id, topic, payload, idempotency_key, attempts, last_error, created_at) \
+                SELECT id, topic, payload, idempotency_key, attempts, $4, created_at FROM del \
+             ), ins AS ( \
+                INSERT INTO outbox_deliveries (message_id, handler) \
+                SELECT $1, h FROM unnest($5::text[]) AS h WHERE EXISTS (SELECT 1 FROM del) \
+                ON CONFLICT DO NOTHING \
+             ) \
+             SELECT count(*) FROM del"
+        };
+        let n: i64 = sqlx::query_scalar(sql)
+            .bind(f.fence.id)
+            .bind(f.fence.claim_token)
+            .bind(f.retry_in.map(secs).unwrap_or(0.0))
+            .bind(f.error)
+            .bind(f.succeeded)
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(n > 0)
+    }
+
+    async fn outbox_hand_back(&self, f: &[Fence]) -> Result<u64> {
+        let (ids, tokens) = fences(f);
         let r = sqlx::query(
             "UPDATE outbox_messages m \
-             SET status = 'done', processed_at = now(), claim_token = NULL \
-             FROM UNNEST($1::bigint[], $2::uuid[]) AS d(id, claim_token) \
-             WHERE m.id = d.id AND m.claim_token = d.claim_token AND m.status = 'running'",
+             SET attempts = greatest(m.attempts - 1, 0), locked_until = NULL, claim_token = NULL \
+             FROM UNNEST($1::uuid[], $2::uuid[]) AS d(id, claim_token) \
+             WHERE m.id = d.id AND m.claim_token = d.claim_token",
         )
         .bind(ids)
         .bind(tokens)
@@ -214,40 +334,28 @@ impl Backend for PgBackend {
         Ok(r.rows_affected())
     }
 
-    async fn outbox_mark_failed(&self, f: &Failure<'_>) -> Result<bool> {
-        let dead = f.retry_in.is_none();
-        let delay = f.retry_in.map(secs).unwrap_or(0.0);
-        let n: i64 = sqlx::query_scalar(
-            "WITH upd AS ( \
-                UPDATE outbox_messages \
-                SET status = CASE WHEN $3 THEN 'dead' ELSE 'pending' END, \
-                    available_at = CASE WHEN $3 THEN available_at ELSE now() + make_interval(secs => $4) END, \
-                    processed_at = CASE WHEN $3 THEN now() ELSE NULL END, \
-                    last_error = $5, claim_token = NULL \
-                WHERE id = $1 AND claim_token = $2 AND status = 'running' \
-                RETURNING id \
-             ), ins AS ( \
-                INSERT INTO outbox_deliveries (message_id, handler) \
-                SELECT $1, h FROM unnest($6::text[]) AS h WHERE EXISTS (SELECT 1 FROM upd) \
-                ON CONFLICT DO NOTHING \
-             ) \
-             SELECT count(*) FROM upd",
+    async fn outbox_renew(&self, f: &[Fence], lease: std::time::Duration) -> Result<u64> {
+        let (ids, tokens) = fences(f);
+        // A renewal lost in a server crash only shortens a lease: no WAL flush to wait for.
+        let r = sqlx::query(
+            "UPDATE outbox_messages m \
+             SET locked_until = now() + make_interval(secs => $3) \
+             FROM UNNEST(CASE WHEN set_config('synchronous_commit', 'off', true) = 'off' THEN $1::uuid[] END, \
+                         $2::uuid[]) AS d(id, claim_token) \
+             WHERE m.id = d.id AND m.claim_token = d.claim_token",
         )
-        .bind(f.fence.id)
-        .bind(f.fence.claim_token)
-        .bind(dead)
-        .bind(delay)
-        .bind(f.error)
-        .bind(f.succeeded)
-        .fetch_one(&self.pool)
+        .bind(ids)
+        .bind(tokens)
+        .bind(secs(lease))
+        .execute(&self.pool)
         .await?;
-        Ok(n > 0)
+        Ok(r.rows_affected())
     }
 
     async fn outbox_unknown_topics(&self, known: &[&str]) -> Result<Vec<(String, i64)>> {
         Ok(sqlx::query_as(
             "SELECT topic, count(*) FROM outbox_messages \
-             WHERE status IN ('pending', 'running') AND NOT (topic = ANY($1::text[])) \
+             WHERE NOT (topic = ANY($1::text[])) \
              GROUP BY topic ORDER BY topic",
         )
         .bind(known)
@@ -256,45 +364,84 @@ impl Backend for PgBackend {
     }
 
     async fn outbox_stats(&self) -> Result<Vec<TopicStats>> {
-        // Each part reads through its own partial index: pending/running, dead, recent done.
-        let rows: Vec<(String, i64, i64, i64, i64, i64, Option<f64>)> = sqlx::query_as(
+        // The live table holds only pending and running rows; dead letters and the done counts
+        // have tables of their own.
+        type Row = (
+            String,
+            i64,
+            i64,
+            i64,
+            i64,
+            i64,
+            i64,
+            Option<f64>,
+            Option<f64>,
+            i64,
+        );
+        let sql = sqlx::AssertSqlSafe(format!(
             "WITH live AS ( \
                 SELECT topic, \
-                       count(*) FILTER (WHERE available_at <= now()) AS ready, \
-                       count(*) FILTER (WHERE status = 'pending' AND available_at > now()) AS scheduled, \
-                       count(*) FILTER (WHERE status = 'running' AND available_at > now()) AS in_flight, \
-                       extract(epoch FROM now() - min(available_at) FILTER (WHERE available_at <= now()))::float8 AS oldest \
-                FROM outbox_messages WHERE status IN ('pending', 'running') GROUP BY topic \
+                       count(*) FILTER (WHERE available_at <= now() AND (locked_until IS NULL OR locked_until < now())) AS ready, \
+                       count(*) FILTER (WHERE available_at > now() AND locked_until IS NULL) AS scheduled, \
+                       count(*) FILTER (WHERE locked_until >= now()) AS in_flight, \
+                       count(*) FILTER (WHERE locked_until < now()) AS stalled, \
+                       extract(epoch FROM now() - min(available_at) FILTER (WHERE available_at <= now() \
+                           AND (locked_until IS NULL OR locked_until < now())))::float8 AS oldest, \
+                       extract(epoch FROM now() - min(locked_until) FILTER (WHERE locked_until < now()))::float8 AS stalled_for \
+                FROM outbox_messages GROUP BY topic \
              ), dead AS ( \
-                SELECT topic, count(*) AS dead FROM outbox_messages WHERE status = 'dead' GROUP BY topic \
+                SELECT topic, count(*) AS dead FROM outbox_dead GROUP BY topic \
              ), done AS ( \
-                SELECT topic, count(*) AS done FROM outbox_messages \
-                WHERE status = 'done' AND processed_at > now() - interval '5 minutes' GROUP BY topic \
+                SELECT topic, sum(done)::bigint AS done FROM outbox_done_counts \
+                WHERE minute > now() - interval '5 minutes' GROUP BY topic \
+             ), served AS ( \
+                SELECT t AS topic, count(*) AS workers FROM outbox_workers, unnest(topics) AS t \
+                WHERE heartbeat_at > now() - interval '{LIVE_SECS} seconds' GROUP BY t \
              ), topics AS ( \
                 SELECT topic FROM live UNION SELECT topic FROM dead UNION SELECT topic FROM done \
+                UNION SELECT topic FROM served \
              ) \
              SELECT t.topic, coalesce(l.ready, 0), coalesce(l.scheduled, 0), coalesce(l.in_flight, 0), \
-                    coalesce(d.dead, 0), coalesce(o.done, 0), l.oldest \
+                    coalesce(l.stalled, 0), coalesce(d.dead, 0), coalesce(o.done, 0), l.oldest, \
+                    l.stalled_for, coalesce(s.workers, 0) \
              FROM topics t \
              LEFT JOIN live l ON l.topic = t.topic \
              LEFT JOIN dead d ON d.topic = t.topic \
              LEFT JOIN done o ON o.topic = t.topic \
-             ORDER BY t.topic",
-        )
-        .fetch_all(&self.pool)
-        .await?;
+             LEFT JOIN served s ON s.topic = t.topic \
+             ORDER BY t.topic"
+        ));
+        let rows: Vec<Row> = sqlx::query_as(sql).fetch_all(&self.pool).await?;
+        let age = |s: Option<f64>| {
+            s.and_then(|s| std::time::Duration::try_from_secs_f64(s.max(0.0)).ok())
+        };
         Ok(rows
             .into_iter()
             .map(
-                |(topic, ready, scheduled, in_flight, dead, done_last_5m, oldest)| TopicStats {
+                |(
                     topic,
                     ready,
                     scheduled,
                     in_flight,
+                    stalled,
                     dead,
                     done_last_5m,
-                    oldest_ready_age: oldest
-                        .and_then(|s| std::time::Duration::try_from_secs_f64(s.max(0.0)).ok()),
+                    oldest,
+                    stalled_for,
+                    workers,
+                )| {
+                    TopicStats {
+                        topic,
+                        ready,
+                        scheduled,
+                        in_flight,
+                        stalled,
+                        dead,
+                        done_last_5m,
+                        oldest_ready_age: age(oldest),
+                        oldest_stalled_age: age(stalled_for),
+                        live_workers: workers,
+                    }
                 },
             )
             .collect())
@@ -302,10 +449,10 @@ impl Backend for PgBackend {
 
     async fn outbox_dead_list(&self, f: &DeadLetterFilter) -> Result<Vec<MessageInfo>> {
         let sql = sqlx::AssertSqlSafe(format!(
-            "SELECT {MESSAGE_COLUMNS} FROM outbox_messages \
-             WHERE status = 'dead' AND ($1::text IS NULL OR topic = $1) \
-               AND ($2::float8 IS NULL OR processed_at <= now() - make_interval(secs => $2)) \
-             ORDER BY processed_at DESC LIMIT $3"
+            "SELECT {DEAD_COLUMNS} FROM outbox_dead \
+             WHERE ($1::text IS NULL OR topic = $1) \
+               AND ($2::float8 IS NULL OR dead_at <= now() - make_interval(secs => $2)) \
+             ORDER BY dead_at DESC LIMIT $3"
         ));
         let rows = sqlx::query(sql)
             .bind(f.topic.as_deref())
@@ -318,7 +465,11 @@ impl Backend for PgBackend {
 
     async fn outbox_message(&self, id: Uuid) -> Result<Option<MessageInfo>> {
         let sql = sqlx::AssertSqlSafe(format!(
-            "SELECT {MESSAGE_COLUMNS} FROM outbox_messages WHERE public_id = $1"
+            "SELECT id, topic, CASE WHEN locked_until >= now() THEN 'running' ELSE 'pending' END AS status, \
+                    attempts, payload::text AS payload, last_error, created_at, \
+                    coalesce(locked_until, available_at) AS available_at, NULL::timestamptz AS processed_at \
+             FROM outbox_messages WHERE id = $1 \
+             UNION ALL SELECT {DEAD_COLUMNS} FROM outbox_dead WHERE id = $1"
         ));
         let row = sqlx::query(sql).bind(id).fetch_optional(&self.pool).await?;
         Ok(row.as_ref().map(message_info).transpose()?)
@@ -326,39 +477,50 @@ impl Backend for PgBackend {
 
     async fn outbox_dead_retry(&self, which: &DeadSelection) -> Result<u64> {
         let (id, topic) = selection(which);
-        let r = sqlx::query(
-            "UPDATE outbox_messages \
-             SET status = 'pending', attempts = 0, available_at = now(), processed_at = NULL, claim_token = NULL \
-             WHERE status = 'dead' AND ($1::uuid IS NULL OR public_id = $1) AND ($2::text IS NULL OR topic = $2)",
+        let n: i64 = sqlx::query_scalar(
+            "WITH del AS ( \
+                DELETE FROM outbox_dead \
+                WHERE ($1::uuid IS NULL OR id = $1) AND ($2::text IS NULL OR topic = $2) \
+                RETURNING id, topic, payload, idempotency_key, last_error, created_at \
+             ), ins AS ( \
+                INSERT INTO outbox_messages (id, topic, payload, idempotency_key, last_error, created_at) \
+                SELECT id, topic, payload, idempotency_key, last_error, created_at FROM del \
+                RETURNING topic \
+             ) \
+             SELECT count(*) FROM ins",
         )
         .bind(id)
         .bind(topic)
-        .execute(&self.pool)
+        .fetch_one(&self.pool)
         .await?;
-        Ok(r.rows_affected())
+        Ok(u64::try_from(n).unwrap_or(0))
     }
 
     async fn outbox_dead_discard(&self, which: &DeadSelection) -> Result<u64> {
         let (id, topic) = selection(which);
-        let r = sqlx::query(
-            "DELETE FROM outbox_messages \
-             WHERE status = 'dead' AND ($1::uuid IS NULL OR public_id = $1) AND ($2::text IS NULL OR topic = $2)",
+        let n: i64 = sqlx::query_scalar(
+            "WITH del AS ( \
+                DELETE FROM outbox_dead \
+                WHERE ($1::uuid IS NULL OR id = $1) AND ($2::text IS NULL OR topic = $2) \
+                RETURNING id \
+             ), progress AS ( \
+                DELETE FROM outbox_deliveries WHERE message_id IN (SELECT id FROM del) \
+             ) \
+             SELECT count(*) FROM del",
         )
         .bind(id)
         .bind(topic)
-        .execute(&self.pool)
+        .fetch_one(&self.pool)
         .await?;
-        Ok(r.rows_affected())
+        Ok(u64::try_from(n).unwrap_or(0))
     }
 
     async fn outbox_purge_done(&self, older_than: std::time::Duration, batch: i64) -> Result<u64> {
         let r = sqlx::query(
-            // `= ANY(ARRAY(...))` keeps the delete on the primary key; `IN (...)` lets the
-            // planner hash-join against a scan of the whole table.
-            "DELETE FROM outbox_messages WHERE id = ANY(ARRAY( \
-                SELECT id FROM outbox_messages \
-                WHERE status = 'done' AND processed_at < now() - make_interval(secs => $1) \
-                ORDER BY processed_at LIMIT $2))",
+            "DELETE FROM outbox_done_counts WHERE ctid = ANY(ARRAY( \
+                SELECT ctid FROM outbox_done_counts \
+                WHERE minute < now() - make_interval(secs => $1) \
+                ORDER BY minute LIMIT $2))",
         )
         .bind(secs(older_than))
         .bind(batch)
@@ -385,23 +547,28 @@ impl Backend for PgBackend {
         Ok(r.rows_affected())
     }
 
-    async fn worker_set_waiting(&self, id: Uuid, name: &str, waiting: bool) -> Result<()> {
-        // Rows of workers that died without deregistering stop counting after a minute, so
-        // producers do not notify for ever on their behalf.
-        // The flag is a hint (a lost write means one poll interval of delay at worst), so it
-        // commits without waiting for its WAL flush.
-        sqlx::query(
-            "WITH gone AS (DELETE FROM outbox_workers WHERE heartbeat_at < now() - interval '1 minute' AND id <> $1) \
-             INSERT INTO outbox_workers (id, name, waiting) \
-             SELECT $1, $3, $2 FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit \
-             ON CONFLICT (id) DO UPDATE SET waiting = $2, heartbeat_at = now()",
-        )
-        .bind(id)
-        .bind(waiting)
-        .bind(name)
-        .execute(&self.pool)
-        .await?;
-        Ok(())
+    async fn worker_heartbeat(&self, b: &Beat<'_>) -> Result<i64> {
+        // Rows of workers that died without deregistering are deleted after a minute; producers
+        // stop notifying them long before (LIVE_SECS). The row is a hint, so it commits without
+        // waiting for its WAL flush.
+        let sql = sqlx::AssertSqlSafe(format!(
+            "WITH gone AS ( \
+                DELETE FROM outbox_workers WHERE heartbeat_at < now() - interval '1 minute' AND id <> $1 \
+             ), me AS ( \
+                INSERT INTO outbox_workers (id, name, waiting, topics) \
+                SELECT $1, $2, $3, $4::text[] FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit \
+                ON CONFLICT (id) DO UPDATE SET waiting = $3, topics = $4::text[], heartbeat_at = now() \
+             ) \
+             SELECT 1 + count(*) FROM outbox_workers \
+             WHERE id <> $1 AND topics && $4::text[] AND heartbeat_at > now() - interval '{LIVE_SECS} seconds'"
+        ));
+        Ok(sqlx::query_scalar(sql)
+            .bind(b.id)
+            .bind(b.name)
+            .bind(b.waiting)
+            .bind(b.topics)
+            .fetch_one(&self.pool)
+            .await?)
     }
 
     async fn worker_deregister(&self, id: Uuid) -> Result<()> {
@@ -416,22 +583,33 @@ impl Backend for PgBackend {
         true
     }
 
-    async fn wakeup_listener(&self) -> Result<Option<Box<dyn WakeupListener>>> {
+    async fn wakeup_listener(&self, worker: Uuid) -> Result<Option<Box<dyn WakeupListener>>> {
         let mut listener = PgListener::connect_with(&self.pool).await?;
         listener.listen(WAKEUP_CHANNEL).await?;
-        Ok(Some(Box::new(PgWakeup(listener))))
+        Ok(Some(Box::new(PgWakeup {
+            listener,
+            me: worker.to_string(),
+        })))
     }
 }
 
-struct PgWakeup(PgListener);
+struct PgWakeup {
+    listener: PgListener,
+    /// This worker's id: a notification for another worker is not a reason to look.
+    me: String,
+}
 
 #[async_trait]
 impl WakeupListener for PgWakeup {
     async fn recv(&mut self) -> Result<Wake> {
-        // `None` means the connection was lost: it reconnects on the next call, and
-        // notifications sent meanwhile are gone, so wake the worker to look for itself.
-        let _ = self.0.try_recv().await?;
-        Ok(Wake::Committed)
+        loop {
+            // `None` means the connection was lost: it reconnects on the next call, and
+            // notifications sent meanwhile are gone, so wake the worker to look for itself.
+            match self.listener.try_recv().await? {
+                Some(n) if n.payload() != self.me && !n.payload().is_empty() => continue,
+                _ => return Ok(Wake::Committed),
+            }
+        }
     }
 }
 

@@ -16,7 +16,9 @@ use sqlx::{Row, SqliteConnection};
 use uuid::Uuid;
 
 use super::selection;
-use super::{Backend, ClaimParams, ClaimedMessage, Failure, Fence, Wake, WakeupListener};
+use super::{
+    Backend, Beat, ClaimParams, ClaimedMessage, Done, Failure, Fence, Wake, WakeupListener,
+};
 use crate::__private::NewMessage;
 use crate::error::{Error, Result};
 use crate::migrate::Migration;
@@ -38,10 +40,16 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         description: "partial indexes for operations",
         sql: include_str!("../../migrations/sqlite/0003_ops_indexes.sql"),
     },
+    Migration {
+        version: 4,
+        description: "live rows only: UUID keys, deleted when done, dead letters apart, workers",
+        sql: include_str!("../../migrations/sqlite/0004_live_rows.sql"),
+    },
 ];
 
-const MESSAGE_COLUMNS: &str =
-    "public_id, topic, status, attempts, payload, last_error, created_at, available_at, processed_at";
+const DEAD_COLUMNS: &str =
+    "id, topic, 'dead' AS status, attempts, payload, last_error, created_at, \
+     dead_at AS available_at, dead_at AS processed_at";
 
 fn time(ms: i64) -> DateTime<Utc> {
     DateTime::<Utc>::from_timestamp_millis(ms).unwrap_or_default()
@@ -50,7 +58,7 @@ fn time(ms: i64) -> DateTime<Utc> {
 fn message_info(r: &sqlx::sqlite::SqliteRow) -> Result<MessageInfo, sqlx::Error> {
     let processed: Option<i64> = r.try_get("processed_at")?;
     Ok(MessageInfo {
-        id: parse_uuid(r.try_get("public_id")?)?,
+        id: parse_uuid(r.try_get("id")?)?,
         topic: r.try_get("topic")?,
         status: r.try_get("status")?,
         attempts: r.try_get("attempts")?,
@@ -61,6 +69,9 @@ fn message_info(r: &sqlx::sqlite::SqliteRow) -> Result<MessageInfo, sqlx::Error>
         processed_at: processed.map(time),
     })
 }
+
+/// Workers count as alive while their heartbeat is this fresh.
+const LIVE_MS: i64 = 5_000;
 
 pub(crate) struct SqliteBackend {
     pool: SqlitePool,
@@ -120,10 +131,10 @@ pub(crate) async fn outbox_insert(
     let now = now_ms();
     if let [row] = rows {
         sqlx::query(
-            "INSERT INTO outbox_messages (public_id, topic, payload, idempotency_key, available_at, created_at) \
+            "INSERT INTO outbox_messages (id, topic, payload, idempotency_key, available_at, created_at) \
              VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
         )
-        .bind(row.public_id.to_string())
+        .bind(row.id.to_string())
         .bind(row.topic)
         .bind(&row.payload)
         .bind(&row.idempotency_key)
@@ -141,7 +152,7 @@ pub(crate) async fn outbox_insert(
         .iter()
         .map(|r| {
             serde_json::json!([
-                r.public_id.to_string(),
+                r.id.to_string(),
                 r.topic,
                 r.payload,
                 r.idempotency_key,
@@ -151,7 +162,7 @@ pub(crate) async fn outbox_insert(
         .collect();
     let batch = serde_json::Value::Array(batch).to_string();
     sqlx::query(
-        "INSERT INTO outbox_messages (public_id, topic, payload, idempotency_key, available_at, created_at) \
+        "INSERT INTO outbox_messages (id, topic, payload, idempotency_key, available_at, created_at) \
          SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4, ?2 FROM json_each(?1)",
     )
     .bind(batch)
@@ -223,6 +234,21 @@ impl WakeupListener for SqliteWakeup {
     }
 }
 
+/// Message ids as one JSON array, for `json_each`.
+fn uuids(ids: &[Uuid]) -> String {
+    serde_json::to_string(&ids.iter().map(Uuid::to_string).collect::<Vec<_>>())
+        .unwrap_or_else(|_| "[]".into())
+}
+
+/// (id, claim token) pairs as one JSON array of arrays, for `json_each`.
+fn fence_pairs(fences: &[Fence]) -> String {
+    let pairs: Vec<[String; 2]> = fences
+        .iter()
+        .map(|f| [f.id.to_string(), f.claim_token.to_string()])
+        .collect();
+    serde_json::to_string(&pairs).unwrap_or_else(|_| "[]".into())
+}
+
 fn parse_uuid(s: &str) -> Result<Uuid, sqlx::Error> {
     Uuid::parse_str(s).map_err(|e| sqlx::Error::Decode(Box::new(e)))
 }
@@ -275,9 +301,25 @@ impl Backend for SqliteBackend {
         Ok(())
     }
 
+    async fn detached(&self, connections: u32) -> Result<std::sync::Arc<dyn Backend>> {
+        let options = (*self.pool.connect_options()).clone();
+        let pool = SqlitePoolOptions::new()
+            .max_connections(connections.max(1))
+            .min_connections(connections.max(1))
+            .connect_with(options)
+            .await?;
+        let mut open = Vec::new();
+        for _ in 0..connections {
+            open.push(pool.acquire());
+        }
+        drop(futures_util::future::try_join_all(open).await?);
+        Ok(std::sync::Arc::new(SqliteBackend::new(pool)))
+    }
+
     async fn outbox_claim_batch(&self, p: &ClaimParams<'_>) -> Result<Vec<ClaimedMessage>> {
         let now = now_ms();
         let token = p.claim_token.to_string();
+        let worker = p.worker.to_string();
         let mut out = Vec::new();
         // One statement per topic keeps each claim on the ready index, in due order.
         for topic in p.topics {
@@ -287,16 +329,16 @@ impl Backend for SqliteBackend {
             }
             let rows = sqlx::query(
                 "UPDATE outbox_messages \
-                 SET status = 'running', attempts = attempts + 1, claim_token = ?1, claimed_by = ?2, \
-                     claimed_at = ?3, available_at = ?4 \
+                 SET attempts = attempts + 1, claim_token = ?1, claimed_by = ?2, locked_until = ?4 \
                  WHERE id IN ( \
                      SELECT id FROM outbox_messages \
-                     WHERE topic = ?5 AND status IN ('pending', 'running') AND available_at <= ?3 \
-                     ORDER BY available_at, id LIMIT ?6) \
-                 RETURNING id, public_id, topic, payload, idempotency_key, attempts, created_at, last_error",
+                     WHERE topic = ?5 AND available_at <= ?3 \
+                       AND (locked_until IS NULL OR locked_until < ?3) \
+                     ORDER BY available_at LIMIT ?6) \
+                 RETURNING id, topic, payload, idempotency_key, attempts, created_at, last_error",
             )
             .bind(&token)
-            .bind(p.worker)
+            .bind(&worker)
             .bind(now)
             .bind(now.saturating_add(ms(p.lease)))
             .bind(*topic)
@@ -306,13 +348,12 @@ impl Backend for SqliteBackend {
             for r in rows {
                 let created: i64 = r.try_get("created_at")?;
                 out.push(ClaimedMessage {
-                    id: r.try_get("id")?,
-                    public_id: parse_uuid(r.try_get("public_id")?)?,
+                    id: parse_uuid(r.try_get("id")?)?,
                     topic: r.try_get("topic")?,
                     payload: r.try_get("payload")?,
                     idempotency_key: r.try_get("idempotency_key")?,
                     attempts: r.try_get("attempts")?,
-                    created_at: DateTime::<Utc>::from_timestamp_millis(created).unwrap_or_default(),
+                    created_at: time(created),
                     claim_token: p.claim_token,
                     last_error: r.try_get("last_error")?,
                 });
@@ -321,64 +362,117 @@ impl Backend for SqliteBackend {
         Ok(out)
     }
 
-    async fn delivery_completed(&self, message_ids: &[i64]) -> Result<Vec<(i64, String)>> {
-        let ids = serde_json::to_string(message_ids).unwrap_or_else(|_| "[]".into());
-        Ok(sqlx::query_as(
+    async fn delivery_completed(&self, message_ids: &[Uuid]) -> Result<Vec<(Uuid, String)>> {
+        let rows: Vec<(String, String)> = sqlx::query_as(
             "SELECT message_id, handler FROM outbox_deliveries WHERE message_id IN (SELECT value FROM json_each(?1))",
         )
-        .bind(ids)
+        .bind(uuids(message_ids))
         .fetch_all(&self.pool)
-        .await?)
+        .await?;
+        rows.into_iter()
+            .map(|(id, h)| Ok((parse_uuid(&id)?, h)))
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(Error::from)
     }
 
-    async fn outbox_mark_done(&self, done: &[Fence]) -> Result<u64> {
-        let pairs: Vec<serde_json::Value> = done
+    async fn outbox_mark_done(&self, worker: Uuid, done: &[Done]) -> Result<u64> {
+        let now = now_ms();
+        let fences: Vec<Fence> = done.iter().map(|d| d.fence).collect();
+        let progress: Vec<Uuid> = done
             .iter()
-            .map(|f| serde_json::json!([f.id, f.claim_token.to_string()]))
+            .filter(|d| d.had_attempts)
+            .map(|d| d.fence.id)
             .collect();
-        let r = sqlx::query(
-            "UPDATE outbox_messages SET status = 'done', processed_at = ?2, claim_token = NULL \
-             WHERE status = 'running' AND id IN ( \
+        let mut conn = self.pool.acquire().await?;
+        let mut tx = sqlx::Connection::begin_with(&mut *conn, "BEGIN IMMEDIATE").await?;
+        let topics: Vec<(String,)> = sqlx::query_as(
+            "DELETE FROM outbox_messages WHERE id IN ( \
                  SELECT m.id FROM json_each(?1) AS d \
-                 JOIN outbox_messages AS m ON m.id = d.value ->> 0 AND m.claim_token = d.value ->> 1)",
+                 JOIN outbox_messages AS m ON m.id = d.value ->> 0 AND m.claim_token = d.value ->> 1) \
+             RETURNING topic",
         )
-        .bind(serde_json::Value::Array(pairs).to_string())
-        .bind(now_ms())
-        .execute(&self.pool)
+        .bind(fence_pairs(&fences))
+        .fetch_all(&mut *tx)
         .await?;
-        Ok(r.rows_affected())
+        let mut counts: std::collections::BTreeMap<String, i64> = std::collections::BTreeMap::new();
+        for (t,) in &topics {
+            *counts.entry(t.clone()).or_default() += 1;
+        }
+        for (topic, n) in counts {
+            sqlx::query(
+                "INSERT INTO outbox_done_counts (topic, minute, worker, done) VALUES (?1, ?2, ?3, ?4) \
+                 ON CONFLICT (topic, minute, worker) DO UPDATE SET done = done + excluded.done",
+            )
+            .bind(topic)
+            .bind(now - now.rem_euclid(60_000))
+            .bind(worker.to_string())
+            .bind(n)
+            .execute(&mut *tx)
+            .await?;
+        }
+        if !progress.is_empty() {
+            sqlx::query(
+                "DELETE FROM outbox_deliveries WHERE message_id IN (SELECT value FROM json_each(?1))",
+            )
+            .bind(uuids(&progress))
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(topics.len() as u64)
     }
 
     async fn outbox_mark_failed(&self, f: &Failure<'_>) -> Result<bool> {
         let now = now_ms();
+        let id = f.fence.id.to_string();
+        let token = f.fence.claim_token.to_string();
         let mut conn = self.pool.acquire().await?;
         let mut tx = sqlx::Connection::begin_with(&mut *conn, "BEGIN IMMEDIATE").await?;
-        let retry_at = now.saturating_add(f.retry_in.map(ms).unwrap_or(0));
-        let r = sqlx::query(
-            "UPDATE outbox_messages \
-             SET status = CASE WHEN ?3 THEN 'dead' ELSE 'pending' END, \
-                 available_at = CASE WHEN ?3 THEN available_at ELSE ?4 END, \
-                 processed_at = CASE WHEN ?3 THEN ?5 ELSE NULL END, \
-                 last_error = ?6, claim_token = NULL \
-             WHERE id = ?1 AND claim_token = ?2 AND status = 'running'",
-        )
-        .bind(f.fence.id)
-        .bind(f.fence.claim_token.to_string())
-        .bind(f.retry_in.is_none())
-        .bind(retry_at)
-        .bind(now)
-        .bind(f.error)
-        .execute(&mut *tx)
-        .await?;
+        let current = match f.retry_in {
+            Some(delay) => {
+                sqlx::query(
+                    "UPDATE outbox_messages \
+                     SET available_at = ?3, locked_until = NULL, claim_token = NULL, last_error = ?4 \
+                     WHERE id = ?1 AND claim_token = ?2",
+                )
+                .bind(&id)
+                .bind(&token)
+                .bind(now.saturating_add(ms(delay)))
+                .bind(f.error)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected()
+                    > 0
+            }
+            None => {
+                sqlx::query(
+                    "INSERT INTO outbox_dead (id, topic, payload, idempotency_key, attempts, last_error, created_at, dead_at) \
+                     SELECT id, topic, payload, idempotency_key, attempts, ?3, created_at, ?4 \
+                     FROM outbox_messages WHERE id = ?1 AND claim_token = ?2",
+                )
+                .bind(&id)
+                .bind(&token)
+                .bind(f.error)
+                .bind(now)
+                .execute(&mut *tx)
+                .await?;
+                sqlx::query("DELETE FROM outbox_messages WHERE id = ?1 AND claim_token = ?2")
+                    .bind(&id)
+                    .bind(&token)
+                    .execute(&mut *tx)
+                    .await?
+                    .rows_affected()
+                    > 0
+            }
+        };
         // A fenced-out attempt (its claim was taken over) records nothing, its handlers either.
-        let current = r.rows_affected() > 0;
         let succeeded: &[&str] = if current { f.succeeded } else { &[] };
         for handler in succeeded {
             sqlx::query(
                 "INSERT INTO outbox_deliveries (message_id, handler, completed_at) VALUES (?1, ?2, ?3) \
                  ON CONFLICT DO NOTHING",
             )
-            .bind(f.fence.id)
+            .bind(&id)
             .bind(*handler)
             .bind(now)
             .execute(&mut *tx)
@@ -388,11 +482,39 @@ impl Backend for SqliteBackend {
         Ok(current)
     }
 
+    async fn outbox_hand_back(&self, fences: &[Fence]) -> Result<u64> {
+        let r = sqlx::query(
+            "UPDATE outbox_messages \
+             SET attempts = max(attempts - 1, 0), locked_until = NULL, claim_token = NULL \
+             WHERE id IN ( \
+                 SELECT m.id FROM json_each(?1) AS d \
+                 JOIN outbox_messages AS m ON m.id = d.value ->> 0 AND m.claim_token = d.value ->> 1)",
+        )
+        .bind(fence_pairs(fences))
+        .execute(&self.pool)
+        .await?;
+        Ok(r.rows_affected())
+    }
+
+    async fn outbox_renew(&self, fences: &[Fence], lease: Duration) -> Result<u64> {
+        let r = sqlx::query(
+            "UPDATE outbox_messages SET locked_until = ?2 \
+             WHERE id IN ( \
+                 SELECT m.id FROM json_each(?1) AS d \
+                 JOIN outbox_messages AS m ON m.id = d.value ->> 0 AND m.claim_token = d.value ->> 1)",
+        )
+        .bind(fence_pairs(fences))
+        .bind(now_ms().saturating_add(ms(lease)))
+        .execute(&self.pool)
+        .await?;
+        Ok(r.rows_affected())
+    }
+
     async fn outbox_unknown_topics(&self, known: &[&str]) -> Result<Vec<(String, i64)>> {
         let known = serde_json::to_string(known).unwrap_or_else(|_| "[]".into());
         Ok(sqlx::query_as(
             "SELECT topic, count(*) FROM outbox_messages \
-             WHERE status IN ('pending', 'running') AND topic NOT IN (SELECT value FROM json_each(?1)) \
+             WHERE topic NOT IN (SELECT value FROM json_each(?1)) \
              GROUP BY topic ORDER BY topic",
         )
         .bind(known)
@@ -401,46 +523,84 @@ impl Backend for SqliteBackend {
     }
 
     async fn outbox_stats(&self) -> Result<Vec<TopicStats>> {
-        let rows: Vec<(String, i64, i64, i64, i64, i64, Option<i64>)> = sqlx::query_as(
+        type Row = (
+            String,
+            i64,
+            i64,
+            i64,
+            i64,
+            i64,
+            i64,
+            Option<i64>,
+            Option<i64>,
+            i64,
+        );
+        let now = now_ms();
+        let rows: Vec<Row> = sqlx::query_as(
             "WITH live AS ( \
                 SELECT topic, \
-                       sum(available_at <= ?1) AS ready, \
-                       sum(status = 'pending' AND available_at > ?1) AS scheduled, \
-                       sum(status = 'running' AND available_at > ?1) AS in_flight, \
-                       min(CASE WHEN available_at <= ?1 THEN available_at END) AS oldest \
-                FROM outbox_messages WHERE status IN ('pending', 'running') GROUP BY topic \
+                       sum(available_at <= ?1 AND (locked_until IS NULL OR locked_until < ?1)) AS ready, \
+                       sum(available_at > ?1 AND locked_until IS NULL) AS scheduled, \
+                       sum(locked_until >= ?1) AS in_flight, \
+                       sum(locked_until < ?1) AS stalled, \
+                       min(CASE WHEN available_at <= ?1 AND (locked_until IS NULL OR locked_until < ?1) \
+                                THEN available_at END) AS oldest, \
+                       min(CASE WHEN locked_until < ?1 THEN locked_until END) AS stalled_since \
+                FROM outbox_messages GROUP BY topic \
              ), dead AS ( \
-                SELECT topic, count(*) AS dead FROM outbox_messages WHERE status = 'dead' GROUP BY topic \
+                SELECT topic, count(*) AS dead FROM outbox_dead GROUP BY topic \
              ), done AS ( \
-                SELECT topic, count(*) AS done FROM outbox_messages \
-                WHERE status = 'done' AND processed_at > ?1 - 300000 GROUP BY topic \
+                SELECT topic, sum(done) AS done FROM outbox_done_counts WHERE minute > ?1 - 300000 GROUP BY topic \
+             ), served AS ( \
+                SELECT j.value AS topic, count(*) AS workers FROM outbox_workers, json_each(outbox_workers.topics) AS j \
+                WHERE heartbeat_at > ?1 - ?2 GROUP BY j.value \
              ), topics AS ( \
                 SELECT topic FROM live UNION SELECT topic FROM dead UNION SELECT topic FROM done \
+                UNION SELECT topic FROM served \
              ) \
              SELECT t.topic, coalesce(l.ready, 0), coalesce(l.scheduled, 0), coalesce(l.in_flight, 0), \
-                    coalesce(d.dead, 0), coalesce(o.done, 0), l.oldest \
+                    coalesce(l.stalled, 0), coalesce(d.dead, 0), coalesce(o.done, 0), l.oldest, \
+                    l.stalled_since, coalesce(s.workers, 0) \
              FROM topics t \
              LEFT JOIN live l ON l.topic = t.topic \
              LEFT JOIN dead d ON d.topic = t.topic \
              LEFT JOIN done o ON o.topic = t.topic \
+             LEFT JOIN served s ON s.topic = t.topic \
              ORDER BY t.topic",
         )
-        .bind(now_ms())
+        .bind(now)
+        .bind(LIVE_MS)
         .fetch_all(&self.pool)
         .await?;
-        let now = now_ms();
+        let age =
+            |t: Option<i64>| t.map(|t| Duration::from_millis(u64::try_from(now - t).unwrap_or(0)));
         Ok(rows
             .into_iter()
             .map(
-                |(topic, ready, scheduled, in_flight, dead, done_last_5m, oldest)| TopicStats {
+                |(
                     topic,
                     ready,
                     scheduled,
                     in_flight,
+                    stalled,
                     dead,
                     done_last_5m,
-                    oldest_ready_age: oldest
-                        .map(|t| Duration::from_millis(u64::try_from(now - t).unwrap_or(0))),
+                    oldest,
+                    stalled_since,
+                    workers,
+                )| {
+                    TopicStats {
+                        topic,
+                        ready,
+                        scheduled,
+                        in_flight,
+                        stalled,
+                        dead,
+                        done_last_5m,
+                        oldest_ready_age: age(oldest),
+                        oldest_stalled_age: age(stalled_since),
+                        live_workers: workers,
+                    }
                 },
             )
             .collect())
@@ -448,13 +608,13 @@ impl Backend for SqliteBackend {
 
     async fn outbox_dead_list(&self, f: &DeadLetterFilter) -> Result<Vec<MessageInfo>> {
         let sql = sqlx::AssertSqlSafe(format!(
-            "SELECT {MESSAGE_COLUMNS} FROM outbox_messages \
-             WHERE status = 'dead' AND (?1 IS NULL OR topic = ?1) AND (?2 IS NULL OR processed_at <= ?2) \
-             ORDER BY processed_at DESC LIMIT ?3"
+            "SELECT {DEAD_COLUMNS} FROM outbox_dead \
+             WHERE (?1 IS NULL OR topic = ?1) AND (?2 IS NULL OR dead_at <= ?2) \
+             ORDER BY dead_at DESC LIMIT ?3"
         ));
         let rows = sqlx::query(sql)
             .bind(f.topic.as_deref())
-            .bind(f.older_than.map(|d| now_ms() - ms(d)))
+            .bind(f.older_than.map(|d| now_ms().saturating_sub(ms(d))))
             .bind(i64::from(f.limit.unwrap_or(100)))
             .fetch_all(&self.pool)
             .await?;
@@ -463,10 +623,15 @@ impl Backend for SqliteBackend {
 
     async fn outbox_message(&self, id: Uuid) -> Result<Option<MessageInfo>> {
         let sql = sqlx::AssertSqlSafe(format!(
-            "SELECT {MESSAGE_COLUMNS} FROM outbox_messages WHERE public_id = ?1"
+            "SELECT id, topic, CASE WHEN locked_until >= ?2 THEN 'running' ELSE 'pending' END AS status, \
+                    attempts, payload, last_error, created_at, \
+                    coalesce(locked_until, available_at) AS available_at, NULL AS processed_at \
+             FROM outbox_messages WHERE id = ?1 \
+             UNION ALL SELECT {DEAD_COLUMNS} FROM outbox_dead WHERE id = ?1"
         ));
         let row = sqlx::query(sql)
             .bind(id.to_string())
+            .bind(now_ms())
             .fetch_optional(&self.pool)
             .await?;
         Ok(row.as_ref().map(message_info).transpose()?)
@@ -474,39 +639,60 @@ impl Backend for SqliteBackend {
 
     async fn outbox_dead_retry(&self, which: &DeadSelection) -> Result<u64> {
         let (id, topic) = selection(which);
+        let id = id.map(|u| u.to_string());
+        let mut conn = self.pool.acquire().await?;
+        let mut tx = sqlx::Connection::begin_with(&mut *conn, "BEGIN IMMEDIATE").await?;
         let r = sqlx::query(
-            "UPDATE outbox_messages \
-             SET status = 'pending', attempts = 0, available_at = ?3, processed_at = NULL, claim_token = NULL \
-             WHERE status = 'dead' AND (?1 IS NULL OR public_id = ?1) AND (?2 IS NULL OR topic = ?2)",
+            "INSERT INTO outbox_messages (id, topic, payload, idempotency_key, available_at, last_error, created_at) \
+             SELECT id, topic, payload, idempotency_key, ?3, last_error, created_at FROM outbox_dead \
+             WHERE (?1 IS NULL OR id = ?1) AND (?2 IS NULL OR topic = ?2)",
         )
-        .bind(id.map(|u| u.to_string()))
+        .bind(&id)
         .bind(topic)
         .bind(now_ms())
-        .execute(&self.pool)
+        .execute(&mut *tx)
         .await?;
+        sqlx::query(
+            "DELETE FROM outbox_dead WHERE (?1 IS NULL OR id = ?1) AND (?2 IS NULL OR topic = ?2)",
+        )
+        .bind(&id)
+        .bind(topic)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
         Ok(r.rows_affected())
     }
 
     async fn outbox_dead_discard(&self, which: &DeadSelection) -> Result<u64> {
         let (id, topic) = selection(which);
-        let r = sqlx::query(
-            "DELETE FROM outbox_messages \
-             WHERE status = 'dead' AND (?1 IS NULL OR public_id = ?1) AND (?2 IS NULL OR topic = ?2)",
+        let id = id.map(|u| u.to_string());
+        let mut conn = self.pool.acquire().await?;
+        let mut tx = sqlx::Connection::begin_with(&mut *conn, "BEGIN IMMEDIATE").await?;
+        sqlx::query(
+            "DELETE FROM outbox_deliveries WHERE message_id IN ( \
+                 SELECT id FROM outbox_dead WHERE (?1 IS NULL OR id = ?1) AND (?2 IS NULL OR topic = ?2))",
         )
-        .bind(id.map(|u| u.to_string()))
+        .bind(&id)
         .bind(topic)
-        .execute(&self.pool)
+        .execute(&mut *tx)
         .await?;
+        let r = sqlx::query(
+            "DELETE FROM outbox_dead WHERE (?1 IS NULL OR id = ?1) AND (?2 IS NULL OR topic = ?2)",
+        )
+        .bind(&id)
+        .bind(topic)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
         Ok(r.rows_affected())
     }
 
     async fn outbox_purge_done(&self, older_than: Duration, batch: i64) -> Result<u64> {
         let r = sqlx::query(
-            "DELETE FROM outbox_messages WHERE id IN ( \
-                SELECT id FROM outbox_messages WHERE status = 'done' AND processed_at < ?1 \
-                ORDER BY processed_at LIMIT ?2)",
+            "DELETE FROM outbox_done_counts WHERE rowid IN ( \
+                SELECT rowid FROM outbox_done_counts WHERE minute < ?1 ORDER BY minute LIMIT ?2)",
         )
-        .bind(now_ms() - ms(older_than))
+        .bind(now_ms().saturating_sub(ms(older_than)))
         .bind(batch)
         .execute(&self.pool)
         .await?;
@@ -518,18 +704,54 @@ impl Backend for SqliteBackend {
             "DELETE FROM outbox_processed WHERE rowid IN ( \
                 SELECT rowid FROM outbox_processed WHERE processed_at < ?1 ORDER BY processed_at LIMIT ?2)",
         )
-        .bind(now_ms() - ms(older_than))
+        .bind(now_ms().saturating_sub(ms(older_than)))
         .bind(batch)
         .execute(&self.pool)
         .await?;
         Ok(r.rows_affected())
     }
 
-    async fn worker_set_waiting(&self, _id: Uuid, _name: &str, _waiting: bool) -> Result<()> {
-        Ok(())
+    async fn worker_heartbeat(&self, b: &Beat<'_>) -> Result<i64> {
+        let now = now_ms();
+        let topics = serde_json::to_string(b.topics).unwrap_or_else(|_| "[]".into());
+        let id = b.id.to_string();
+        let mut conn = self.pool.acquire().await?;
+        let mut tx = sqlx::Connection::begin_with(&mut *conn, "BEGIN IMMEDIATE").await?;
+        sqlx::query("DELETE FROM outbox_workers WHERE heartbeat_at < ?1 AND id <> ?2")
+            .bind(now - 60_000)
+            .bind(&id)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query(
+            "INSERT INTO outbox_workers (id, name, topics, waiting, started_at, heartbeat_at) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?5) \
+             ON CONFLICT (id) DO UPDATE SET topics = ?3, waiting = ?4, heartbeat_at = ?5",
+        )
+        .bind(&id)
+        .bind(b.name)
+        .bind(&topics)
+        .bind(b.waiting)
+        .bind(now)
+        .execute(&mut *tx)
+        .await?;
+        let peers: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM outbox_workers AS w \
+             WHERE w.heartbeat_at > ?1 AND EXISTS ( \
+                 SELECT 1 FROM json_each(w.topics) AS a JOIN json_each(?2) AS b ON a.value = b.value)",
+        )
+        .bind(now - LIVE_MS)
+        .bind(&topics)
+        .fetch_one(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(peers.max(1))
     }
 
-    async fn worker_deregister(&self, _id: Uuid) -> Result<()> {
+    async fn worker_deregister(&self, id: Uuid) -> Result<()> {
+        sqlx::query("DELETE FROM outbox_workers WHERE id = ?1")
+            .bind(id.to_string())
+            .execute(&self.pool)
+            .await?;
         Ok(())
     }
 
@@ -537,7 +759,7 @@ impl Backend for SqliteBackend {
         false
     }
 
-    async fn wakeup_listener(&self) -> Result<Option<Box<dyn WakeupListener>>> {
+    async fn wakeup_listener(&self, _worker: Uuid) -> Result<Option<Box<dyn WakeupListener>>> {
         let options = self.pool.connect_options();
         Ok(Some(Box::new(SqliteWakeup::new(options.get_filename()))))
     }

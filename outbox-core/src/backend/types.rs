@@ -12,14 +12,15 @@ pub(crate) struct ClaimParams<'a> {
     pub(crate) limit: i64,
     pub(crate) lease: Duration,
     pub(crate) claim_token: Uuid,
-    pub(crate) worker: &'a str,
+    /// The claiming worker's id (its row in the workers table).
+    pub(crate) worker: Uuid,
 }
 
 /// A claimed message, running under `claim_token` until its lease runs out.
 #[derive(Debug, Clone)]
 pub(crate) struct ClaimedMessage {
-    pub(crate) id: i64,
-    pub(crate) public_id: Uuid,
+    /// The message's id (UUID v7), the one handlers see.
+    pub(crate) id: Uuid,
     pub(crate) topic: String,
     pub(crate) payload: String,
     pub(crate) idempotency_key: Option<String>,
@@ -34,7 +35,7 @@ pub(crate) struct ClaimedMessage {
 /// A message id and the claim token that fences writes to it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Fence {
-    pub(crate) id: i64,
+    pub(crate) id: Uuid,
     pub(crate) claim_token: Uuid,
 }
 
@@ -47,4 +48,22 @@ pub(crate) struct Failure<'a> {
     pub(crate) error: &'a str,
     /// Handlers of this message that succeeded in this attempt.
     pub(crate) succeeded: &'a [&'a str],
+}
+
+/// A message whose handlers all succeeded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Done {
+    pub(crate) fence: Fence,
+    /// An earlier attempt may have recorded per-handler progress, to delete with the message.
+    pub(crate) had_attempts: bool,
+}
+
+/// What a worker says of itself in its heartbeat.
+#[derive(Debug)]
+pub(crate) struct Beat<'a> {
+    pub(crate) id: Uuid,
+    pub(crate) name: &'a str,
+    pub(crate) topics: &'a [&'a str],
+    /// Sleeping until a producer wakes it: only then do producers of its topics notify.
+    pub(crate) waiting: bool,
 }

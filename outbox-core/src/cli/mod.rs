@@ -324,13 +324,25 @@ where
             }
         };
     }
-    match worker.run_until(stop).await {
-        Ok(()) => ExitCode::from(exit::OK),
+    let code = match worker.run_until(stop).await {
+        Ok(()) => exit::OK,
         Err(e) => {
             eprintln!("error: {}", error_line(&e));
-            ExitCode::from(exit::FAILURE)
+            exit::FAILURE
         }
+    };
+    let stuck = worker.running_handlers();
+    if stuck > 0 {
+        // Handlers that block their thread past the deadline cannot be cancelled, and the
+        // runtime would wait for them when it is dropped: their messages are already handed
+        // back, so exit now instead of outliving the supervisor's grace period.
+        tracing::warn!(
+            handlers = stuck,
+            "handlers still hold their threads after the shutdown deadline; exiting without waiting for them"
+        );
+        std::process::exit(i32::from(code));
     }
+    ExitCode::from(code)
 }
 
 async fn list_topics(worker: &Worker) -> ExitCode {

@@ -102,6 +102,23 @@ impl RetryPolicy {
     }
 }
 
+/// The longest duration a setting accepts (a week): longer ones are refused at validation, so
+/// that no deadline computed from them overflows.
+const MAX_DURATION: Duration = Duration::from_secs(7 * 24 * 3600);
+/// The longest retention of the periodic purge (ten years).
+const MAX_RETENTION: Duration = Duration::from_secs(10 * 366 * 24 * 3600);
+
+/// The delay before the next try of an internal reconnect or outcome write after `failures`
+/// failures in a row: 100 ms doubling to 5 s, with full jitter, so workers that lost the
+/// database together do not come back in lock-step.
+pub(crate) fn reconnect_delay(failures: u32) -> Duration {
+    RetryPolicy::default()
+        .base(Duration::from_millis(100))
+        .max_delay(Duration::from_secs(5))
+        .backoff(failures)
+        .max(Duration::from_millis(10))
+}
+
 /// How an idle worker learns about new messages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
@@ -157,11 +174,11 @@ impl Default for WorkerConfig {
             name: default_name(),
             concurrency: 32,
             batch_size: 100,
-            lease: Duration::from_secs(300),
+            lease: Duration::from_secs(5),
             poll_interval: Duration::from_secs(1),
             claim_interval: Duration::from_millis(5),
             handler_timeout: Duration::from_secs(60),
-            shutdown_timeout: Duration::from_secs(30),
+            shutdown_timeout: Duration::from_secs(25),
             retry: RetryPolicy::default(),
             wakeup: Wakeup::Listen,
             flush_interval: Duration::from_millis(5),
@@ -200,8 +217,14 @@ impl WorkerConfig {
         self
     }
 
-    /// How long a claim is held before another worker may take the message (default 300 s).
-    /// Must be longer than every handler timeout.
+    /// How long a claim holds a message before another worker may take it (default 5 s).
+    ///
+    /// The worker renews the lease of every message it runs every fifth of this, from a thread
+    /// of its own, so a long handler keeps its message however long it runs (up to its
+    /// timeout), while the messages of a worker that crashed, was killed or lost the database
+    /// run again elsewhere within about one lease. Longer leases ride out longer database
+    /// outages without a second delivery; shorter ones hand a dead worker's messages on sooner.
+    /// At least 1 s.
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
         self
@@ -241,7 +264,13 @@ impl WorkerConfig {
         self
     }
 
-    /// How long a stopping worker waits for handlers in flight (default 30 s).
+    /// How long a stopping worker waits for handlers in flight (default 25 s).
+    ///
+    /// At the deadline, the messages still running are handed back (ready again at once, their
+    /// attempt not counted), their handler tasks are cancelled, and
+    /// [`run_until`](crate::Worker::run_until) returns within a second. Set it a little below
+    /// the grace period of whatever stops the process (Kubernetes waits 30 s by default before
+    /// it kills, `docker stop` 10 s), so the hand-back happens before the kill.
     pub fn shutdown_timeout(mut self, timeout: Duration) -> Self {
         self.shutdown_timeout = timeout;
         self
@@ -316,8 +345,43 @@ impl WorkerConfig {
             .unwrap_or_else(|| Duration::from_secs(30).max(self.poll_interval.saturating_mul(3)))
     }
 
+    /// How often the leases of running messages and the worker's heartbeat are renewed.
+    pub(crate) fn renew_interval(&self) -> Duration {
+        (self.lease / 5).clamp(Duration::from_millis(100), Duration::from_secs(1))
+    }
+
     pub(crate) fn validate(&self, longest_timeout: Duration) -> Result<()> {
         self.retry.validate()?;
+        let bounded = [
+            ("lease", self.lease),
+            ("poll_interval", self.poll_interval),
+            ("claim_interval", self.claim_interval),
+            ("handler_timeout", self.handler_timeout),
+            ("the longest handler timeout", longest_timeout),
+            ("shutdown_timeout", self.shutdown_timeout),
+            ("flush_interval", self.flush_interval),
+            ("report_interval", self.report_interval),
+            ("stats_interval", self.stats_interval),
+            ("health_max_oldest_ready", self.health_max_oldest_ready),
+            ("purge_interval", self.purge_interval),
+            ("RetryPolicy::max_delay", self.retry.max_delay),
+        ];
+        for (name, d) in bounded
+            .into_iter()
+            .chain(self.health_max_tick_age.map(|d| ("health_max_tick_age", d)))
+            .chain(self.purge_retention.map(|d| ("purge_after", d)))
+        {
+            let max = if name == "purge_after" {
+                MAX_RETENTION
+            } else {
+                MAX_DURATION
+            };
+            if d > max {
+                return Err(Error::Config(format!(
+                    "{name} is {d:?}; at most {max:?} is accepted"
+                )));
+            }
+        }
         if self.concurrency == 0 || self.batch_size == 0 {
             return Err(Error::Config(
                 "concurrency and batch_size must be at least 1".into(),
@@ -326,10 +390,9 @@ impl WorkerConfig {
         if self.poll_interval.is_zero() {
             return Err(Error::Config("poll_interval must be above zero".into()));
         }
-        if self.lease <= longest_timeout {
+        if self.lease < Duration::from_secs(1) {
             return Err(Error::Config(format!(
-                "lease ({:?}) must be longer than the longest handler timeout ({longest_timeout:?}), \
-                 or a slow handler's message could be claimed twice at once",
+                "lease ({:?}) must be at least 1 s: it is renewed every fifth of it",
                 self.lease
             )));
         }
@@ -372,10 +435,44 @@ mod tests {
     }
 
     #[test]
-    fn lease_must_outlast_the_handler_timeout() {
-        let c = WorkerConfig::default().lease(Duration::from_secs(10));
-        assert!(c.validate(Duration::from_secs(10)).is_err());
-        assert!(c.validate(Duration::from_secs(9)).is_ok());
+    fn durations_are_bounded_and_leases_renewable() {
+        let c = WorkerConfig::default();
+        // A lease shorter than the handler timeout is fine: it is renewed while the handler runs.
+        assert!(c.validate(Duration::from_secs(60)).is_ok());
+        assert!(c
+            .clone()
+            .lease(Duration::from_millis(500))
+            .validate(Duration::ZERO)
+            .is_err());
+        let huge = Duration::from_secs(u64::MAX / 4);
+        assert!(c
+            .clone()
+            .poll_interval(huge)
+            .validate(Duration::ZERO)
+            .is_err());
+        assert!(c
+            .clone()
+            .handler_timeout(huge)
+            .validate(Duration::ZERO)
+            .is_err());
+        assert!(c
+            .clone()
+            .shutdown_timeout(huge)
+            .validate(Duration::ZERO)
+            .is_err());
+        assert!(c.validate(huge).is_err());
+        assert_eq!(
+            WorkerConfig::default().renew_interval(),
+            Duration::from_secs(1)
+        );
+        let first: Vec<Duration> = (1..=3).map(reconnect_delay).collect();
+        assert!(first.iter().all(|d| *d <= Duration::from_millis(400)));
+        assert!(
+            (0..50)
+                .map(|_| reconnect_delay(6))
+                .any(|d| d != reconnect_delay(6)),
+            "jittered"
+        );
         assert!(WorkerConfig::default()
             .retry(RetryPolicy::default().max_attempts(0))
             .validate(Duration::ZERO)

@@ -1,22 +1,26 @@
-//! Writes successful outcomes in batches: one statement for many messages.
+//! Writes successful outcomes in batches: one statement deletes many done messages.
 //!
 //! A batch lost to a crash only means those messages are delivered again after their lease.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::mpsc;
+use uuid::Uuid;
 
-use crate::backend::Fence;
-use crate::store::Store;
+use super::config::reconnect_delay;
+use crate::backend::{Backend, Done};
 
-/// Collects done messages and writes them every `interval` or every `max` messages.
+/// Collects done messages and writes them every `interval` or every `max` messages, until
+/// every sender is gone and the last batch is written.
 pub(crate) async fn run_flusher(
-    store: Store,
-    mut rx: mpsc::UnboundedReceiver<Fence>,
+    backend: Arc<dyn Backend>,
+    worker: Uuid,
+    mut rx: mpsc::UnboundedReceiver<Done>,
     interval: Duration,
     max: usize,
 ) {
-    let mut buf: Vec<Fence> = Vec::with_capacity(max);
+    let mut buf: Vec<Done> = Vec::with_capacity(max);
     let mut failures: u32 = 0;
     loop {
         let open = if buf.is_empty() {
@@ -47,7 +51,7 @@ pub(crate) async fn run_flusher(
         if buf.is_empty() {
             return;
         }
-        match store.backend().outbox_mark_done(&buf).await {
+        match backend.outbox_mark_done(worker, &buf).await {
             Ok(n) => {
                 if (n as usize) < buf.len() {
                     tracing::warn!(
@@ -61,13 +65,14 @@ pub(crate) async fn run_flusher(
             }
             Err(e) => {
                 failures += 1;
-                tracing::warn!(error = %e, batch = buf.len(), failures, "could not write done outcomes; retrying");
+                let delay = reconnect_delay(failures);
+                tracing::warn!(error = %e, batch = buf.len(), failures, retry_in = ?delay, "could not write done outcomes; retrying");
                 if failures >= 20 {
                     tracing::error!(batch = buf.len(), "giving up on a batch of done outcomes; those messages will be redelivered after their lease");
                     buf.clear();
                     failures = 0;
                 }
-                tokio::time::sleep(Duration::from_millis(100 * u64::from(failures.min(20)))).await;
+                tokio::time::sleep(delay).await;
             }
         }
         if !open && buf.is_empty() && rx.is_closed() && rx.is_empty() {

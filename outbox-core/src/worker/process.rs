@@ -1,9 +1,13 @@
 //! Running the handlers of one claimed message and turning their results into an outcome.
 
 use std::collections::HashSet;
+use std::future::Future;
 use std::panic::AssertUnwindSafe;
-use std::sync::Arc;
-use std::time::Duration;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context as TaskContext, Poll};
+use std::time::{Duration, Instant};
 
 use futures_util::FutureExt;
 use tracing::Instrument;
@@ -24,6 +28,110 @@ pub(crate) enum Outcome {
     },
 }
 
+/// What the engine sees of a running message from its own thread: which handler runs, and
+/// since when its current poll has not returned (a handler that holds its thread).
+pub(crate) struct Watch {
+    epoch: Instant,
+    handler: Mutex<&'static str>,
+    attempt: AtomicU32,
+    /// Microseconds since `epoch` when the current poll began, plus one; 0 between polls.
+    poll_since: AtomicU64,
+}
+
+impl Watch {
+    pub(crate) fn new(epoch: Instant) -> Self {
+        Self {
+            epoch,
+            handler: Mutex::new(""),
+            attempt: AtomicU32::new(0),
+            poll_since: AtomicU64::new(0),
+        }
+    }
+
+    /// The handler running now (or last).
+    pub(crate) fn handler(&self) -> &'static str {
+        *self
+            .handler
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The attempt being made.
+    pub(crate) fn attempt(&self) -> u32 {
+        self.attempt.load(Ordering::Relaxed)
+    }
+
+    /// How long the current poll has been running, if one is.
+    pub(crate) fn holding(&self, now: Instant) -> Option<Duration> {
+        match self.poll_since.load(Ordering::Relaxed) {
+            0 => None,
+            since => {
+                let started = self.epoch + Duration::from_micros(since - 1);
+                Some(now.saturating_duration_since(started))
+            }
+        }
+    }
+
+    fn micros(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_micros()).unwrap_or(u64::MAX - 1) + 1
+    }
+}
+
+/// A future whose polls are timed into a [`Watch`].
+struct Watched<'a, F> {
+    inner: Pin<Box<F>>,
+    watch: &'a Watch,
+}
+
+impl<F: Future> Future for Watched<'_, F> {
+    type Output = F::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<F::Output> {
+        let watch = self.watch;
+        watch.poll_since.store(watch.micros(), Ordering::Relaxed);
+        let r = self.inner.as_mut().poll(cx);
+        watch.poll_since.store(0, Ordering::Relaxed);
+        r
+    }
+}
+
+/// The outcome of a message whose handler `handler` did not finish by its deadline: the engine
+/// writes it when the handler never yields to its own timeout.
+pub(crate) fn timed_out(
+    handlers: &[Arc<dyn ErasedHandler>],
+    handler: &str,
+    attempt: u32,
+    held: Option<Duration>,
+    config: &WorkerConfig,
+) -> (Option<Duration>, String) {
+    let h = handlers
+        .iter()
+        .find(|h| h.name() == handler)
+        .or(handlers.first());
+    let timeout = h
+        .and_then(|h| h.timeout())
+        .unwrap_or(config.handler_timeout);
+    let max_attempts = h
+        .and_then(|h| h.max_attempts())
+        .unwrap_or(config.retry.get_max_attempts())
+        .max(1);
+    let retry_in = (attempt < max_attempts).then(|| {
+        h.and_then(|h| h.backoff(attempt))
+            .unwrap_or_else(|| config.retry.backoff(attempt))
+    });
+    let how = match held {
+        Some(d) => format!(
+            "; it has held its thread without yielding for {d:?}: move blocking work into \
+             tokio::task::spawn_blocking"
+        ),
+        None => String::new(),
+    };
+    (
+        retry_in,
+        format!("handler `{handler}`: handler timed out after {timeout:?}{how}"),
+    )
+}
+
 /// Runs every handler of `msg` that has not succeeded yet, one after another.
 pub(crate) async fn run_message(
     msg: &ClaimedMessage,
@@ -31,8 +139,10 @@ pub(crate) async fn run_message(
     completed: &HashSet<String>,
     config: &WorkerConfig,
     resources: &Arc<Resources>,
+    watch: &Watch,
 ) -> Outcome {
     let attempt = u32::try_from(msg.attempts).unwrap_or(u32::MAX);
+    watch.attempt.store(attempt, Ordering::Relaxed);
     let topic: Arc<str> = Arc::from(msg.topic.as_str());
     let mut succeeded = Vec::new();
     let mut errors = Vec::new();
@@ -48,7 +158,7 @@ pub(crate) async fn run_message(
             // ended without an outcome (the worker crashed, was killed or lost its lease).
             // Running it again could crash again for ever; dead-letter it instead.
             tracing::error!(
-                message_id = %msg.public_id,
+                message_id = %msg.id,
                 topic = %msg.topic,
                 handler = h.name(),
                 attempt,
@@ -64,7 +174,7 @@ pub(crate) async fn run_message(
             continue;
         }
         let ctx = Context {
-            message_id: msg.public_id,
+            message_id: msg.id,
             topic: topic.clone(),
             handler: h.name(),
             attempt,
@@ -73,22 +183,30 @@ pub(crate) async fn run_message(
             idempotency_key: msg
                 .idempotency_key
                 .clone()
-                .unwrap_or_else(|| format!("{}:{}", msg.public_id, h.name())),
+                .unwrap_or_else(|| format!("{}:{}", msg.id, h.name())),
             resources: resources.clone(),
         };
         let span = tracing::info_span!(
             "outbox.delivery",
-            message_id = %msg.public_id,
+            message_id = %msg.id,
             topic = %msg.topic,
             attempt,
             handler = h.name(),
         );
         let timeout = h.timeout().unwrap_or(config.handler_timeout);
         let started = std::time::Instant::now();
-        let result = call_handler(&**h, &msg.payload, &ctx, timeout)
-            .instrument(span.clone())
-            .await;
-        metrics::histogram!(crate::metrics::HANDLER_DURATION, "topic" => msg.topic.clone(), "handler" => h.name())
+        *watch
+            .handler
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = h.name();
+        let result = Watched {
+            inner: Box::pin(
+                call_handler(&**h, &msg.payload, &ctx, timeout).instrument(span.clone()),
+            ),
+            watch,
+        }
+        .await;
+        metrics::histogram!(crate::metrics::HANDLER_DURATION, "topic" => h.topic(), "handler" => h.name())
             .record(started.elapsed().as_secs_f64());
         match result {
             Ok(()) => succeeded.push(h.name()),
@@ -98,7 +216,7 @@ pub(crate) async fn run_message(
                 let delay = match e.kind() {
                     FailureKind::Permanent => None,
                     _ if attempt >= max_attempts => None,
-                    FailureKind::RetryAfter(d) => Some(d),
+                    FailureKind::RetryAfter(d) => Some(d.min(MAX_RETRY_AFTER)),
                     _ => Some(
                         h.backoff(attempt)
                             .unwrap_or_else(|| config.retry.backoff(attempt)),
@@ -139,6 +257,10 @@ pub(crate) async fn run_message(
         }
     }
 }
+
+/// The longest delay a handler may ask for with `HandlerError::retry_after`: longer ones are cut
+/// to this (a week), so that the due time stays a valid timestamp in every database.
+pub(crate) const MAX_RETRY_AFTER: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// Calls one handler with its timeout, turning a panic or a timeout into a failed attempt.
 async fn call_handler(

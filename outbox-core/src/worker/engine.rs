@@ -1,0 +1,691 @@
+//! The engine of a running worker: its own thread, runtime and connection pool.
+//!
+//! Handlers run on the runtime that called [`Worker::run_until`]; everything the worker must
+//! keep doing whatever a handler does runs here:
+//! - the claim loop and the idle/wake-up protocol ([`super::wake`]);
+//! - outcome writes: successes in batches ([`super::flush`]), failures one by one;
+//! - chores every [`CHORE_TICK`]: handlers past their deadline are failed as timed out even if
+//!   they never yield, handlers that hold their thread are named, and every
+//!   [`WorkerConfig::lease`](crate::WorkerConfig::lease) / 5 the worker's heartbeat and the
+//!   leases of its running messages are renewed;
+//! - at shutdown, the messages still running at the deadline are handed back.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{mpsc, Semaphore};
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use super::config::{reconnect_delay, Wakeup};
+use super::process::{failure, run_message, timed_out, Outcome, Watch};
+use super::wake::{
+    idle_wait, listen, NapEnd, Rate, Wakeups, HOT_POLL, HOT_WINDOW, SETTLE_LOOKS, STREAM_RATE,
+};
+use super::{lock, Worker};
+use crate::backend::{Backend, Beat, ClaimParams, ClaimedMessage, Done, Fence};
+
+/// How often the chores run: deadlines and the blocking watch.
+const CHORE_TICK: Duration = Duration::from_millis(100);
+/// A handler whose poll has not returned for this long holds its thread: it is named in the
+/// log and counted in [`BLOCKING`](crate::metrics::BLOCKING).
+const BLOCKING_AFTER: Duration = Duration::from_millis(500);
+/// Connections of the engine's own pool: claims, outcomes, chores, and one spare.
+const ENGINE_CONNECTIONS: u32 = 4;
+/// The most time the final writes of a shutdown (hand-back, last successes, deregistration)
+/// may take after the deadline.
+const FINAL_WRITES: Duration = Duration::from_millis(800);
+
+/// One message whose handlers run.
+struct Flight {
+    fence: Fence,
+    topic: &'static str,
+    had_attempts: bool,
+    /// When the lease was last taken or renewed.
+    leased_at: Instant,
+    /// The engine fails the message as timed out at this instant, yielding or not.
+    deadline: Instant,
+    watch: Arc<Watch>,
+    abort: tokio::task::AbortHandle,
+    warned_blocking: bool,
+}
+
+/// What a handler task reports when its message's handlers are through.
+struct Finished {
+    fence: Fence,
+    outcome: Outcome,
+}
+
+/// State shared by the engine's tasks.
+struct Shared {
+    worker: Worker,
+    backend: Arc<dyn Backend>,
+    handlers_rt: tokio::runtime::Handle,
+    flights: Mutex<HashMap<Uuid, Flight>>,
+    finished_tx: mpsc::UnboundedSender<Finished>,
+    done_tx: mpsc::UnboundedSender<Done>,
+    permits: Arc<Semaphore>,
+    waiting: AtomicBool,
+    /// Live workers (this one included) that share a topic with this one.
+    peers: AtomicI64,
+    /// Handler tasks started and not yet ended, abandoned ones included.
+    running_tasks: Arc<AtomicU64>,
+    epoch: Instant,
+}
+
+/// Runs the worker until `stop`, on the calling (engine) runtime; handlers go to
+/// `handlers_rt`. Returns how many handler tasks were still running when it gave up on them.
+pub(super) async fn run(
+    worker: Worker,
+    handlers_rt: tokio::runtime::Handle,
+    stop: CancellationToken,
+) -> u64 {
+    let cfg = worker.inner.config.clone();
+    // The engine's own pool, opened on this runtime, all connections at once.
+    let mut failures = 0u32;
+    let backend = loop {
+        match worker
+            .inner
+            .store
+            .backend()
+            .detached(ENGINE_CONNECTIONS)
+            .await
+        {
+            Ok(b) => break b,
+            Err(e) => {
+                failures += 1;
+                let delay = reconnect_delay(failures);
+                tracing::warn!(error = %e, retry_in = ?delay, "worker could not connect to the database; retrying");
+                tokio::select! {
+                    () = stop.cancelled() => return 0,
+                    () = tokio::time::sleep(delay) => {}
+                }
+            }
+        }
+    };
+    worker.report_unhandled(&*backend).await;
+
+    let (finished_tx, finished_rx) = mpsc::unbounded_channel();
+    let (done_tx, done_rx) = mpsc::unbounded_channel();
+    let shared = Arc::new(Shared {
+        worker: worker.clone(),
+        backend: backend.clone(),
+        handlers_rt,
+        flights: Mutex::new(HashMap::new()),
+        finished_tx,
+        done_tx,
+        permits: Arc::new(Semaphore::new(cfg.concurrency)),
+        waiting: AtomicBool::new(false),
+        peers: AtomicI64::new(1),
+        running_tasks: Arc::new(AtomicU64::new(0)),
+        epoch: Instant::now(),
+    });
+    shared.heartbeat().await;
+
+    let flusher = tokio::spawn(super::flush::run_flusher(
+        backend.clone(),
+        worker.inner.id,
+        done_rx,
+        cfg.flush_interval,
+        cfg.batch_size.max(1),
+    ));
+    let tasks = CancellationToken::new();
+    let wake = Arc::new(Wakeups::default());
+    if cfg.wakeup == Wakeup::Listen {
+        tokio::spawn(listen(
+            backend.clone(),
+            worker.inner.id,
+            wake.clone(),
+            tasks.clone(),
+        ));
+    }
+    let collector = tokio::spawn(collect(shared.clone(), finished_rx));
+    tokio::spawn(chores(shared.clone(), tasks.clone()));
+    tokio::spawn(periodic(shared.clone(), tasks.clone()));
+
+    claim_loop(&shared, &wake, &stop).await;
+
+    // Stop: no new claims. Handlers in flight get until the deadline.
+    let deadline = Instant::now() + cfg.shutdown_timeout;
+    while !lock(&shared.flights).is_empty() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tasks.cancel();
+    let left: Vec<Flight> = lock(&shared.flights).drain().map(|(_, f)| f).collect();
+    let final_writes = async {
+        if !left.is_empty() {
+            for f in &left {
+                f.abort.abort();
+            }
+            let fences: Vec<Fence> = left.iter().map(|f| f.fence).collect();
+            let ids: Vec<String> = fences.iter().map(|f| f.id.to_string()).collect();
+            match backend.outbox_hand_back(&fences).await {
+                Ok(n) => tracing::warn!(
+                    count = n,
+                    ids = %ids.join(","),
+                    "shutdown deadline reached: these messages were still running and are handed back, \
+                     ready again now with this attempt not counted"
+                ),
+                Err(e) => tracing::error!(
+                    error = %e,
+                    ids = %ids.join(","),
+                    "shutdown deadline reached and these running messages could not be handed back; \
+                     they run again when their lease runs out"
+                ),
+            }
+        }
+        collector.abort();
+    };
+    let _ = tokio::time::timeout(FINAL_WRITES, final_writes).await;
+    let still_running = shared.running_tasks.load(Ordering::Relaxed);
+    let worker_id = worker.inner.id;
+    drop(shared);
+    // The flusher ends once every sender is gone: the collector's and ours are.
+    let rest = FINAL_WRITES.saturating_sub(Duration::from_millis(300));
+    let _ = tokio::time::timeout(rest, async {
+        let _ = flusher.await;
+        if let Err(e) = backend.worker_deregister(worker_id).await {
+            tracing::debug!(error = %e, "could not deregister the worker row");
+        }
+    })
+    .await;
+    tracing::info!(worker = %cfg.name, "worker stopped");
+    still_running
+}
+
+async fn claim_loop(shared: &Arc<Shared>, wake: &Arc<Wakeups>, stop: &CancellationToken) {
+    let worker = &shared.worker;
+    let cfg = &worker.inner.config;
+    let mut db_failures: u32 = 0;
+    let mut hot_until = Instant::now();
+    // Since when this worker's `waiting` flag is set, if it is.
+    let mut waiting: Option<Instant> = None;
+    // When the flag was last set from clear: the SETTLE_LOOKS count from there.
+    let mut settled_from = Instant::now();
+    // The last claim found work.
+    let mut streaming = false;
+    // Woken by a wake-up that may come before the producer's commit, and not found it yet.
+    let mut woken = false;
+    let mut rate = Rate::new();
+    let listening = cfg.wakeup == Wakeup::Listen && shared.backend.listens();
+    while !stop.is_cancelled() {
+        worker.inner.health.tick();
+        // Wait for room: never claim more than can start now.
+        let free = shared.permits.available_permits();
+        if free == 0 {
+            tokio::select! {
+                () = stop.cancelled() => break,
+                p = shared.permits.clone().acquire_owned() => drop(p),
+            }
+            continue;
+        }
+        let want = free.min(cfg.batch_size);
+        let claimed = match worker.claim(&*shared.backend, want).await {
+            Ok(c) => {
+                db_failures = 0;
+                c
+            }
+            Err(e) => {
+                db_failures += 1;
+                let delay = reconnect_delay(db_failures);
+                tracing::warn!(error = %e, retry_in = ?delay, "claim failed; the database may be down, retrying");
+                tokio::select! {
+                    () = stop.cancelled() => break,
+                    () = tokio::time::sleep(delay) => {}
+                }
+                continue;
+            }
+        };
+        let got = claimed.len();
+        rate.add(got);
+        // Messages of this worker's topics arrive fast: poll, never ask producers to notify.
+        let fast =
+            rate.per_sec() * shared.peers.load(Ordering::Relaxed).max(1) as f64 >= STREAM_RATE;
+        if got > 0 {
+            woken = false;
+            // Handlers first: the flag write below must not delay them.
+            shared.start_all(claimed).await;
+            hot_until = Instant::now() + HOT_WINDOW;
+            // A waiting worker keeps its flag while single messages come, so producers go on
+            // waking it; a full batch, a second claim in a row with work, or a fast stream
+            // means producers need not pay for NOTIFY.
+            if waiting.is_some() && (got == want || streaming || fast) {
+                waiting = None;
+                shared.set_waiting(false).await;
+            }
+            streaming = true;
+            if got == want {
+                continue; // a full batch: there is probably more
+            }
+            // A trickle: let a few more messages arrive, so the next claim takes several.
+            if !cfg.claim_interval.is_zero() {
+                tokio::select! {
+                    () = stop.cancelled() => break,
+                    () = tokio::time::sleep(cfg.claim_interval) => {}
+                }
+            }
+            continue;
+        }
+        streaming = false;
+        // Nothing due. A fast stream just had a gap: look again at the claim interval, as a
+        // polling worker does. Otherwise a listening worker says it waits and looks once more,
+        // then sleeps until a producer notifies it; a producer that checked the flag just
+        // before it was set but commits after that look is caught by the SETTLE_LOOKS a little
+        // later. A polling worker keeps polling fast for a while after activity, then at the
+        // poll interval.
+        let now = Instant::now();
+        let nap = if listening && fast {
+            cfg.claim_interval.max(HOT_POLL)
+        } else if listening {
+            if waiting.is_none() {
+                waiting = Some(now);
+                settled_from = now;
+                shared.set_waiting(true).await;
+                continue;
+            }
+            // The next settle look still ahead, else the poll interval.
+            SETTLE_LOOKS
+                .iter()
+                .map(|&after| settled_from + after)
+                .find(|&at| at > now)
+                .map_or(cfg.poll_interval, |at| at - now)
+        } else if now < hot_until {
+            // Woken before the producer's commit (SQLite): look every millisecond until it
+            // shows; otherwise keep to the claim interval.
+            if woken {
+                HOT_POLL
+            } else {
+                cfg.claim_interval.max(HOT_POLL)
+            }
+        } else {
+            woken = false;
+            cfg.poll_interval
+        };
+        match idle_wait(wake, stop, now + nap, listening, hot_until).await {
+            NapEnd::Stopped => break,
+            NapEnd::BeforeCommit => {
+                woken = true;
+                hot_until = Instant::now() + HOT_WINDOW;
+            }
+            NapEnd::Look => {}
+        }
+    }
+    if waiting.is_some() {
+        shared.set_waiting(false).await;
+    }
+}
+
+impl Shared {
+    async fn set_waiting(&self, waiting: bool) {
+        self.waiting.store(waiting, Ordering::Relaxed);
+        self.heartbeat().await;
+    }
+
+    /// Writes the worker's row (topics, waiting flag, heartbeat) and learns how many live
+    /// workers share its topics.
+    async fn heartbeat(&self) {
+        let inner = &self.worker.inner;
+        let topics: Vec<&str> = inner.topics.keys().copied().collect();
+        let beat = Beat {
+            id: inner.id,
+            name: &inner.config.name,
+            topics: &topics,
+            waiting: self.waiting.load(Ordering::Relaxed),
+        };
+        match self.backend.worker_heartbeat(&beat).await {
+            Ok(peers) => self.peers.store(peers.max(1), Ordering::Relaxed),
+            Err(e) => tracing::debug!(error = %e, "could not write the worker's heartbeat"),
+        }
+    }
+
+    /// Starts one handler task per claimed message on the handlers' runtime, each holding a
+    /// concurrency permit.
+    async fn start_all(self: &Arc<Self>, claimed: Vec<ClaimedMessage>) {
+        let inner = &self.worker.inner;
+        let mut completed = self
+            .worker
+            .completed_handlers(&*self.backend, &claimed)
+            .await;
+        for msg in claimed {
+            let Some(handlers) = inner.topics.get(msg.topic.as_str()) else {
+                continue; // never claimed: the claim only asks for our topics
+            };
+            let Ok(permit) = self.permits.clone().acquire_owned().await else {
+                return;
+            };
+            let done = completed.remove(&msg.id).unwrap_or_default();
+            let budget: Duration = handlers
+                .iter()
+                .filter(|h| !done.contains(h.name()))
+                .map(|h| h.timeout().unwrap_or(inner.config.handler_timeout))
+                .fold(Duration::ZERO, Duration::saturating_add);
+            let topic = handlers[0].topic();
+            let watch = Arc::new(Watch::new(self.epoch));
+            let fence = Fence {
+                id: msg.id,
+                claim_token: msg.claim_token,
+            };
+            let had_attempts = msg.attempts > 1;
+            let task = {
+                let worker = self.worker.clone();
+                let watch = watch.clone();
+                let tx = self.finished_tx.clone();
+                let running = self.running_tasks.clone();
+                running.fetch_add(1, Ordering::Relaxed);
+                async move {
+                    let _running = RunningGuard(running);
+                    let handlers = &worker.inner.topics[msg.topic.as_str()];
+                    let outcome = run_message(
+                        &msg,
+                        handlers,
+                        &done,
+                        &worker.inner.config,
+                        &worker.inner.resources,
+                        &watch,
+                    )
+                    .await;
+                    drop(permit);
+                    let _ = tx.send(Finished { fence, outcome });
+                }
+            };
+            let now = Instant::now();
+            let abort = self.handlers_rt.spawn(task).abort_handle();
+            lock(&self.flights).insert(
+                fence.id,
+                Flight {
+                    fence,
+                    topic,
+                    had_attempts,
+                    leased_at: now,
+                    // The handler's own timeout fires first when it yields; this one catches a
+                    // handler that does not.
+                    deadline: now + budget.saturating_add(CHORE_TICK * 2),
+                    watch,
+                    abort,
+                    warned_blocking: false,
+                },
+            );
+        }
+    }
+
+    /// Takes a message out of the running set if this claim still runs it.
+    fn land(&self, fence: &Fence) -> Option<Flight> {
+        let mut flights = lock(&self.flights);
+        match flights.get(&fence.id) {
+            Some(f) if f.fence.claim_token == fence.claim_token => flights.remove(&fence.id),
+            _ => None,
+        }
+    }
+
+    fn record(&self, topic: &'static str, outcome: &'static str) {
+        metrics::counter!(crate::metrics::PROCESSED, "topic" => topic, "outcome" => outcome)
+            .increment(1);
+    }
+
+    /// Writes a failed attempt, retrying with jittered backoff while the database is away.
+    async fn write_failure(
+        self: Arc<Self>,
+        fence: Fence,
+        retry_in: Option<Duration>,
+        error: String,
+        succeeded: Vec<&'static str>,
+    ) {
+        let f = failure(fence, retry_in, &error, &succeeded);
+        let mut tries = 0u32;
+        loop {
+            match self.backend.outbox_mark_failed(&f).await {
+                Ok(true) => return,
+                Ok(false) => {
+                    tracing::warn!(message_id = %fence.id, "outcome not written: the lease ran out and another claim owns the message");
+                    return;
+                }
+                Err(e) if tries < 10 => {
+                    tries += 1;
+                    let delay = reconnect_delay(tries);
+                    tracing::warn!(message_id = %fence.id, error = %e, retry_in = ?delay, "could not write a failed outcome; retrying");
+                    tokio::time::sleep(delay).await;
+                }
+                Err(e) => {
+                    tracing::error!(message_id = %fence.id, error = %e, "giving up writing a failed outcome; the message runs again when its lease runs out");
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Counts a handler task as running until it ends (or is dropped, when aborted).
+struct RunningGuard(Arc<AtomicU64>);
+
+impl Drop for RunningGuard {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Turns finished handler tasks into outcome writes.
+async fn collect(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Finished>) {
+    while let Some(Finished { fence, outcome }) = rx.recv().await {
+        let Some(flight) = shared.land(&fence) else {
+            // Already failed as timed out, or handed back: this late outcome is not written.
+            tracing::debug!(message_id = %fence.id, "a handler finished after its message was failed or handed back");
+            continue;
+        };
+        match outcome {
+            Outcome::Done => {
+                shared.record(flight.topic, "done");
+                if shared
+                    .done_tx
+                    .send(Done {
+                        fence,
+                        had_attempts: flight.had_attempts,
+                    })
+                    .is_err()
+                {
+                    tracing::warn!(message_id = %fence.id, "outcome writer stopped; the message will be redelivered");
+                }
+            }
+            Outcome::Failed {
+                retry_in,
+                error,
+                succeeded,
+            } => {
+                shared.record(
+                    flight.topic,
+                    if retry_in.is_some() { "retry" } else { "dead" },
+                );
+                tokio::spawn(
+                    shared
+                        .clone()
+                        .write_failure(fence, retry_in, error, succeeded),
+                );
+            }
+        }
+    }
+}
+
+/// Deadlines and the blocking watch, every [`CHORE_TICK`].
+async fn chores(shared: Arc<Shared>, stop: CancellationToken) {
+    let renew_every = shared.worker.inner.config.renew_interval();
+    let mut last_beat = Instant::now();
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(CHORE_TICK) => {}
+        }
+        let now = Instant::now();
+        let mut expired = Vec::new();
+        let mut renew = Vec::new();
+        {
+            let mut flights = lock(&shared.flights);
+            for f in flights.values_mut() {
+                if let Some(held) = f.watch.holding(now) {
+                    if held >= BLOCKING_AFTER && !f.warned_blocking {
+                        f.warned_blocking = true;
+                        let handler = f.watch.handler();
+                        metrics::counter!(crate::metrics::BLOCKING, "topic" => f.topic, "handler" => handler).increment(1);
+                        tracing::warn!(
+                            message_id = %f.fence.id,
+                            topic = f.topic,
+                            handler,
+                            held_ms = held.as_millis() as u64,
+                            "handler has held its thread without yielding; move blocking work into \
+                             tokio::task::spawn_blocking, or it stalls other handlers on that thread"
+                        );
+                    }
+                }
+                if now >= f.deadline {
+                    expired.push(f.fence.id);
+                } else if now.duration_since(f.leased_at) >= renew_every {
+                    f.leased_at = now;
+                    renew.push(f.fence);
+                }
+            }
+            let expired: Vec<Flight> = expired.iter().filter_map(|id| flights.remove(id)).collect();
+            drop(flights);
+            for f in expired {
+                let attempt = shared.worker.attempt_of(&f);
+                let (retry_in, error) = timed_out(
+                    &shared.worker.inner.topics[f.topic],
+                    f.watch.handler(),
+                    attempt,
+                    f.watch.holding(now),
+                    &shared.worker.inner.config,
+                );
+                tracing::error!(message_id = %f.fence.id, topic = f.topic, handler = f.watch.handler(), error = %error, "handler did not finish by its deadline");
+                shared.record(f.topic, if retry_in.is_some() { "retry" } else { "dead" });
+                f.abort.abort();
+                tokio::spawn(
+                    shared
+                        .clone()
+                        .write_failure(f.fence, retry_in, error, Vec::new()),
+                );
+            }
+        }
+        if !renew.is_empty() {
+            let lease = shared.worker.inner.config.lease;
+            if let Err(e) = shared.backend.outbox_renew(&renew, lease).await {
+                tracing::warn!(error = %e, count = renew.len(), "could not renew leases; retrying next round");
+                let mut flights = lock(&shared.flights);
+                for f in &renew {
+                    if let Some(fl) = flights.get_mut(&f.id) {
+                        fl.leased_at = now - renew_every;
+                    }
+                }
+            }
+        }
+        if now.duration_since(last_beat) >= renew_every {
+            last_beat = now;
+            shared.heartbeat().await;
+        }
+    }
+}
+
+/// Statistics, the unhandled-topics report and the purge, each on its own interval.
+async fn periodic(shared: Arc<Shared>, stop: CancellationToken) {
+    let w = &shared.worker;
+    let cfg = &w.inner.config;
+    let backend = &*shared.backend;
+    let mut next_stats = Instant::now();
+    let mut next_report = Instant::now() + cfg.report_interval;
+    let mut next_purge = Instant::now() + cfg.purge_interval;
+    loop {
+        let now = Instant::now();
+        if now >= next_stats {
+            next_stats = now + cfg.stats_interval;
+            w.refresh_stats(backend).await;
+        }
+        if now >= next_report {
+            next_report = now + cfg.report_interval;
+            w.report_unhandled(backend).await;
+        }
+        if let Some(retention) = cfg.purge_retention {
+            if now >= next_purge {
+                next_purge = now + cfg.purge_interval;
+                w.purge(backend, retention).await;
+            }
+        }
+        let next = [
+            Some(next_stats),
+            Some(next_report),
+            cfg.purge_retention.map(|_| next_purge),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+        .unwrap_or(next_stats);
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep_until(next.into()) => {}
+        }
+    }
+}
+
+impl Worker {
+    /// The attempt number of a running message (for a timeout written by the engine).
+    fn attempt_of(&self, f: &Flight) -> u32 {
+        f.watch.attempt()
+    }
+
+    /// Per-handler progress of claimed messages that ran before and have several handlers.
+    pub(super) async fn completed_handlers(
+        &self,
+        backend: &dyn Backend,
+        claimed: &[ClaimedMessage],
+    ) -> HashMap<Uuid, HashSet<String>> {
+        let multi: Vec<Uuid> = claimed
+            .iter()
+            .filter(|m| {
+                m.attempts > 1
+                    && self
+                        .inner
+                        .topics
+                        .get(m.topic.as_str())
+                        .is_some_and(|h| h.len() > 1)
+            })
+            .map(|m| m.id)
+            .collect();
+        let mut completed: HashMap<Uuid, HashSet<String>> = HashMap::new();
+        if !multi.is_empty() {
+            match backend.delivery_completed(&multi).await {
+                Ok(rows) => {
+                    for (id, handler) in rows {
+                        completed.entry(id).or_default().insert(handler);
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not read per-handler progress; every handler of those messages runs again")
+                }
+            }
+        }
+        completed
+    }
+
+    /// One claim statement on `backend`.
+    pub(super) async fn claim(
+        &self,
+        backend: &dyn Backend,
+        limit: usize,
+    ) -> crate::Result<Vec<ClaimedMessage>> {
+        // A claim fills its batch topic by topic; each claim starts one topic further on.
+        let mut topics: Vec<&str> = self.inner.topics.keys().copied().collect();
+        let first = self.inner.next_topic.fetch_add(1, Ordering::Relaxed);
+        let len = topics.len().max(1);
+        topics.rotate_left(first % len);
+        let start = Instant::now();
+        let claimed = backend
+            .outbox_claim_batch(&ClaimParams {
+                topics: &topics,
+                limit: i64::try_from(limit).unwrap_or(i64::MAX),
+                lease: self.inner.config.lease,
+                claim_token: Uuid::now_v7(),
+                worker: self.inner.id,
+            })
+            .await?;
+        metrics::histogram!(crate::metrics::CLAIM_DURATION).record(start.elapsed().as_secs_f64());
+        tracing::trace!(claimed = claimed.len(), elapsed = ?start.elapsed(), "claim");
+        Ok(claimed)
+    }
+}
