@@ -52,7 +52,7 @@ async fn main() -> anyhow::Result<()> {
     .await?;
     tx.rollback().await?;
     let exists: bool =
-        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM outbox_messages WHERE public_id = $1)")
+        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM outbox_messages WHERE id = $1)")
             .bind(lost)
             .fetch_one(&pool)
             .await?;

@@ -241,7 +241,7 @@ conformance! {
         let (a, b) = tokio::join!(outbox::migrate(&db.pool), outbox::migrate(&db.pool));
         a.unwrap();
         b.unwrap();
-        assert_eq!(db.migration_versions().await, vec![1, 2, 3]);
+        assert_eq!(db.migration_versions().await, vec![1, 2, 3, 4]);
         sqlx::query("UPDATE outbox_migrations SET checksum = checksum + 1 WHERE version = 1")
             .execute(&db.pool)
             .await
@@ -299,8 +299,8 @@ conformance! {
         let (s, _, e) = db.status(ids[1]).await;
         assert_eq!(s, "pending");
         assert!(e.as_deref().unwrap().contains("timed out after 300ms"), "{e:?}");
-        assert_eq!(db.status(ids[2]).await.0, "done");
-        let errors: Vec<Option<String>> = sqlx::query_scalar("SELECT last_error FROM outbox_messages WHERE status = 'pending'")
+        assert_eq!(db.state(ids[2]).await, None, "done: deleted");
+        let errors: Vec<Option<String>> = sqlx::query_scalar("SELECT last_error FROM outbox_messages WHERE locked_until IS NULL")
             .fetch_all(&db.pool)
             .await
             .unwrap();
@@ -378,7 +378,7 @@ conformance! {
         assert_eq!(w.run_once().await.unwrap().done, 1);
         assert_eq!(a.calls.load(Ordering::SeqCst), 1, "a succeeded once and was not run again");
         assert_eq!(b.calls.load(Ordering::SeqCst), 2);
-        assert_eq!(db.status(id).await.0, "done");
+        assert_eq!(db.state(id).await, None, "done: deleted");
     }
 
     async fn stats_dead_letters_and_purge(db) {
@@ -396,8 +396,8 @@ conformance! {
         assert_eq!(topics, ["nobody.handles", "test.job"]);
         let job_stats = &stats.topics[1];
         assert_eq!(
-            (job_stats.ready, job_stats.scheduled, job_stats.in_flight, job_stats.dead, job_stats.done_last_5m),
-            (0, 1, 0, 2, 5)
+            (job_stats.ready, job_stats.scheduled, job_stats.in_flight, job_stats.stalled, job_stats.dead, job_stats.done_last_5m),
+            (0, 1, 0, 0, 2, 5)
         );
         assert_eq!(job_stats.oldest_ready_age, None);
         let unknown = &stats.topics[0];
@@ -424,12 +424,17 @@ conformance! {
         assert_eq!(store.discard_dead(&outbox::DeadSelection::Topic("test.job".into())).await.unwrap(), 1);
         assert_eq!(store.retry_dead(&outbox::DeadSelection::All).await.unwrap(), 0);
 
-        // Purge: nothing done is old enough yet; with a zero retention the five done rows go,
-        // in batches of two, and pending rows stay.
-        assert_eq!(store.purge_done(Duration::from_secs(3600), 2).await.unwrap(), 0);
+        // Purge: the five done messages were deleted when done; what stays of them is one
+        // per-minute count (one topic, one worker, one minute). Nothing is old enough yet; with
+        // a zero retention the count goes (in batches of one: a full batch, then an empty one),
+        // and pending rows stay.
+        assert_eq!(db.count_status("done").await, 5);
+        assert_eq!(store.purge_done(Duration::from_secs(3600), 1).await.unwrap(), 0);
+        assert_eq!(db.count_status("done").await, 5);
         tokio::time::sleep(Duration::from_millis(20)).await;
-        assert_eq!(store.purge_done(Duration::from_millis(1), 2).await.unwrap(), 5);
+        assert_eq!(store.purge_done(Duration::from_millis(1), 1).await.unwrap(), 1);
         assert_eq!(db.count_status("done").await, 0);
+        assert_eq!(store.stats().await.unwrap().total.done_last_5m, 0);
         assert_eq!(db.count_status("pending").await, 5, "3 unhandled, the retried one, the revived one");
         assert_eq!(db.status(retried).await.0, "pending");
         assert!(store.purge_done(Duration::ZERO, 0).await.is_err(), "a zero batch is refused");
@@ -442,13 +447,7 @@ conformance! {
         tx.commit().await.unwrap();
         // Eight claims: one failed with an error, the seven after it died with their worker
         // (attempts counted, no outcome, lease over).
-        sqlx::query(
-            "UPDATE outbox_messages SET status = 'running', attempts = 8, \
-             last_error = 'handler `runner`: the provider answered 503'",
-        )
-        .execute(&db.pool)
-        .await
-        .unwrap();
+        db.crash_claims(8, "handler `runner`: the provider answered 503").await;
         let r = w.run_once().await.unwrap();
         assert_eq!((r.claimed, r.dead), (1, 1));
         assert_eq!(counts.calls.load(Ordering::SeqCst), 0, "not run a ninth time");

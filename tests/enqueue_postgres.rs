@@ -1,4 +1,4 @@
-//! Enqueue and migrations on PostgreSQL, where they differ from SQLite: the JSONB snapshot,
+//! Enqueue and migrations on PostgreSQL, where they differ from SQLite: the JSON snapshot,
 //! concurrent migrators under an advisory lock. The shared behaviour is in `conformance.rs`.
 
 use outbox::{enqueue, outbox_event, Event};
@@ -30,13 +30,13 @@ async fn commit_stores_one_row_with_the_json_snapshot() {
     tx.commit().await.unwrap();
 
     let row = sqlx::query(
-        "SELECT public_id, topic, payload, status, attempts, available_at <= now() AS due, \
-         claim_token, processed_at, last_error, idempotency_key FROM outbox_messages",
+        "SELECT id, topic, payload, attempts, available_at <= now() AS due, locked_until, \
+         claim_token, claimed_by, last_error, idempotency_key FROM outbox_messages",
     )
     .fetch_one(&db.pool)
     .await
     .unwrap();
-    assert_eq!(row.get::<uuid::Uuid, _>("public_id"), id);
+    assert_eq!(row.get::<uuid::Uuid, _>("id"), id);
     assert_eq!(id.get_version_num(), 7, "public ids are UUID v7");
     assert_eq!(row.get::<String, _>("topic"), "booking.created");
     assert_eq!(row.get::<String, _>("topic"), BookingCreated::TOPIC);
@@ -45,13 +45,14 @@ async fn commit_stores_one_row_with_the_json_snapshot() {
         payload,
         serde_json::json!({"booking_id": 7, "guest_email": "guest7@example.com", "nights": 3})
     );
-    assert_eq!(row.get::<String, _>("status"), "pending");
+    // Pending: no lease, no claim.
+    assert!(row
+        .get::<Option<chrono::DateTime<chrono::Utc>>, _>("locked_until")
+        .is_none());
     assert_eq!(row.get::<i32, _>("attempts"), 0);
     assert!(row.get::<bool, _>("due"));
     assert!(row.get::<Option<uuid::Uuid>, _>("claim_token").is_none());
-    assert!(row
-        .get::<Option<chrono::DateTime<chrono::Utc>>, _>("processed_at")
-        .is_none());
+    assert!(row.get::<Option<uuid::Uuid>, _>("claimed_by").is_none());
     assert!(row.get::<Option<String>, _>("last_error").is_none());
     assert!(row.get::<Option<String>, _>("idempotency_key").is_none());
     assert_eq!(db.count().await, 1);
@@ -75,7 +76,7 @@ async fn migrate_is_idempotent_and_safe_concurrently() {
             .fetch_all(&db.pool)
             .await
             .unwrap();
-    assert_eq!(versions, vec![1, 2, 3]);
+    assert_eq!(versions, vec![1, 2, 3, 4]);
 
     // The host application's own sqlx migrations table is never touched.
     let sqlx_table: Option<String> =

@@ -85,6 +85,8 @@ async fn effects_table(pool: &PgPool) {
 async fn setup() -> TestDb {
     let db = pg().await;
     effects_table(&db.pool).await;
+    // A done message is deleted; keep its last row, to see how often it was attempted.
+    db.archive_done().await;
     db
 }
 
@@ -107,12 +109,10 @@ async fn put<E: outbox::Event>(db: &TestDb, e: &E) -> Uuid {
     id
 }
 
+/// (status, attempts) of a message; a done one's as it was deleted (see `setup`).
 async fn status(db: &TestDb, id: Uuid) -> (String, i32) {
-    sqlx::query_as("SELECT status, attempts FROM outbox_messages WHERE public_id = $1")
-        .bind(id)
-        .fetch_one(&db.pool)
-        .await
-        .unwrap()
+    let (status, attempts, _) = db.status_archived(id).await;
+    (status, attempts)
 }
 
 fn config() -> WorkerConfig {
@@ -146,6 +146,7 @@ async fn a_redelivered_message_whose_id_is_recorded_is_skipped() {
         .unwrap();
     let id = put(&db, &entry(1)).await;
     assert_eq!(w.run_once().await.unwrap().done, 1);
+    assert_eq!(status(&db, id).await, ("done".to_string(), 1));
     assert_eq!((effects(&db).await, records(&db).await), (1, 1));
     let (handler, message_id): (String, Uuid) =
         sqlx::query_as("SELECT handler, message_id FROM outbox_processed")
@@ -154,13 +155,10 @@ async fn a_redelivered_message_whose_id_is_recorded_is_skipped() {
             .unwrap();
     assert_eq!((handler.as_str(), message_id), ("ledger", id));
 
-    // The outcome is lost (as after a crash): the message is delivered again.
-    sqlx::query(
-        "UPDATE outbox_messages SET status = 'pending', available_at = now(), processed_at = NULL",
-    )
-    .execute(&db.pool)
-    .await
-    .unwrap();
+    // The outcome is lost (as after a crash): the message is still there, claimed by a
+    // worker whose lease ran out, and is delivered again.
+    db.undo_done(id).await;
+    assert_eq!(status(&db, id).await, ("pending".to_string(), 1));
     let r = w.run_once().await.unwrap();
     assert_eq!((r.claimed, r.done), (1, 1), "the redelivery succeeds");
     assert_eq!(status(&db, id).await, ("done".to_string(), 2));
@@ -187,24 +185,22 @@ async fn an_inner_failure_rolls_the_record_back_with_the_effect() {
     .await;
     let r = w.run_once().await.unwrap();
     assert_eq!(r.retried, 1);
+    assert_eq!(status(&db, id).await, ("pending".to_string(), 1));
     assert_eq!(
         (effects(&db).await, records(&db).await),
         (0, 0),
         "rolled back together"
     );
-    let err: String =
-        sqlx::query_scalar("SELECT last_error FROM outbox_messages WHERE public_id = $1")
-            .bind(id)
-            .fetch_one(&db.pool)
-            .await
-            .unwrap();
-    assert!(err.contains("the ledger is busy"), "{err}");
-
-    sqlx::query("UPDATE outbox_messages SET available_at = now() WHERE status = 'pending'")
-        .execute(&db.pool)
+    let err: String = sqlx::query_scalar("SELECT last_error FROM outbox_messages WHERE id = $1")
+        .bind(id)
+        .fetch_one(&db.pool)
         .await
         .unwrap();
-    assert_eq!(w.run_once().await.unwrap().done, 1);
+    assert!(err.contains("the ledger is busy"), "{err}");
+
+    db.make_due().await;
+    let r = w.run_once().await.unwrap();
+    assert_eq!((r.claimed, r.done), (1, 1), "the second attempt succeeds");
     assert_eq!((effects(&db).await, records(&db).await), (1, 1));
     assert_eq!(status(&db, id).await, ("done".to_string(), 2));
     db.drop_db().await;
@@ -214,7 +210,7 @@ async fn an_inner_failure_rolls_the_record_back_with_the_effect() {
 async fn concurrent_deliveries_of_one_message_run_the_effect_once() {
     let db = setup().await;
     let dedup = Dedup::with_pool(AddEntry, db.pool.clone());
-    // One message delivered twice at once (a lease ran out under a slow handler).
+    // One message delivered twice at once (the lease of a stalled worker ran out while its handler ran).
     let ctx = Context::for_test(LedgerEntry::TOPIC, "ledger", Resources::new());
     let slow = LedgerEntry {
         sleep_ms: 300,
@@ -383,6 +379,11 @@ async fn a_worker_killed_after_the_commit_does_not_repeat_the_effect() {
 
     assert_eq!(effects(&db).await, 1, "the effect happened once");
     assert_eq!(status(&db, id).await, ("done".to_string(), 2));
+    assert_eq!(
+        db.count_status("done").await,
+        1,
+        "done once: by the second delivery"
+    );
     assert_eq!(records(&db).await, 1);
     db.drop_db().await;
 }

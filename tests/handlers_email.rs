@@ -84,19 +84,20 @@ async fn put(db: &TestDb, e: &Welcome) -> Uuid {
     id
 }
 
-async fn make_due(db: &TestDb) {
-    sqlx::query("UPDATE outbox_messages SET available_at = now() WHERE status = 'pending'")
-        .execute(&db.pool)
-        .await
-        .unwrap();
+/// A fresh database that keeps the last row of each done message (see `row`).
+async fn db() -> TestDb {
+    let db = pg().await;
+    db.archive_done().await;
+    db
 }
 
+async fn make_due(db: &TestDb) {
+    db.make_due().await;
+}
+
+/// (status, attempts, last_error); a done message's as it was deleted.
 async fn row(db: &TestDb, id: Uuid) -> (String, i32, Option<String>) {
-    sqlx::query_as("SELECT status, attempts, last_error FROM outbox_messages WHERE public_id = $1")
-        .bind(id)
-        .fetch_one(&db.pool)
-        .await
-        .unwrap()
+    db.status_archived(id).await
 }
 
 async fn requests(server: &MockServer) -> Vec<Request> {
@@ -125,7 +126,7 @@ async fn mount(server: &MockServer, p: &str, response: ResponseTemplate) {
 
 #[tokio::test]
 async fn headers_and_body_are_as_sent() {
-    let db = pg().await;
+    let db = db().await;
     let server = MockServer::start().await;
     mount(
         &server,
@@ -162,7 +163,7 @@ async fn headers_and_body_are_as_sent() {
 
 #[tokio::test]
 async fn the_idempotency_key_is_identical_across_real_retries() {
-    let db = pg().await;
+    let db = db().await;
     let server = MockServer::start().await;
     Mock::given(method("POST"))
         .respond_with(ResponseTemplate::new(503))
@@ -328,7 +329,7 @@ async fn a_server_slower_than_the_timeout_and_a_closed_port_are_retried() {
 
 #[tokio::test]
 async fn retry_after_sets_the_next_attempt() {
-    let db = pg().await;
+    let db = db().await;
     let server = MockServer::start().await;
     mount(
         &server,
@@ -339,13 +340,8 @@ async fn retry_after_sets_the_next_attempt() {
     let id = put(&db, &welcome()).await;
     let r = worker(&db, &server).run_once().await.unwrap();
     assert_eq!(r.retried, 1);
-    let (status, delay): (String, f64) = sqlx::query_as(
-        "SELECT status, extract(epoch FROM available_at - now())::float8 FROM outbox_messages WHERE public_id = $1",
-    )
-    .bind(id)
-    .fetch_one(&db.pool)
-    .await
-    .unwrap();
+    let status = row(&db, id).await.0;
+    let delay = db.delay_secs(id).await;
     assert_eq!(status, "pending");
     assert!(
         (delay - 120.0).abs() < 3.0,
@@ -357,13 +353,7 @@ async fn retry_after_sets_the_next_attempt() {
     mount(&server, "/emails", ResponseTemplate::new(503)).await;
     make_due(&db).await;
     worker(&db, &server).run_once().await.unwrap();
-    let delay: f64 = sqlx::query_scalar(
-        "SELECT extract(epoch FROM available_at - now())::float8 FROM outbox_messages WHERE public_id = $1",
-    )
-    .bind(id)
-    .fetch_one(&db.pool)
-    .await
-    .unwrap();
+    let delay = db.delay_secs(id).await;
     assert!(
         delay < 2.0,
         "backoff after attempt 2 is 200 ms, got {delay}s"
@@ -403,7 +393,7 @@ async fn the_api_key_is_in_no_log_line_and_no_last_error() {
         .finish();
     let _guard = tracing::subscriber::set_default(subscriber);
 
-    let db = pg().await;
+    let db = db().await;
     let server = MockServer::start().await;
     // A provider that echoes the key back in its error bodies.
     Mock::given(method("POST"))
@@ -466,10 +456,12 @@ async fn the_api_key_is_in_no_log_line_and_no_last_error() {
         assert!(!format!("{e} {e:?}").contains(KEY));
     }
 
-    let dead: Vec<Option<String>> = sqlx::query_scalar("SELECT last_error FROM outbox_messages")
-        .fetch_all(&db.pool)
-        .await
-        .unwrap();
+    let dead: Vec<Option<String>> = sqlx::query_scalar(
+        "SELECT last_error FROM outbox_messages UNION ALL SELECT last_error FROM outbox_dead",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
     assert!(dead.iter().flatten().all(|e| !e.contains(KEY)));
     drop(_guard);
     let logs = String::from_utf8(capture.0.lock().unwrap().clone()).unwrap();
@@ -485,7 +477,7 @@ async fn the_api_key_is_in_no_log_line_and_no_last_error() {
 
 #[tokio::test]
 async fn the_file_transport_leaves_one_file_per_email_however_often_delivered() {
-    let db = pg().await;
+    let db = db().await;
     let dir = std::env::temp_dir().join(format!("outbox-mail-{}", Uuid::now_v7().simple()));
     let files = FileTransport::new(&dir)
         .unwrap()
@@ -498,12 +490,7 @@ async fn the_file_transport_leaves_one_file_per_email_however_often_delivered() 
     let id = put(&db, &welcome()).await;
     assert_eq!(w.run_once().await.unwrap().done, 1);
     // The outcome is lost: the message is delivered again.
-    sqlx::query(
-        "UPDATE outbox_messages SET status = 'pending', available_at = now(), processed_at = NULL",
-    )
-    .execute(&db.pool)
-    .await
-    .unwrap();
+    db.undo_done(id).await;
     assert_eq!(w.run_once().await.unwrap().done, 1);
     assert_eq!(row(&db, id).await.1, 2, "delivered twice");
 

@@ -266,8 +266,8 @@ async fn put_event(db: &TestDb, e: &HotelChanged) -> Uuid {
 /// Makes only `id` due now, and every other pending message wait.
 async fn deliver_next(db: &TestDb, id: Uuid) {
     sqlx::query(
-        "UPDATE outbox_messages SET available_at = CASE WHEN public_id = $1 THEN now() \
-         ELSE now() + interval '1 hour' END WHERE status = 'pending'",
+        "UPDATE outbox_messages SET available_at = CASE WHEN id = $1 THEN now() \
+         ELSE now() + interval '1 hour' END WHERE locked_until IS NULL",
     )
     .bind(id)
     .execute(&db.pool)
@@ -275,12 +275,16 @@ async fn deliver_next(db: &TestDb, id: Uuid) {
     .unwrap();
 }
 
+/// A fresh database that keeps the last row of each done message (see `row`).
+async fn db() -> TestDb {
+    let db = pg().await;
+    db.archive_done().await;
+    db
+}
+
+/// (status, attempts, last_error); a done message's as it was deleted.
 async fn row(db: &TestDb, id: Uuid) -> (String, i32, Option<String>) {
-    sqlx::query_as("SELECT status, attempts, last_error FROM outbox_messages WHERE public_id = $1")
-        .bind(id)
-        .fetch_one(&db.pool)
-        .await
-        .unwrap()
+    db.status_archived(id).await
 }
 
 fn name_of(stored: Option<Stored>) -> Option<String> {
@@ -293,7 +297,7 @@ fn name_of(stored: Option<Stored>) -> Option<String> {
 
 #[tokio::test]
 async fn an_older_event_arriving_late_never_overwrites_a_newer_document() {
-    let db = pg().await;
+    let db = db().await;
     let app = start_index().await;
     let w = worker(&db, &app);
     let old = put_event(&db, &hotel(1, "Old name", None)).await;
@@ -355,7 +359,7 @@ async fn an_older_event_arriving_late_never_overwrites_a_newer_document() {
 
 #[tokio::test]
 async fn versions_from_the_event_order_changes_whatever_the_delivery_order() {
-    let db = pg().await;
+    let db = db().await;
     let app = start_index().await;
     let w = worker(&db, &app);
     let mut ids = Vec::new();
@@ -377,7 +381,7 @@ async fn versions_from_the_event_order_changes_whatever_the_delivery_order() {
 
 #[tokio::test]
 async fn deletes_remove_the_document_and_a_missing_one_is_fine() {
-    let db = pg().await;
+    let db = db().await;
     let app = start_index().await;
     let w = worker(&db, &app);
     let created = put_event(&db, &hotel(3, "Seaside", Some(10))).await;
@@ -446,7 +450,7 @@ async fn deletes_remove_the_document_and_a_missing_one_is_fine() {
 
 #[tokio::test]
 async fn failures_are_classified_and_retry_after_is_honoured() {
-    let db = pg().await;
+    let db = db().await;
     let app = start_index().await;
     let w = worker(&db, &app);
     let c = client(&app);
@@ -501,13 +505,7 @@ async fn failures_are_classified_and_retry_after_is_honoured() {
     let id = put_event(&db, &hotel(5, "Harbour", Some(3))).await;
     app.fail_next(429, Some("90"), "too many requests");
     assert_eq!(w.run_once().await.unwrap().retried, 1);
-    let delay: f64 = sqlx::query_scalar(
-        "SELECT extract(epoch FROM available_at - now())::float8 FROM outbox_messages WHERE public_id = $1",
-    )
-    .bind(id)
-    .fetch_one(&db.pool)
-    .await
-    .unwrap();
+    let delay = db.delay_secs(id).await;
     assert!(
         (delay - 90.0).abs() < 3.0,
         "available_at is now + {delay}s, expected 90s"
@@ -580,11 +578,7 @@ struct HotelsByName;
 impl SearchMapping for HotelsByName {
     type Event = HotelChanged;
     const NAME: &'static str = "hotels-by-name";
-    fn index_op(
-        &self,
-        e: &HotelChanged,
-        ctx: &Context,
-    ) -> Result<IndexOp, outbox::HandlerError> {
+    fn index_op(&self, e: &HotelChanged, ctx: &Context) -> Result<IndexOp, outbox::HandlerError> {
         Ok(op(e, ctx))
     }
     fn index(&self) -> Option<&str> {

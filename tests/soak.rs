@@ -253,7 +253,7 @@ async fn count_range(pool: &PgPool, lo: i64, hi: i64) -> i64 {
     let mut tries = 0;
     loop {
         let r = sqlx::query_scalar(
-            "SELECT count(*) FROM outbox_messages \
+            "SELECT count(*) FROM soak_messages \
              WHERE (payload->>'n')::bigint >= $1 AND (payload->>'n')::bigint < $2",
         )
         .bind(lo)
@@ -427,7 +427,7 @@ impl Admin {
     async fn running(&mut self, claimed_by: Option<&str>) -> Vec<Uuid> {
         for _ in 0..100 {
             let r = sqlx::query_scalar(
-                "SELECT public_id FROM outbox_messages \
+                "SELECT id FROM soak_messages \
                  WHERE status = 'running' AND ($1::text IS NULL OR claimed_by = $1)",
             )
             .bind(claimed_by)
@@ -460,7 +460,7 @@ impl Admin {
     async fn counts(&mut self) -> BTreeMap<String, i64> {
         for _ in 0..600 {
             let r: Result<Vec<(String, i64)>, _> =
-                sqlx::query_as("SELECT status, count(*) FROM outbox_messages GROUP BY status")
+                sqlx::query_as("SELECT status, count(*) FROM soak_messages GROUP BY status")
                     .fetch_all(self.conn().await)
                     .await;
             match r {
@@ -554,6 +554,8 @@ async fn run() {
         3 * BATCH
     );
     let db = pg().await;
+    // Done messages are deleted: keep their last rows for the final checks (`soak_messages`).
+    db.archive_done().await;
     schema(&db.pool).await;
     let logs = std::env::temp_dir().join(format!("outbox-soak-{}", db.name));
     std::fs::create_dir_all(&logs).expect("create the worker log directory");
@@ -799,7 +801,21 @@ async fn schema(pool: &PgPool) {
          CREATE INDEX soak_deliveries_message ON soak_deliveries (message_id, handler); \
          CREATE TABLE soak_preempted (message_id uuid NOT NULL, handler text NOT NULL, \
              attempt int NOT NULL, newer_attempt int NOT NULL, pid int NOT NULL, \
-             at timestamptz NOT NULL DEFAULT clock_timestamp());",
+             at timestamptz NOT NULL DEFAULT clock_timestamp()); \
+         CREATE VIEW soak_messages AS \
+             SELECT m.id, m.topic, m.payload, \
+                    CASE WHEN m.locked_until >= now() THEN 'running' ELSE 'pending' END AS status, \
+                    m.attempts, m.last_error, \
+                    (SELECT w.name FROM outbox_workers w WHERE w.id = m.claimed_by) AS claimed_by \
+             FROM outbox_messages m \
+             UNION ALL \
+             SELECT x.id, x.topic, x.payload, 'dead', x.attempts, x.last_error, NULL FROM outbox_dead x \
+             UNION ALL \
+             SELECT d.id, d.topic, d.payload, 'done', d.attempts, d.last_error, \
+                    (SELECT w.name FROM outbox_workers w WHERE w.id = d.claimed_by) \
+             FROM (SELECT DISTINCT ON (id) * FROM test_deleted ORDER BY id, seq DESC) d \
+             WHERE NOT EXISTS (SELECT 1 FROM outbox_messages m WHERE m.id = d.id) \
+               AND NOT EXISTS (SELECT 1 FROM outbox_dead x WHERE x.id = d.id);",
     )
     .execute(pool)
     .await
@@ -837,7 +853,7 @@ async fn check(pool: &PgPool, s: &Settings, chaos: &Chaos, enqueued: i64) -> Rep
     let q = |sql: &'static str| sqlx::query_scalar::<_, i64>(sql);
 
     let counts: BTreeMap<String, i64> = sqlx::query_as::<_, (String, i64)>(
-        "SELECT status, count(*) FROM outbox_messages GROUP BY status",
+        "SELECT status, count(*) FROM soak_messages GROUP BY status",
     )
     .fetch_all(pool)
     .await
@@ -845,11 +861,11 @@ async fn check(pool: &PgPool, s: &Settings, chaos: &Chaos, enqueued: i64) -> Rep
     .into_iter()
     .collect();
     let (done, dead) = (get(&counts, "done"), get(&counts, "dead"));
-    let rows = q("SELECT count(*) FROM outbox_messages")
+    let rows = q("SELECT count(*) FROM soak_messages")
         .fetch_one(pool)
         .await
         .expect("count");
-    let distinct = q("SELECT count(DISTINCT (payload->>'n')::bigint) FROM outbox_messages")
+    let distinct = q("SELECT count(DISTINCT (payload->>'n')::bigint) FROM soak_messages")
         .fetch_one(pool)
         .await
         .expect("count distinct");
@@ -862,7 +878,7 @@ async fn check(pool: &PgPool, s: &Settings, chaos: &Chaos, enqueued: i64) -> Rep
     let expected_poison = (0..s.messages).filter(|n| s.body(*n).poison).count() as i64;
 
     let in_flight: Vec<(Uuid, String, String, i32)> = sqlx::query_as(
-        "SELECT public_id, topic, status, attempts FROM outbox_messages \
+        "SELECT id, topic, status, attempts FROM soak_messages \
          WHERE status IN ('pending', 'running') ORDER BY id",
     )
     .fetch_all(pool)
@@ -877,8 +893,8 @@ async fn check(pool: &PgPool, s: &Settings, chaos: &Chaos, enqueued: i64) -> Rep
     }
 
     let not_done: Vec<(Uuid, String, String, i32, bool, Option<String>)> = sqlx::query_as(
-        "SELECT public_id, topic, status, attempts, (payload->>'laggard')::bool, last_error \
-         FROM outbox_messages WHERE status <> 'done' AND NOT (payload->>'poison')::bool ORDER BY id",
+        "SELECT id, topic, status, attempts, (payload->>'laggard')::bool, last_error \
+         FROM soak_messages WHERE status <> 'done' AND NOT (payload->>'poison')::bool ORDER BY id",
     )
     .fetch_all(pool)
     .await
@@ -927,7 +943,7 @@ async fn check(pool: &PgPool, s: &Settings, chaos: &Chaos, enqueued: i64) -> Rep
     }
 
     let poison: Vec<(Uuid, String, String, i32, Option<String>)> = sqlx::query_as(
-        "SELECT public_id, topic, status, attempts, last_error FROM outbox_messages \
+        "SELECT id, topic, status, attempts, last_error FROM soak_messages \
          WHERE (payload->>'poison')::bool ORDER BY id",
     )
     .fetch_all(pool)
@@ -962,13 +978,13 @@ async fn check(pool: &PgPool, s: &Settings, chaos: &Chaos, enqueued: i64) -> Rep
     // The dedup-wrapped handler: exactly one effect per DONE message, none for poison ones, and
     // never more than one (a healthy message wrongly DEAD is reported above).
     let effects: Vec<(Uuid, i64, String, i64)> = sqlx::query_as(
-        "SELECT m.public_id, (m.payload->>'n')::bigint, m.status, count(e.message_id) \
-         FROM outbox_messages m LEFT JOIN soak_effects e ON e.message_id = m.public_id \
-         WHERE m.topic = 'soak.billing' GROUP BY m.id \
-         HAVING count(e.message_id) > 1 \
-             OR (m.status = 'done' AND count(e.message_id) <> 1) \
-             OR ((m.payload->>'poison')::bool AND count(e.message_id) <> 0) \
-         ORDER BY m.id",
+        "SELECT id, n, status, effects FROM ( \
+            SELECT m.id, (m.payload->>'n')::bigint AS n, m.status, (m.payload->>'poison')::bool AS poison, \
+                   (SELECT count(*) FROM soak_effects e WHERE e.message_id = m.id) AS effects \
+            FROM soak_messages m WHERE m.topic = 'soak.billing' \
+         ) c \
+         WHERE effects > 1 OR (status = 'done' AND effects <> 1) OR (poison AND effects <> 0) \
+         ORDER BY id",
     )
     .fetch_all(pool)
     .await
@@ -981,21 +997,21 @@ async fn check(pool: &PgPool, s: &Settings, chaos: &Chaos, enqueued: i64) -> Rep
         ));
     }
     let orphans = q("SELECT count(*) FROM soak_effects e \
-                     WHERE NOT EXISTS (SELECT 1 FROM outbox_messages m WHERE m.public_id = e.message_id)")
-        .fetch_one(pool)
-        .await
-        .expect("orphan effects");
+                     WHERE NOT EXISTS (SELECT 1 FROM soak_messages m WHERE m.id = e.message_id)")
+    .fetch_one(pool)
+    .await
+    .expect("orphan effects");
     if orphans > 0 {
         failures.push(format!("{orphans} effect(s) of no message"));
     }
 
     // Every handler reached: at least one delivery per DONE message and plain handler.
     let missing: Vec<(Uuid, String, String)> = sqlx::query_as(
-        "SELECT m.public_id, m.topic, h.handler FROM outbox_messages m \
+        "SELECT m.id, m.topic, h.handler FROM soak_messages m \
          JOIN (VALUES ('soak.billing', 'audit'), ('soak.emails', 'mail'), ('soak.index', 'index')) \
               AS h(topic, handler) ON h.topic = m.topic \
          WHERE m.status = 'done' AND NOT EXISTS ( \
-             SELECT 1 FROM soak_deliveries d WHERE d.message_id = m.public_id AND d.handler = h.handler) \
+             SELECT 1 FROM soak_deliveries d WHERE d.message_id = m.id AND d.handler = h.handler) \
          ORDER BY m.id",
     )
     .fetch_all(pool)
@@ -1010,14 +1026,13 @@ async fn check(pool: &PgPool, s: &Settings, chaos: &Chaos, enqueued: i64) -> Rep
     }
 
     // Duplicates only where a kill (or a staged laggard) explains them.
-    let laggards: HashSet<Uuid> = sqlx::query_scalar(
-        "SELECT public_id FROM outbox_messages WHERE (payload->>'laggard')::bool",
-    )
-    .fetch_all(pool)
-    .await
-    .expect("laggards")
-    .into_iter()
-    .collect();
+    let laggards: HashSet<Uuid> =
+        sqlx::query_scalar("SELECT id FROM soak_messages WHERE (payload->>'laggard')::bool")
+            .fetch_all(pool)
+            .await
+            .expect("laggards")
+            .into_iter()
+            .collect();
     let dups: Vec<Duplicate> = sqlx::query_as(
         "SELECT message_id, handler, count(*), array_agg(attempt ORDER BY at), array_agg(pid ORDER BY at) \
          FROM soak_deliveries GROUP BY message_id, handler HAVING count(*) > 1",

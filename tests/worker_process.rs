@@ -5,6 +5,9 @@
 //! Every test runs `test-worker` (tests/bin/test_worker.rs) as child processes on a fresh
 //! database of its own; its handler `record` sleeps `sleep_ms` and then inserts a row into
 //! `effects`, a table each test creates.
+//!
+//! A done message is deleted; each test keeps a copy of every deleted row (`archive_done`, a
+//! trigger of the tests), to check how often each message was attempted and who finished it.
 
 use std::collections::{BTreeMap, HashSet};
 use std::future::Future;
@@ -77,14 +80,45 @@ where
     }
 }
 
-/// Message counts by status.
+/// Message counts by status: `pending` and `running` (lease running) in the live table, `dead`
+/// in the dead letters, `done` deleted (archived, and in neither table).
 async fn counts(pool: &PgPool) -> BTreeMap<String, i64> {
     let rows: Vec<(String, i64)> = retry("count by status", || {
-        sqlx::query_as("SELECT status, count(*) FROM outbox_messages GROUP BY status")
-            .fetch_all(pool)
+        sqlx::query_as(
+            "SELECT status, count(*) FROM ( \
+                SELECT CASE WHEN locked_until >= now() THEN 'running' ELSE 'pending' END AS status \
+                FROM outbox_messages \
+                UNION ALL SELECT 'dead' FROM outbox_dead \
+                UNION ALL SELECT 'done' FROM (SELECT DISTINCT id FROM test_deleted) d \
+                WHERE NOT EXISTS (SELECT 1 FROM outbox_messages m WHERE m.id = d.id) \
+                  AND NOT EXISTS (SELECT 1 FROM outbox_dead x WHERE x.id = d.id) \
+             ) s GROUP BY status",
+        )
+        .fetch_all(pool)
     })
     .await;
     rows.into_iter().collect()
+}
+
+/// A fresh database with an `effects` table that archives deleted message rows.
+async fn setup(unique: bool) -> TestDb {
+    let db = pg().await;
+    effects_table(&db.pool, unique).await;
+    db.archive_done().await;
+    db
+}
+
+/// The done messages as they were deleted, with the name of the worker that claimed them last
+/// (while its row is still in `outbox_workers`): (id, attempts, last_error, worker name).
+async fn done_rows(pool: &PgPool) -> Vec<(Uuid, i32, Option<String>, String)> {
+    sqlx::query_as(
+        "SELECT d.id, d.attempts, d.last_error, coalesce(w.name, d.claimed_by::text, '-') \
+         FROM test_deleted d LEFT JOIN outbox_workers w ON w.id = d.claimed_by \
+         WHERE NOT EXISTS (SELECT 1 FROM outbox_dead x WHERE x.id = d.id) ORDER BY d.seq",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap()
 }
 
 fn get(c: &BTreeMap<String, i64>, status: &str) -> i64 {
@@ -139,11 +173,11 @@ async fn enqueue_work(db: &TestDb, n: i64, sleep_ms: impl Fn(i64) -> u64) -> Vec
     ids
 }
 
-/// (public_id, attempts, claim_token) of the rows now `running`.
+/// (id, attempts, claim_token) of the rows now claimed (lease running or not).
 async fn running_rows(pool: &PgPool) -> Vec<(Uuid, i32, Option<Uuid>)> {
     sqlx::query_as(
-        "SELECT public_id, attempts, claim_token FROM outbox_messages \
-         WHERE status = 'running' ORDER BY public_id",
+        "SELECT id, attempts, claim_token FROM outbox_messages \
+         WHERE claim_token IS NOT NULL ORDER BY id",
     )
     .fetch_all(pool)
     .await
@@ -152,8 +186,7 @@ async fn running_rows(pool: &PgPool) -> Vec<(Uuid, i32, Option<Uuid>)> {
 
 #[tokio::test]
 async fn two_workers_drain_2000_messages_exactly_once() {
-    let db = pg().await;
-    effects_table(&db.pool, true).await;
+    let db = setup(true).await;
 
     // Both workers are up and asleep on LISTEN before the burst, so both take part.
     let flags = ["--batch-size", "10"];
@@ -185,7 +218,16 @@ async fn two_workers_drain_2000_messages_exactly_once() {
         "two workers drained 2000 messages in {:?}",
         started.elapsed()
     );
-    assert_eq!(c.len(), 1, "only done rows are left: {c:?}");
+    assert_eq!(c.len(), 1, "only done messages are left: {c:?}");
+    assert_eq!(
+        scalar(
+            &db.pool,
+            "SELECT coalesce(sum(done), 0)::bigint FROM outbox_done_counts"
+        )
+        .await,
+        2000,
+        "the done counts agree"
+    );
 
     assert_eq!(scalar(&db.pool, "SELECT count(*) FROM effects").await, 2000);
     assert_eq!(
@@ -195,28 +237,26 @@ async fn two_workers_drain_2000_messages_exactly_once() {
     assert_eq!(
         scalar(
             &db.pool,
-            "SELECT count(*) FROM outbox_messages m JOIN effects e ON e.message_id = m.public_id"
+            "SELECT count(*) FROM effects e WHERE EXISTS (SELECT 1 FROM test_deleted d WHERE d.id = e.message_id)"
         )
         .await,
         2000,
         "every effect belongs to a message"
     );
     // A second run of any message would have hit the unique key, failed, and been retried.
-    let over: Vec<(Uuid, i32, Option<String>)> = sqlx::query_as(
-        "SELECT public_id, attempts, last_error FROM outbox_messages \
-         WHERE attempts <> 1 OR last_error IS NOT NULL LIMIT 5",
-    )
-    .fetch_all(&db.pool)
-    .await
-    .unwrap();
+    let done = done_rows(&db.pool).await;
+    assert_eq!(done.len(), 2000, "each message deleted once, as done");
+    let over: Vec<_> = done
+        .iter()
+        .filter(|(_, attempts, err, _)| *attempts != 1 || err.is_some())
+        .take(5)
+        .collect();
     assert!(over.is_empty(), "messages run more than once: {over:?}");
 
-    let by_worker: Vec<(String, i64)> = sqlx::query_as(
-        "SELECT claimed_by, count(*) FROM outbox_messages GROUP BY claimed_by ORDER BY claimed_by",
-    )
-    .fetch_all(&db.pool)
-    .await
-    .unwrap();
+    let mut by_worker: BTreeMap<String, i64> = BTreeMap::new();
+    for (_, _, _, name) in &done {
+        *by_worker.entry(name.clone()).or_default() += 1;
+    }
     eprintln!("claims per worker: {by_worker:?}");
     assert_eq!(by_worker.len(), 2, "both workers claimed: {by_worker:?}");
     for suffix in [format!(":{pid_a}"), format!(":{pid_b}")] {
@@ -242,8 +282,7 @@ async fn two_workers_drain_2000_messages_exactly_once() {
 
 #[tokio::test]
 async fn sigkill_mid_handler_redelivers_after_lease() {
-    let db = pg().await;
-    effects_table(&db.pool, false).await;
+    let db = setup(false).await;
     let ids = enqueue_work(&db, 50, |_| 1500).await;
     let flags = [
         "--lease",
@@ -285,14 +324,15 @@ async fn sigkill_mid_handler_redelivers_after_lease() {
     })
     .await;
 
-    let per_message: Vec<(Uuid, i32, String, i64)> = sqlx::query_as(
-        "SELECT m.public_id, m.attempts, m.claimed_by, \
-                (SELECT count(*) FROM effects e WHERE e.message_id = m.public_id) \
-         FROM outbox_messages m",
-    )
-    .fetch_all(&db.pool)
-    .await
-    .unwrap();
+    let mut per_message: Vec<(Uuid, i32, String, i64)> = Vec::new();
+    for (id, attempts, _, claimed_by) in done_rows(&db.pool).await {
+        let effects: i64 = sqlx::query_scalar("SELECT count(*) FROM effects WHERE message_id = $1")
+            .bind(id)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+        per_message.push((id, attempts, claimed_by, effects));
+    }
     assert_eq!(per_message.len(), ids.len());
     let killed: HashSet<Uuid> = in_flight.iter().map(|(id, _, _)| *id).collect();
     let mut total = 0;
@@ -323,8 +363,7 @@ async fn sigkill_mid_handler_redelivers_after_lease() {
 
 #[tokio::test]
 async fn sigterm_lets_in_flight_handlers_finish() {
-    let db = pg().await;
-    effects_table(&db.pool, true).await;
+    let db = setup(true).await;
     enqueue_work(&db, 20, |_| 1000).await;
 
     let mut worker = spawn_worker(
@@ -354,9 +393,13 @@ async fn sigterm_lets_in_flight_handlers_finish() {
     assert_eq!(get(&c, "running"), 0, "nothing left running: {c:?}");
     assert_eq!(get(&c, "dead"), 0, "{c:?}");
     let left: Vec<(Uuid, String, i32, i64)> = sqlx::query_as(
-        "SELECT m.public_id, m.status, m.attempts, \
-                (SELECT count(*) FROM effects e WHERE e.message_id = m.public_id) \
-         FROM outbox_messages m WHERE m.public_id = ANY($1)",
+        "SELECT r.id, \
+                CASE WHEN EXISTS (SELECT 1 FROM outbox_messages m WHERE m.id = r.id) THEN 'live' \
+                     WHEN EXISTS (SELECT 1 FROM outbox_dead x WHERE x.id = r.id) THEN 'dead' \
+                     ELSE 'done' END, \
+                coalesce((SELECT d.attempts FROM test_deleted d WHERE d.id = r.id ORDER BY d.seq DESC LIMIT 1), 0), \
+                (SELECT count(*) FROM effects e WHERE e.message_id = r.id) \
+         FROM unnest($1::uuid[]) AS r(id)",
     )
     .bind(&running)
     .fetch_all(&db.pool)
@@ -379,8 +422,7 @@ async fn sigterm_lets_in_flight_handlers_finish() {
 
 #[tokio::test]
 async fn pg_terminate_backend_mid_drain_still_completes() {
-    let db = pg().await;
-    effects_table(&db.pool, false).await;
+    let db = setup(false).await;
     enqueue_work(&db, 3000, |i| (i % 6) as u64).await;
 
     // A short lease: a claim whose reply is lost with its connection is retried in seconds.
@@ -429,7 +471,7 @@ async fn pg_terminate_backend_mid_drain_still_completes() {
         "drained 3000 messages through two kills in {:?}",
         started.elapsed()
     );
-    assert_eq!(c.len(), 1, "only done rows are left: {c:?}");
+    assert_eq!(c.len(), 1, "only done messages are left: {c:?}");
     assert_eq!(
         scalar(&db.pool, "SELECT count(DISTINCT message_id) FROM effects").await,
         3000,
@@ -437,7 +479,7 @@ async fn pg_terminate_backend_mid_drain_still_completes() {
     );
     let retried = scalar(
         &db.pool,
-        "SELECT count(*) FROM outbox_messages WHERE attempts > 1",
+        "SELECT count(*) FROM test_deleted WHERE attempts > 1",
     )
     .await;
     let effects = scalar(&db.pool, "SELECT count(*) FROM effects").await;
@@ -474,8 +516,7 @@ async fn run_to_end(args: &[&str]) -> (ExitStatus, String, String) {
 
 #[tokio::test]
 async fn once_runs_one_batch_and_list_topics_lists() {
-    let db = pg().await;
-    effects_table(&db.pool, true).await;
+    let db = setup(true).await;
     enqueue_work(&db, 12, |_| 0).await;
 
     let (status, stdout, _) =
@@ -529,6 +570,7 @@ async fn two_workers_on_one_sqlite_file_take_different_messages() {
         .execute(&db.pool)
         .await
         .unwrap();
+    db.archive_done().await;
     let flags = ["--batch-size", "10", "--poll-interval", "0.05"];
     let mut workers = [spawn_worker(&db.url, &flags), spawn_worker(&db.url, &flags)];
     let pids: Vec<u32> = workers.iter().map(pid).collect();
@@ -558,17 +600,18 @@ async fn two_workers_on_one_sqlite_file_take_different_messages() {
         (1000, 1000),
         "every message handled exactly once"
     );
-    let retried: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM outbox_messages WHERE attempts <> 1")
-            .fetch_one(&db.pool)
-            .await
-            .unwrap();
+    let (deleted, retried): (i64, i64) = sqlx::query_as(
+        "SELECT count(DISTINCT id), count(*) FILTER (WHERE attempts <> 1) FROM test_deleted",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(deleted, 1000, "each message deleted as done");
     assert_eq!(retried, 0, "no message was claimed twice");
-    let claimers: Vec<String> =
-        sqlx::query_scalar("SELECT DISTINCT claimed_by FROM outbox_messages")
-            .fetch_all(&db.pool)
-            .await
-            .unwrap();
+    let claimers: Vec<String> = sqlx::query_scalar("SELECT DISTINCT claimed_by FROM test_deleted")
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
     assert_eq!(claimers.len(), 2, "both workers took part: {claimers:?}");
     for (w, p) in workers.iter_mut().zip(&pids) {
         sigterm(*p);

@@ -192,8 +192,8 @@ impl Db {
         match self.kind {
             Kind::Postgres => {
                 self.exec(
-                    "TRUNCATE outbox_messages, outbox_deliveries, outbox_workers, outbox_processed, \
-                     bench_orders RESTART IDENTITY",
+                    "TRUNCATE outbox_messages, outbox_dead, outbox_done_counts, outbox_deliveries, \
+                     outbox_workers, outbox_processed, bench_orders RESTART IDENTITY",
                 )
                 .await?;
             }
@@ -217,9 +217,10 @@ impl Db {
         }
     }
 
-    /// Refreshes the planner statistics of the outbox table.
+    /// Refreshes the planner statistics of the outbox tables.
     pub(crate) async fn analyze(&self) -> Result<()> {
-        self.exec("ANALYZE outbox_messages").await
+        self.exec("ANALYZE outbox_messages; ANALYZE outbox_dead; ANALYZE outbox_done_counts")
+            .await
     }
 
     /// Runs one statement without parameters.
@@ -229,13 +230,29 @@ impl Db {
             .with_context(|| format!("{}: running `{sql}`", self.kind.name()))
     }
 
-    /// Counts messages in `status`.
+    /// Counts messages in `status`: `pending` (live, not under a running lease), `running`,
+    /// `dead` (dead letters) or `done` (deleted when done; the sum of the per-minute counts).
     pub(crate) async fn count_status(&self, status: &str) -> Result<i64> {
-        let sql = match self.kind {
-            Kind::Postgres => "SELECT count(*) FROM outbox_messages WHERE status = $1",
-            Kind::Sqlite => "SELECT count(*) FROM outbox_messages WHERE status = ?1",
+        let sql = match (self.kind, status) {
+            (Kind::Postgres, "pending") => {
+                "SELECT count(*) FROM outbox_messages WHERE locked_until IS NULL OR locked_until < now()"
+            }
+            (Kind::Postgres, "running") => {
+                "SELECT count(*) FROM outbox_messages WHERE locked_until >= now()"
+            }
+            (Kind::Sqlite, "pending") => {
+                "SELECT count(*) FROM outbox_messages \
+                 WHERE locked_until IS NULL OR locked_until < CAST(unixepoch('subsec') * 1000 AS INTEGER)"
+            }
+            (Kind::Sqlite, "running") => {
+                "SELECT count(*) FROM outbox_messages \
+                 WHERE locked_until >= CAST(unixepoch('subsec') * 1000 AS INTEGER)"
+            }
+            (_, "dead") => "SELECT count(*) FROM outbox_dead",
+            (_, "done") => "SELECT CAST(coalesce(sum(done), 0) AS BIGINT) FROM outbox_done_counts",
+            (_, other) => anyhow::bail!("no message status `{other}`"),
         };
-        Ok(on_pool!(&self.pool, p => sqlx::query_scalar(sql).bind(status).fetch_one(p).await)?)
+        Ok(on_pool!(&self.pool, p => sqlx::query_scalar(sql).fetch_one(p).await)?)
     }
 
     /// Enqueues `events` with `enqueue_many`, 1,000 per transaction.
@@ -255,7 +272,7 @@ impl Db {
         match &self.pool {
             Pool::Pg(p) => sqlx::query(
                 "UPDATE outbox_messages SET available_at = available_at - interval '1 hour' \
-                 WHERE topic = $1 AND status = 'pending'",
+                 WHERE topic = $1 AND locked_until IS NULL",
             )
             .bind(topic)
             .execute(p)
@@ -263,7 +280,7 @@ impl Db {
             .map(drop)?,
             Pool::Sqlite(p) => sqlx::query(
                 "UPDATE outbox_messages SET available_at = available_at - 3600000 \
-                 WHERE topic = ?1 AND status = 'pending'",
+                 WHERE topic = ?1 AND locked_until IS NULL",
             )
             .bind(topic)
             .execute(p)
@@ -273,28 +290,41 @@ impl Db {
         Ok(())
     }
 
-    /// Inserts `n` messages already done, in one statement, as a long-running system would have
-    /// them (time-ordered ids, ~200-byte payloads, processed an hour ago).
+    /// Seeds the history of a long-running system beside the live table, which keeps live
+    /// messages only: `n` dead letters in `outbox_dead` (time-ordered ids, ~200-byte payloads,
+    /// dead two hours ago), and the per-minute counts of `n` done messages (done messages are
+    /// deleted; 1,000 a minute in the `n / 1000` minutes before that).
     pub(crate) async fn insert_done(&self, n: u64, topic: &str, payload: &str) -> Result<()> {
         let n = i64::try_from(n)?;
         match &self.pool {
-            Pool::Pg(p) => sqlx::query(
-                "INSERT INTO outbox_messages (public_id, topic, payload, status, attempts, \
-                     available_at, claimed_at, processed_at, created_at) \
-                 SELECT (lpad(to_hex(t.ms), 12, '0') || '7' || substr(t.h, 1, 3) || '8' \
-                         || substr(t.h, 4, 15))::uuid, \
-                        $2, $3::jsonb, 'done', 1, t.ts, t.ts, t.ts, t.ts \
-                 FROM (SELECT (extract(epoch FROM now()) * 1000)::bigint - 7200000 + g / 1000 AS ms, \
-                              md5(g::text) AS h, \
-                              now() - interval '2 hours' + (g / 1000) * interval '1 millisecond' AS ts \
-                       FROM generate_series(1, $1) AS g) AS t",
-            )
-            .bind(n)
-            .bind(topic)
-            .bind(payload)
-            .execute(p)
-            .await
-            .map(drop)?,
+            Pool::Pg(p) => {
+                sqlx::query(
+                    "INSERT INTO outbox_dead (id, topic, payload, attempts, last_error, created_at, dead_at) \
+                     SELECT (lpad(to_hex(t.ms), 12, '0') || '7' || substr(t.h, 1, 3) || '8' \
+                             || substr(t.h, 4, 15))::uuid, \
+                            $2, $3::json, 8, 'bench: seeded dead letter', t.ts, t.ts \
+                     FROM (SELECT (extract(epoch FROM now()) * 1000)::bigint - 7200000 + g / 1000 AS ms, \
+                                  md5(g::text) AS h, \
+                                  now() - interval '2 hours' + (g / 1000) * interval '1 millisecond' AS ts \
+                           FROM generate_series(1, $1) AS g) AS t",
+                )
+                .bind(n)
+                .bind(topic)
+                .bind(payload)
+                .execute(p)
+                .await?;
+                sqlx::query(
+                    "INSERT INTO outbox_done_counts (topic, minute, worker, done) \
+                     SELECT $2, date_trunc('minute', now() - interval '2 hours') - g * interval '1 minute', \
+                            '00000000-0000-7000-8000-000000000001'::uuid, 1000 \
+                     FROM generate_series(1, greatest($1 / 1000, 1)) AS g",
+                )
+                .bind(n)
+                .bind(topic)
+                .execute(p)
+                .await
+                .map(drop)?
+            }
             Pool::Sqlite(p) => {
                 let then = i64::try_from(
                     SystemTime::now()
@@ -304,16 +334,26 @@ impl Db {
                 )? - 7_200_000;
                 sqlx::query(
                     "WITH RECURSIVE g(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM g WHERE n < ?1) \
-                     INSERT INTO outbox_messages (public_id, topic, payload, status, attempts, \
-                         available_at, claimed_at, processed_at, created_at) \
-                     SELECT printf('%08x-0000-7000-8000-%012x', ?4 / 1000, n), ?2, ?3, 'done', 1, \
-                            ?4 + n / 1000, ?4 + n / 1000, ?4 + n / 1000, ?4 + n / 1000 \
+                     INSERT INTO outbox_dead (id, topic, payload, attempts, last_error, created_at, dead_at) \
+                     SELECT printf('%08x-0000-7000-8000-%012x', ?4 / 1000, n), ?2, ?3, 8, \
+                            'bench: seeded dead letter', ?4 + n / 1000, ?4 + n / 1000 \
                      FROM g",
                 )
                 .bind(n)
                 .bind(topic)
                 .bind(payload)
                 .bind(then)
+                .execute(p)
+                .await?;
+                let minute = then - then.rem_euclid(60_000);
+                sqlx::query(
+                    "WITH RECURSIVE g(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM g WHERE n < max(?1 / 1000, 1)) \
+                     INSERT INTO outbox_done_counts (topic, minute, worker, done) \
+                     SELECT ?2, ?3 - n * 60000, '00000000-0000-7000-8000-000000000001', 1000 FROM g",
+                )
+                .bind(n)
+                .bind(topic)
+                .bind(minute)
                 .execute(p)
                 .await
                 .map(drop)?

@@ -80,8 +80,7 @@ impl Db {
                 for suffix in ["", "-wal", "-shm"] {
                     let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
                 }
-                let pool =
-                    outbox::sqlite_pool(&format!("sqlite://{}", path.display())).await?;
+                let pool = outbox::sqlite_pool(&format!("sqlite://{}", path.display())).await?;
                 Ok(Db::Sqlite { pool, path })
             }
         }
@@ -128,6 +127,8 @@ impl Db {
                      DROP TABLE IF EXISTS stayhub_bookings;
                      DROP TABLE IF EXISTS stayhub_properties;
                      DELETE FROM outbox_messages WHERE topic IN ('booking.created', 'property.changed');
+                     DELETE FROM outbox_dead WHERE topic IN ('booking.created', 'property.changed');
+                     DELETE FROM outbox_done_counts WHERE topic IN ('booking.created', 'property.changed');
                      CREATE TABLE stayhub_properties (
                         id BIGSERIAL PRIMARY KEY, name TEXT NOT NULL, city TEXT NOT NULL,
                         nightly_price BIGINT NOT NULL, version BIGINT NOT NULL DEFAULT 1);
@@ -297,11 +298,15 @@ impl Db {
         })
     }
 
-    /// How many bookings exist, and how many `booking.created` messages.
+    /// How many bookings exist, and how many `booking.created` messages were committed: those
+    /// still in the outbox or dead-lettered, and those done (deleted, counted per minute).
     pub(crate) async fn booking_counts(&self) -> anyhow::Result<(i64, i64)> {
         let (bookings, events) = (
             "SELECT count(*) FROM stayhub_bookings",
-            "SELECT count(*) FROM outbox_messages WHERE topic = 'booking.created'",
+            "SELECT (SELECT count(*) FROM outbox_messages WHERE topic = 'booking.created') \
+                  + (SELECT count(*) FROM outbox_dead WHERE topic = 'booking.created') \
+                  + (SELECT CAST(coalesce(sum(done), 0) AS BIGINT) FROM outbox_done_counts \
+                     WHERE topic = 'booking.created')",
         );
         Ok(match self {
             Db::Sqlite { pool, .. } => (
@@ -312,16 +317,6 @@ impl Db {
                 sqlx::query_scalar(bookings).fetch_one(pool).await?,
                 sqlx::query_scalar(events).fetch_one(pool).await?,
             ),
-        })
-    }
-
-    /// Failed attempts that were retried, over StayHub's messages.
-    pub(crate) async fn retries(&self) -> anyhow::Result<i64> {
-        let sql = "SELECT CAST(coalesce(sum(attempts - 1), 0) AS BIGINT) FROM outbox_messages \
-                   WHERE topic IN ('booking.created', 'property.changed') AND attempts > 1";
-        Ok(match self {
-            Db::Sqlite { pool, .. } => sqlx::query_scalar(sql).fetch_one(pool).await?,
-            Db::Postgres { pool } => sqlx::query_scalar(sql).fetch_one(pool).await?,
         })
     }
 }

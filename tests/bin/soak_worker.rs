@@ -139,11 +139,9 @@ async fn pace(body: &Body, ctx: &Context, pool: &PgPool) -> Result<(), HandlerEr
     loop {
         let current = tokio::time::timeout(
             Duration::from_millis(300),
-            sqlx::query_scalar::<_, i32>(
-                "SELECT attempts FROM outbox_messages WHERE public_id = $1",
-            )
-            .bind(ctx.message_id())
-            .fetch_one(pool),
+            sqlx::query_scalar::<_, i32>("SELECT attempts FROM outbox_messages WHERE id = $1")
+                .bind(ctx.message_id())
+                .fetch_one(pool),
         )
         .await;
         if let Ok(Ok(current)) = current {

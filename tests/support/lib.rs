@@ -118,42 +118,147 @@ impl TestDb {
         }
     }
 
-    /// The number of outbox messages in the database.
+    /// The number of stored messages: live (pending or running) and dead. A done message is
+    /// deleted, so it is not counted.
     pub async fn count(&self) -> i64 {
-        scalar(&self.pool, "SELECT count(*) FROM outbox_messages").await
+        scalar(
+            &self.pool,
+            "SELECT (SELECT count(*) FROM outbox_messages) + (SELECT count(*) FROM outbox_dead)",
+        )
+        .await
     }
 
-    /// The number of outbox messages in `status`.
+    /// The number of messages in `status`: `pending` (live, not under a running lease),
+    /// `running` (lease running), `dead` (in `outbox_dead`) or `done` (deleted, counted in
+    /// `outbox_done_counts` until `purge_done` removes the count).
     pub async fn count_status(&self, status: &str) -> i64 {
-        sqlx::query_scalar("SELECT count(*) FROM outbox_messages WHERE status = $1")
-            .bind(status)
-            .fetch_one(&self.pool)
-            .await
-            .expect("count by status")
+        let sql = match status {
+            "pending" => {
+                "SELECT count(*) FROM outbox_messages WHERE locked_until IS NULL OR locked_until < now()"
+            }
+            "running" => "SELECT count(*) FROM outbox_messages WHERE locked_until >= now()",
+            "dead" => "SELECT count(*) FROM outbox_dead",
+            "done" => "SELECT coalesce(sum(done), 0)::bigint FROM outbox_done_counts",
+            other => panic!("no status {other}"),
+        };
+        scalar(&self.pool, sql).await
     }
 
-    /// (status, attempts, last_error) of one message.
-    pub async fn status(&self, id: Uuid) -> (String, i32, Option<String>) {
+    /// (status, attempts, last_error) of one message, from the live table, then the dead one;
+    /// `None` when it is in neither: done (deleted).
+    pub async fn state(&self, id: Uuid) -> Option<(String, i32, Option<String>)> {
         sqlx::query_as(
-            "SELECT status, attempts, last_error FROM outbox_messages WHERE public_id = $1",
+            "SELECT CASE WHEN locked_until >= now() THEN 'running' ELSE 'pending' END, attempts, last_error \
+             FROM outbox_messages WHERE id = $1 \
+             UNION ALL SELECT 'dead', attempts, last_error FROM outbox_dead WHERE id = $1",
         )
         .bind(id)
-        .fetch_one(&self.pool)
+        .fetch_optional(&self.pool)
         .await
-        .expect("message status")
+        .expect("message state")
     }
 
-    /// Makes every pending message due now, instead of waiting for its backoff.
+    /// (status, attempts, last_error) of a message that is live or dead.
+    ///
+    /// # Panics
+    ///
+    /// When the message is in neither table (done, or never stored).
+    pub async fn status(&self, id: Uuid) -> (String, i32, Option<String>) {
+        self.state(id)
+            .await
+            .unwrap_or_else(|| panic!("message {id} is neither live nor dead"))
+    }
+
+    /// Keeps a copy of every row deleted from the live table (done, or moved to the dead
+    /// letters), so a test can still see how a done message ended
+    /// ([`status_archived`](Self::status_archived)) or put it back as if its "done" had been
+    /// lost ([`undo_done`](Self::undo_done)). A trigger of the test only: the library deletes a
+    /// done message for good.
+    pub async fn archive_done(&self) {
+        sqlx::raw_sql(
+            "CREATE TABLE test_deleted (LIKE outbox_messages); \
+             ALTER TABLE test_deleted ADD COLUMN seq BIGSERIAL PRIMARY KEY; \
+             CREATE FUNCTION test_archive_deleted() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+                 INSERT INTO test_deleted SELECT (OLD).*; \
+                 RETURN OLD; \
+             END $$; \
+             CREATE TRIGGER test_archive_deleted AFTER DELETE ON outbox_messages \
+                 FOR EACH ROW EXECUTE FUNCTION test_archive_deleted();",
+        )
+        .execute(&self.pool)
+        .await
+        .expect("archive deleted rows");
+    }
+
+    /// (status, attempts, last_error) of one message, as [`status`](Self::status), and for a
+    /// message deleted as done, `"done"` with the attempts and error of its last row. Needs
+    /// [`archive_done`](Self::archive_done) before the message was done.
+    ///
+    /// # Panics
+    ///
+    /// When the message is in none of the tables.
+    pub async fn status_archived(&self, id: Uuid) -> (String, i32, Option<String>) {
+        sqlx::query_as(
+            "SELECT status, attempts, last_error FROM ( \
+                SELECT 0 AS rank, CASE WHEN locked_until >= now() THEN 'running' ELSE 'pending' END AS status, \
+                       attempts, last_error FROM outbox_messages WHERE id = $1 \
+                UNION ALL SELECT 1, 'dead', attempts, last_error FROM outbox_dead WHERE id = $1 \
+                UNION ALL (SELECT 2, 'done', attempts, last_error FROM test_deleted WHERE id = $1 \
+                           ORDER BY seq DESC LIMIT 1) \
+             ) s ORDER BY rank LIMIT 1",
+        )
+        .bind(id)
+        .fetch_optional(&self.pool)
+        .await
+        .expect("archived message state")
+        .unwrap_or_else(|| panic!("message {id} was never stored"))
+    }
+
+    /// Puts a done message back as if its "done" had been lost in a crash: its last row, still
+    /// claimed, by a worker whose lease ran out a second ago, so it is delivered again. Needs
+    /// [`archive_done`](Self::archive_done) before the message was done.
+    pub async fn undo_done(&self, id: Uuid) {
+        let n = sqlx::query(
+            "INSERT INTO outbox_messages (id, topic, payload, idempotency_key, attempts, available_at, \
+                                          locked_until, claim_token, claimed_by, last_error, created_at) \
+             SELECT id, topic, payload, idempotency_key, attempts, available_at, \
+                    now() - interval '1 second', coalesce(claim_token, gen_random_uuid()), claimed_by, \
+                    last_error, created_at \
+             FROM test_deleted WHERE id = $1 ORDER BY seq DESC LIMIT 1",
+        )
+        .bind(id)
+        .execute(&self.pool)
+        .await
+        .expect("undo done")
+        .rows_affected();
+        assert_eq!(n, 1, "message {id} was not archived as deleted");
+    }
+
+    /// Makes every pending (unclaimed) message due now, instead of waiting for its backoff.
     pub async fn make_due(&self) {
-        sqlx::query("UPDATE outbox_messages SET available_at = now() WHERE status = 'pending'")
+        sqlx::query("UPDATE outbox_messages SET available_at = now() WHERE locked_until IS NULL")
             .execute(&self.pool)
             .await
             .expect("make due");
     }
 
+    /// Makes every live message look claimed by a worker that died: `attempts` counted, a
+    /// claim token, a lease that ran out a second ago, and `last_error`.
+    pub async fn crash_claims(&self, attempts: i32, last_error: &str) {
+        sqlx::query(
+            "UPDATE outbox_messages SET attempts = $1, last_error = $2, claim_token = gen_random_uuid(), \
+             claimed_by = gen_random_uuid(), locked_until = now() - interval '1 second'",
+        )
+        .bind(attempts)
+        .bind(last_error)
+        .execute(&self.pool)
+        .await
+        .expect("crash claims");
+    }
+
     /// Seconds until the message is available (negative when due).
     pub async fn delay_secs(&self, id: Uuid) -> f64 {
-        sqlx::query_scalar("SELECT extract(epoch FROM available_at - now())::float8 FROM outbox_messages WHERE public_id = $1")
+        sqlx::query_scalar("SELECT extract(epoch FROM available_at - now())::float8 FROM outbox_messages WHERE id = $1")
             .bind(id)
             .fetch_one(&self.pool)
             .await
@@ -163,7 +268,7 @@ impl TestDb {
     /// Seconds between creation and availability.
     pub async fn scheduled_secs(&self, id: Uuid) -> f64 {
         sqlx::query_scalar(
-            "SELECT extract(epoch FROM available_at - created_at)::float8 FROM outbox_messages WHERE public_id = $1",
+            "SELECT extract(epoch FROM available_at - created_at)::float8 FROM outbox_messages WHERE id = $1",
         )
         .bind(id)
         .fetch_one(&self.pool)
@@ -171,22 +276,28 @@ impl TestDb {
         .expect("scheduled delay")
     }
 
-    /// Replaces the claim token of a running message, as a newer claim would. True if it was running.
+    /// Replaces the claim of a claimed message, as a newer claim would: a new token, one more
+    /// attempt, a fresh minute-long lease. True if it was claimed.
     pub async fn steal_claim(&self, id: Uuid, token: Uuid) -> bool {
-        sqlx::query("UPDATE outbox_messages SET claim_token = $1, attempts = attempts + 1 WHERE public_id = $2 AND status = 'running'")
-            .bind(token)
-            .bind(id)
-            .execute(&self.pool)
-            .await
-            .expect("steal claim")
-            .rows_affected()
+        sqlx::query(
+            "UPDATE outbox_messages SET claim_token = $1, attempts = attempts + 1, \
+             locked_until = now() + interval '60 seconds' \
+             WHERE id = $2 AND claim_token IS NOT NULL",
+        )
+        .bind(token)
+        .bind(id)
+        .execute(&self.pool)
+        .await
+        .expect("steal claim")
+        .rows_affected()
             == 1
     }
 
-    /// (status, claim token, last_error) of one message.
+    /// (status, claim token, last_error) of one live message.
     pub async fn claim_state(&self, id: Uuid) -> (String, Option<Uuid>, Option<String>) {
         sqlx::query_as(
-            "SELECT status, claim_token, last_error FROM outbox_messages WHERE public_id = $1",
+            "SELECT CASE WHEN locked_until >= now() THEN 'running' ELSE 'pending' END, claim_token, last_error \
+             FROM outbox_messages WHERE id = $1",
         )
         .bind(id)
         .fetch_one(&self.pool)
@@ -197,8 +308,7 @@ impl TestDb {
     /// The handlers recorded as succeeded for a message.
     pub async fn deliveries(&self, id: Uuid) -> Vec<String> {
         sqlx::query_scalar(
-            "SELECT d.handler FROM outbox_deliveries d JOIN outbox_messages m ON m.id = d.message_id \
-             WHERE m.public_id = $1 ORDER BY d.handler",
+            "SELECT handler FROM outbox_deliveries WHERE message_id = $1 ORDER BY handler",
         )
         .bind(id)
         .fetch_all(&self.pool)
@@ -208,13 +318,14 @@ impl TestDb {
 
     /// Inserts `n` messages of `topic` with a raw JSON payload, bypassing `enqueue`.
     pub async fn insert_raw(&self, topic: &str, payload: &str, n: i64) {
+        let ids: Vec<Uuid> = (0..n).map(|_| Uuid::now_v7()).collect();
         sqlx::query(
-            "INSERT INTO outbox_messages (public_id, topic, payload) \
-             SELECT gen_random_uuid(), $1, $2::jsonb FROM generate_series(1, $3)",
+            "INSERT INTO outbox_messages (id, topic, payload) \
+             SELECT u.id, $2, $3::json FROM UNNEST($1::uuid[]) AS u(id)",
         )
+        .bind(ids)
         .bind(topic)
         .bind(payload)
-        .bind(n)
         .execute(&self.pool)
         .await
         .expect("raw insert");
@@ -271,38 +382,88 @@ impl SqliteDb {
         drop(self.dir);
     }
 
-    /// The number of outbox messages in the database.
+    /// The number of stored messages: live (pending or running) and dead. A done message is
+    /// deleted, so it is not counted.
     pub async fn count(&self) -> i64 {
-        sqlx::query_scalar("SELECT count(*) FROM outbox_messages")
-            .fetch_one(&self.pool)
-            .await
-            .expect("count")
+        sqlx::query_scalar(
+            "SELECT (SELECT count(*) FROM outbox_messages) + (SELECT count(*) FROM outbox_dead)",
+        )
+        .fetch_one(&self.pool)
+        .await
+        .expect("count")
     }
 
-    /// The number of outbox messages in `status`.
+    /// The number of messages in `status`: `pending` (live, not under a running lease),
+    /// `running` (lease running), `dead` (in `outbox_dead`) or `done` (deleted, counted in
+    /// `outbox_done_counts` until `purge_done` removes the count).
     pub async fn count_status(&self, status: &str) -> i64 {
-        sqlx::query_scalar("SELECT count(*) FROM outbox_messages WHERE status = ?1")
-            .bind(status)
+        let now = now_ms_sql();
+        let sql = match status {
+            "pending" => format!(
+                "SELECT count(*) FROM outbox_messages WHERE locked_until IS NULL OR locked_until < {now}"
+            ),
+            "running" => format!("SELECT count(*) FROM outbox_messages WHERE locked_until >= {now}"),
+            "dead" => "SELECT count(*) FROM outbox_dead".to_string(),
+            "done" => "SELECT coalesce(sum(done), 0) FROM outbox_done_counts".to_string(),
+            other => panic!("no status {other}"),
+        };
+        sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
             .fetch_one(&self.pool)
             .await
             .expect("count by status")
     }
 
-    /// (status, attempts, last_error) of one message.
-    pub async fn status(&self, id: Uuid) -> (String, i32, Option<String>) {
-        sqlx::query_as(
-            "SELECT status, attempts, last_error FROM outbox_messages WHERE public_id = ?1",
-        )
+    /// (status, attempts, last_error) of one message, from the live table, then the dead one;
+    /// `None` when it is in neither: done (deleted).
+    pub async fn state(&self, id: Uuid) -> Option<(String, i32, Option<String>)> {
+        sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT CASE WHEN locked_until >= {} THEN 'running' ELSE 'pending' END, attempts, last_error \
+             FROM outbox_messages WHERE id = ?1 \
+             UNION ALL SELECT 'dead', attempts, last_error FROM outbox_dead WHERE id = ?1",
+            now_ms_sql()
+        )))
         .bind(id.to_string())
-        .fetch_one(&self.pool)
+        .fetch_optional(&self.pool)
         .await
-        .expect("message status")
+        .expect("message state")
     }
 
-    /// Makes every pending message due now.
+    /// (status, attempts, last_error) of a message that is live or dead.
+    ///
+    /// # Panics
+    ///
+    /// When the message is in neither table (done, or never stored).
+    pub async fn status(&self, id: Uuid) -> (String, i32, Option<String>) {
+        self.state(id)
+            .await
+            .unwrap_or_else(|| panic!("message {id} is neither live nor dead"))
+    }
+
+    /// Keeps a copy of every row deleted from the live table (done, or moved to the dead
+    /// letters) in `test_deleted`, so a test can still see how a done message ended (its
+    /// attempts, who claimed it). A trigger of the test only: the library deletes a done
+    /// message for good.
+    pub async fn archive_done(&self) {
+        sqlx::raw_sql(
+            "CREATE TABLE test_deleted (seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL, \
+                 topic TEXT, payload TEXT, idempotency_key TEXT, attempts INTEGER, available_at INTEGER, \
+                 locked_until INTEGER, claim_token TEXT, claimed_by TEXT, last_error TEXT, created_at INTEGER); \
+             CREATE TRIGGER test_archive_deleted AFTER DELETE ON outbox_messages BEGIN \
+                 INSERT INTO test_deleted (id, topic, payload, idempotency_key, attempts, available_at, \
+                                           locked_until, claim_token, claimed_by, last_error, created_at) \
+                 VALUES (OLD.id, OLD.topic, OLD.payload, OLD.idempotency_key, OLD.attempts, OLD.available_at, \
+                         OLD.locked_until, OLD.claim_token, OLD.claimed_by, OLD.last_error, OLD.created_at); \
+             END;",
+        )
+        .execute(&self.pool)
+        .await
+        .expect("archive deleted rows");
+    }
+
+    /// Makes every pending (unclaimed) message due now.
     pub async fn make_due(&self) {
         sqlx::query(sqlx::AssertSqlSafe(format!(
-            "UPDATE outbox_messages SET available_at = {} WHERE status = 'pending'",
+            "UPDATE outbox_messages SET available_at = {} WHERE locked_until IS NULL",
             now_ms_sql()
         )))
         .execute(&self.pool)
@@ -310,10 +471,27 @@ impl SqliteDb {
         .expect("make due");
     }
 
+    /// Makes every live message look claimed by a worker that died: `attempts` counted, a
+    /// claim token, a lease that ran out a second ago, and `last_error`.
+    pub async fn crash_claims(&self, attempts: i32, last_error: &str) {
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "UPDATE outbox_messages SET attempts = ?1, last_error = ?2, claim_token = ?3, \
+             claimed_by = ?4, locked_until = {} - 1000",
+            now_ms_sql()
+        )))
+        .bind(attempts)
+        .bind(last_error)
+        .bind(Uuid::now_v7().to_string())
+        .bind(Uuid::now_v7().to_string())
+        .execute(&self.pool)
+        .await
+        .expect("crash claims");
+    }
+
     /// Seconds until the message is available.
     pub async fn delay_secs(&self, id: Uuid) -> f64 {
         sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-            "SELECT (available_at - {}) / 1000.0 FROM outbox_messages WHERE public_id = ?1",
+            "SELECT (available_at - {}) / 1000.0 FROM outbox_messages WHERE id = ?1",
             now_ms_sql()
         )))
         .bind(id.to_string())
@@ -325,7 +503,7 @@ impl SqliteDb {
     /// Seconds between creation and availability.
     pub async fn scheduled_secs(&self, id: Uuid) -> f64 {
         sqlx::query_scalar(
-            "SELECT (available_at - created_at) / 1000.0 FROM outbox_messages WHERE public_id = ?1",
+            "SELECT (available_at - created_at) / 1000.0 FROM outbox_messages WHERE id = ?1",
         )
         .bind(id.to_string())
         .fetch_one(&self.pool)
@@ -333,35 +511,42 @@ impl SqliteDb {
         .expect("scheduled delay")
     }
 
-    /// Replaces the claim token of a running message. True if it was running.
+    /// Replaces the claim of a claimed message, as a newer claim would: a new token, one more
+    /// attempt, a fresh minute-long lease. True if it was claimed.
     pub async fn steal_claim(&self, id: Uuid, token: Uuid) -> bool {
-        sqlx::query("UPDATE outbox_messages SET claim_token = ?1, attempts = attempts + 1 WHERE public_id = ?2 AND status = 'running'")
-            .bind(token.to_string())
-            .bind(id.to_string())
-            .execute(&self.pool)
-            .await
-            .expect("steal claim")
-            .rows_affected()
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "UPDATE outbox_messages SET claim_token = ?1, attempts = attempts + 1, \
+             locked_until = {} + 60000 WHERE id = ?2 AND claim_token IS NOT NULL",
+            now_ms_sql()
+        )))
+        .bind(token.to_string())
+        .bind(id.to_string())
+        .execute(&self.pool)
+        .await
+        .expect("steal claim")
+        .rows_affected()
             == 1
     }
 
-    /// (status, claim token, last_error) of one message.
+    /// (status, claim token, last_error) of one live message.
     pub async fn claim_state(&self, id: Uuid) -> (String, Option<Uuid>, Option<String>) {
-        let (s, t, e): (String, Option<String>, Option<String>) = sqlx::query_as(
-            "SELECT status, claim_token, last_error FROM outbox_messages WHERE public_id = ?1",
-        )
-        .bind(id.to_string())
-        .fetch_one(&self.pool)
-        .await
-        .expect("claim state");
+        let (s, t, e): (String, Option<String>, Option<String>) =
+            sqlx::query_as(sqlx::AssertSqlSafe(format!(
+                "SELECT CASE WHEN locked_until >= {} THEN 'running' ELSE 'pending' END, claim_token, last_error \
+                 FROM outbox_messages WHERE id = ?1",
+                now_ms_sql()
+            )))
+            .bind(id.to_string())
+            .fetch_one(&self.pool)
+            .await
+            .expect("claim state");
         (s, t.map(|t| Uuid::parse_str(&t).expect("uuid text")), e)
     }
 
     /// The handlers recorded as succeeded for a message.
     pub async fn deliveries(&self, id: Uuid) -> Vec<String> {
         sqlx::query_scalar(
-            "SELECT d.handler FROM outbox_deliveries d JOIN outbox_messages m ON m.id = d.message_id \
-             WHERE m.public_id = ?1 ORDER BY d.handler",
+            "SELECT handler FROM outbox_deliveries WHERE message_id = ?1 ORDER BY handler",
         )
         .bind(id.to_string())
         .fetch_all(&self.pool)
@@ -373,7 +558,7 @@ impl SqliteDb {
     pub async fn insert_raw(&self, topic: &str, payload: &str, n: i64) {
         for _ in 0..n {
             sqlx::query(sqlx::AssertSqlSafe(format!(
-                "INSERT INTO outbox_messages (public_id, topic, payload, available_at, created_at) \
+                "INSERT INTO outbox_messages (id, topic, payload, available_at, created_at) \
                  VALUES (?1, ?2, ?3, {0}, {0})",
                 now_ms_sql()
             )))

@@ -428,8 +428,9 @@ pub fn print_stats(stats: &crate::Stats, registry: Option<&Registry>, json: bool
         let row = |t: &crate::TopicStats| {
             serde_json::json!({
                 "topic": t.topic, "ready": t.ready, "scheduled": t.scheduled, "in_flight": t.in_flight,
-                "dead": t.dead, "done_last_5m": t.done_last_5m,
+                "stalled": t.stalled, "dead": t.dead, "done_last_5m": t.done_last_5m,
                 "oldest_ready_age_secs": t.oldest_ready_age.map(|d| d.as_secs_f64()),
+                "live_workers": t.live_workers,
             })
         };
         let doc = serde_json::json!({
@@ -446,13 +447,29 @@ pub fn print_stats(stats: &crate::Stats, registry: Option<&Registry>, json: bool
             .map(|d| format!("{:.1}s", d.as_secs_f64()))
             .unwrap_or_else(|| "-".into());
         println!(
-            "{:<32} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10}",
-            t.topic, t.ready, t.scheduled, t.in_flight, t.dead, t.done_last_5m, age
+            "{:<32} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>8}",
+            t.topic,
+            t.ready,
+            t.scheduled,
+            t.in_flight,
+            t.stalled,
+            t.dead,
+            t.done_last_5m,
+            age,
+            t.live_workers
         );
     };
     println!(
-        "{:<32} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10}",
-        "topic", "ready", "scheduled", "in flight", "dead", "done 5m", "oldest"
+        "{:<32} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>8}",
+        "topic",
+        "ready",
+        "scheduled",
+        "in flight",
+        "stalled",
+        "dead",
+        "done 5m",
+        "oldest",
+        "workers"
     );
     stats.topics.iter().for_each(line);
     line(&stats.total);
