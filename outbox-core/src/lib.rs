@@ -94,7 +94,7 @@ pub use enqueue::{
     enqueue, enqueue_many, enqueue_many_with, enqueue_with, EnqueueOptions,
     DEFAULT_MAX_PAYLOAD_BYTES, MAX_IDEMPOTENCY_KEY_BYTES,
 };
-pub use error::{Error, Result};
+pub use error::{DatabaseErrorKind, Error, Result};
 pub use event::{Event, EventDescriptor};
 pub use handler::{BoxError, Context, FailureKind, Handler, HandlerError, PayloadError};
 pub use health::Health;
