@@ -46,6 +46,9 @@
 //! - The schema is applied by [`migrate`] and tracked in its own table, apart from your
 //!   application's sqlx migrations.
 //! - All SQL lives in one module per database; PostgreSQL is the `postgres` feature.
+//! - On SQLite, begin a transaction that reads before it writes with
+//!   [`sqlite_begin_immediate`]: a plain `pool.begin()` fails such a transaction with
+//!   "database is locked" while other connections write.
 //!
 //! # Features
 //!
@@ -76,6 +79,8 @@ pub mod observe;
 mod ops;
 mod registry;
 mod resources;
+#[cfg(feature = "sqlite")]
+mod sqlite_tx;
 mod store;
 mod worker;
 
@@ -89,6 +94,8 @@ pub use async_trait::async_trait;
 pub use sqlx;
 #[cfg(feature = "sqlite")]
 pub use backend::sqlite::{sqlite_options, sqlite_pool};
+#[cfg(feature = "sqlite")]
+pub use sqlite_tx::sqlite_begin_immediate;
 pub use backend::Connection;
 pub use enqueue::{
     enqueue, enqueue_many, enqueue_many_with, enqueue_with, EnqueueOptions,
