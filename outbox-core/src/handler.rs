@@ -267,7 +267,7 @@ impl Context {
     /// assert_eq!(ctx.attempt(), 1);
     /// ```
     pub fn for_test(topic: &str, handler: &'static str, resources: Resources) -> Self {
-        let message_id = Uuid::now_v7();
+        let message_id = crate::new_message_id();
         Self {
             message_id,
             topic: Arc::from(topic),

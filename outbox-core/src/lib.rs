@@ -72,6 +72,7 @@ mod error;
 mod event;
 mod handler;
 mod health;
+mod message_id;
 pub mod metrics;
 mod migrate;
 #[cfg(feature = "prometheus")]
@@ -105,6 +106,7 @@ pub use error::{DatabaseErrorKind, Error, Result};
 pub use event::{Event, EventDescriptor};
 pub use handler::{BoxError, Context, FailureKind, Handler, HandlerError, PayloadError};
 pub use health::Health;
+pub use message_id::{message_sequence, new_message_id};
 pub use migrate::migrate;
 pub use ops::{
     DeadLetterFilter, DeadSelection, MessageInfo, Stats, TopicStats, DEFAULT_PURGE_BATCH,
