@@ -66,7 +66,9 @@ async fn postgres_errors_are_classified_by_what_happened() {
         "outbox tables are missing",
     );
 
-    pool.execute("INSERT INTO t VALUES (1, now())").await.unwrap();
+    pool.execute("INSERT INTO t VALUES (1, now())")
+        .await
+        .unwrap();
     let e = sqlx::query("INSERT INTO t VALUES (1, now())")
         .execute(pool)
         .await
@@ -93,7 +95,11 @@ async fn postgres_errors_are_classified_by_what_happened() {
         exit::DATA,
         "invalid or out of range",
     );
-    assert!(got.2.contains("out of range"), "the database's words follow: {}", got.2);
+    assert!(
+        got.2.contains("out of range"),
+        "the database's words follow: {}",
+        got.2
+    );
 
     // An administrator ends the session (57P01), then the server is unreachable.
     let mut conn = pool.acquire().await.unwrap();
@@ -106,7 +112,10 @@ async fn postgres_errors_are_classified_by_what_happened() {
         .execute(pool)
         .await
         .unwrap();
-    let e = sqlx::query("SELECT 1").execute(&mut *conn).await.unwrap_err();
+    let e = sqlx::query("SELECT 1")
+        .execute(&mut *conn)
+        .await
+        .unwrap_err();
     assert_kind(
         "terminated session",
         seen(e),
@@ -146,7 +155,11 @@ async fn postgres_errors_are_classified_by_what_happened() {
         Some(DatabaseErrorKind::InvalidArgument),
         "{e}"
     );
-    assert_eq!(exit::for_error(&e), exit::USAGE, "a bad URL is a bad argument");
+    assert_eq!(
+        exit::for_error(&e),
+        exit::USAGE,
+        "a bad URL is a bad argument"
+    );
     db.drop_db().await;
 }
 
@@ -233,7 +246,13 @@ async fn the_command_line_exit_code_and_message_say_what_went_wrong() {
         &["purge", "--older-than", "101y"],
         &["dead", "list", "--older-than", "1000000000y"],
         &["purge", "--older-than", "1h", "--batch", "0"],
-        &["purge", "--older-than", "1h", "--batch", "99999999999999999999"],
+        &[
+            "purge",
+            "--older-than",
+            "1h",
+            "--batch",
+            "99999999999999999999",
+        ],
     ] {
         let (code, err) = ops(&db.url, args);
         assert_eq!(code, 2, "{args:?}: {err}");

@@ -16,8 +16,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::put;
 use axum::{Json, Router};
 use outbox::{
-    enqueue, enqueue_many, outbox_event, Context, Event, FailureKind, FromResources, Handler, Resources,
-    RetryPolicy, Worker, WorkerConfig,
+    enqueue, enqueue_many, outbox_event, Context, Event, FailureKind, FromResources, Handler,
+    Resources, RetryPolicy, Worker, WorkerConfig,
 };
 use outbox_handlers::search::{
     message_version, Applied, IndexOp, SearchClient, SearchConfig, SearchHandler, SearchMapping,
@@ -617,11 +617,7 @@ struct HotelsByName;
 impl SearchMapping for HotelsByName {
     type Event = HotelChanged;
     const NAME: &'static str = "hotels-by-name";
-    fn index_op(
-        &self,
-        e: &HotelChanged,
-        ctx: &Context,
-    ) -> Result<IndexOp, outbox::HandlerError> {
+    fn index_op(&self, e: &HotelChanged, ctx: &Context) -> Result<IndexOp, outbox::HandlerError> {
         Ok(op(e, ctx))
     }
     fn index(&self) -> Option<&str> {

@@ -117,8 +117,7 @@ async fn the_same_producers_with_a_plain_begin_hit_database_is_locked() {
     );
     let (bookings, messages) = counts(&db.pool).await;
     assert_eq!(
-        bookings,
-        messages,
+        bookings, messages,
         "a failed transaction leaves neither the booking nor the event"
     );
     assert_eq!(bookings + errors.len() as i64, PRODUCERS * EACH);

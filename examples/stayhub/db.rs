@@ -88,8 +88,7 @@ impl Db {
                 for suffix in ["", "-wal", "-shm"] {
                     let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
                 }
-                let pool =
-                    outbox::sqlite_pool(&format!("sqlite://{}", path.display())).await?;
+                let pool = outbox::sqlite_pool(&format!("sqlite://{}", path.display())).await?;
                 Ok(Db::Sqlite { pool, path })
             }
         }

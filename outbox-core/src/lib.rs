@@ -89,14 +89,8 @@ mod worker;
 pub mod __private;
 
 pub use async_trait::async_trait;
-/// The sqlx this crate is built on. Use `outbox::sqlx` (or pin the same version) so that your
-/// pools and transactions are the types [`enqueue`] and [`Worker`] take: two sqlx versions in
-/// one build give errors such as "the trait `Connection` is not implemented for `PgConnection`".
-pub use sqlx;
 #[cfg(feature = "sqlite")]
 pub use backend::sqlite::{sqlite_options, sqlite_pool};
-#[cfg(feature = "sqlite")]
-pub use sqlite_tx::sqlite_begin_immediate;
 pub use backend::Connection;
 pub use enqueue::{
     enqueue, enqueue_many, enqueue_many_with, enqueue_with, EnqueueOptions,
@@ -115,11 +109,18 @@ pub use registry::{
     assert_all_events_handled, HandlerInfo, HandlerRegistration, Registry, RegistryError,
 };
 pub use resources::{FromResources, ResourceError, Resources};
+/// The sqlx this crate is built on. Use `outbox::sqlx` (or pin the same version) so that your
+/// pools and transactions are the types [`enqueue`] and [`Worker`] take: two sqlx versions in
+/// one build give errors such as "the trait `Connection` is not implemented for `PgConnection`".
+pub use sqlx;
 pub use store::Store;
 pub use worker::{BatchReport, RetryPolicy, Wakeup, Worker, WorkerBuilder, WorkerConfig};
 
 #[cfg(feature = "macros")]
 pub use outbox_macros::outbox_event;
+
+#[cfg(feature = "sqlite")]
+pub use sqlite_tx::sqlite_begin_immediate;
 
 #[cfg(doctest)]
 #[doc = include_str!("../../README.md")]
