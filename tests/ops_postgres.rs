@@ -110,10 +110,7 @@ async fn stats_dead_letters_and_purge_never_scan_the_table() {
         2
     );
     let purged = store
-        .purge_done(
-            Duration::from_secs(86_400),
-            outbox::DEFAULT_PURGE_BATCH,
-        )
+        .purge_done(Duration::from_secs(86_400), outbox::DEFAULT_PURGE_BATCH)
         .await
         .unwrap();
     assert_eq!(purged, 200_000, "every old done row, a thousand at a time");

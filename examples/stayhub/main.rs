@@ -239,9 +239,8 @@ async fn main() -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let stats = db.store().stats().await?;
-        let ours = |t: &&outbox::TopicStats| {
-            t.topic == "booking.created" || t.topic == "property.changed"
-        };
+        let ours =
+            |t: &&outbox::TopicStats| t.topic == "booking.created" || t.topic == "property.changed";
         if stats.topics.iter().filter(ours).all(|t| t.pending() == 0) {
             break;
         }

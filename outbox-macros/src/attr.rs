@@ -147,10 +147,7 @@ mod tests {
         let args = parse(quote!(topic = "a.b", crate = "::re::outbox")).expect("valid");
         assert_eq!(args.topic.map(|lit| lit.value()).as_deref(), Some("a.b"));
         let krate = args.krate.expect("crate is set");
-        assert_eq!(
-            quote!(#krate).to_string(),
-            quote!(::re::outbox).to_string()
-        );
+        assert_eq!(quote!(#krate).to_string(), quote!(::re::outbox).to_string());
     }
 
     #[test]
