@@ -312,6 +312,25 @@ conformance! {
         assert_eq!(w.run_once().await.unwrap().done, 1);
     }
 
+    async fn a_bad_payload_names_its_cause_once(db) {
+        let (w, _) = worker(&db.pool);
+        db.insert_raw("test.job", r#"{"n": "not a number"}"#, 1).await;
+        assert_eq!(w.run_once().await.unwrap().retried, 1);
+        let error: Option<String> = sqlx::query_scalar("SELECT last_error FROM outbox_messages")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+        assert_eq!(
+            error.as_deref(),
+            Some(
+                "handler `runner`: payload does not deserialize into `outbox_tests::jobs::Job`: \
+                 invalid type: string \"not a number\", expected i64 at line 1 column 20; fix the \
+                 payload or make the type accept it (e.g. #[serde(default)] on new fields)"
+            ),
+            "serde's words appear once"
+        );
+    }
+
     async fn last_error_is_bounded(db) {
         let (w, _) = worker(&db.pool);
         let mut tx = db.pool.begin().await.unwrap();

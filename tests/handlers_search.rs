@@ -16,8 +16,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::put;
 use axum::{Json, Router};
 use outbox::{
-    enqueue, outbox_event, Context, Event, FailureKind, FromResources, Handler, Resources,
-    RetryPolicy, Worker, WorkerConfig,
+    enqueue, enqueue_many, outbox_event, Context, Event, FailureKind, FromResources, Handler,
+    Resources, RetryPolicy, Worker, WorkerConfig,
 };
 use outbox_handlers::search::{
     message_version, Applied, IndexOp, SearchClient, SearchConfig, SearchHandler, SearchMapping,
@@ -354,6 +354,43 @@ async fn an_older_event_arriving_late_never_overwrites_a_newer_document() {
         "versions from the message ids: {v_old} < {v_new}"
     );
     assert_eq!(app.doc("hotels", "1").unwrap().0, v_new);
+    db.drop_db().await;
+}
+
+#[tokio::test]
+async fn two_changes_in_the_same_millisecond_keep_the_newer() {
+    let db = pg().await;
+    let app = start_index().await;
+    let w = worker(&db, &app);
+    // Two changes of one hotel enqueued in the same millisecond (retried until they are).
+    let ids = loop {
+        let mut tx = db.pool.begin().await.unwrap();
+        let ids = enqueue_many(
+            &mut *tx,
+            &[hotel(3, "Older name", None), hotel(3, "Newer name", None)],
+        )
+        .await
+        .unwrap();
+        if ids[0].as_bytes()[..6] == ids[1].as_bytes()[..6] {
+            tx.commit().await.unwrap();
+            break ids;
+        }
+        tx.rollback().await.unwrap();
+    };
+
+    // Delivered in the order they were made.
+    for id in &ids {
+        deliver_next(&db, *id).await;
+        assert_eq!(w.run_once().await.unwrap().done, 1);
+    }
+    assert_eq!(
+        name_of(app.doc("hotels", "3")),
+        Some("Newer name".into()),
+        "the newer change must not be dropped as stale: {:?}",
+        app.log()
+    );
+    let puts: Vec<String> = app.log().into_iter().map(|(_, uri, _)| uri).collect();
+    assert_eq!(puts.len(), 2, "{puts:?}");
     db.drop_db().await;
 }
 

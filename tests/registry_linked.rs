@@ -22,3 +22,12 @@ fn linked_handler_crate_is_found() {
     registry.check().unwrap();
     outbox::assert_all_events_handled();
 }
+
+#[tokio::test]
+async fn a_worker_with_the_handler_crate_linked_starts() {
+    let pool = sqlx::SqlitePool::connect_lazy("sqlite::memory:").unwrap();
+    outbox::Worker::builder(&pool)
+        .registry(Registry::linked())
+        .build()
+        .unwrap();
+}

@@ -79,3 +79,32 @@ fn an_empty_registry_fails_its_check() {
         "{err}"
     );
 }
+
+#[tokio::test]
+async fn a_worker_refuses_to_start_when_a_declared_event_has_no_handler() {
+    let _ = std::mem::size_of::<FixtureShipped>();
+    let pool = sqlx::SqlitePool::connect_lazy("sqlite::memory:").unwrap();
+    // One of the two `notify` handlers, so the only problem left is the unlinked crate.
+    let registry = || Registry::linked().filter(|h| h.type_name().ends_with("NotifyHousekeeping"));
+    let err = outbox::Worker::builder(&pool)
+        .registry(registry())
+        .build()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("fixture_events::FixtureShipped")
+            && err.contains("use my_handlers as _;")
+            && err.contains("--served-elsewhere fixture.shipped"),
+        "{err}"
+    );
+    // Declared as served elsewhere, or not strict: it builds.
+    outbox::Worker::builder(&pool)
+        .registry(registry().allow_unhandled("fixture.shipped"))
+        .build()
+        .unwrap();
+    outbox::Worker::builder(&pool)
+        .registry(registry())
+        .strict(false)
+        .build()
+        .unwrap();
+}

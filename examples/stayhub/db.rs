@@ -2,6 +2,14 @@
 //!
 //! The no-double-booking rule lives in the database: an exclusion constraint on PostgreSQL, a
 //! trigger on SQLite (which has one writer at a time, so the check and the insert cannot race).
+//!
+//! On SQLite a booking's transaction starts with [`outbox::sqlite_begin_immediate`]: it checks
+//! the existing bookings before it writes, and a transaction begun with a plain `pool.begin()`
+//! takes a read snapshot at its first read, then fails with "database is locked" when it tries
+//! to write after another booking committed in between (SQLite cannot upgrade a stale snapshot,
+//! and its busy timeout does not help). `BEGIN IMMEDIATE` takes the write lock first, waiting
+//! for the other writer, so the check sees every committed booking and the write cannot fail
+//! for the lock.
 
 use std::path::PathBuf;
 
@@ -193,7 +201,8 @@ impl Db {
         let options = EnqueueOptions::new().idempotency_key(format!("booking-created:{public_id}"));
         let inserted = match self {
             Db::Sqlite { pool, .. } => {
-                let mut tx = pool.begin().await?;
+                // Reads (the double-booking check) and writes: take the write lock first.
+                let mut tx = outbox::sqlite_begin_immediate(pool).await?;
                 enqueue_with(&mut *tx, &event, &options).await?;
                 let r = sqlx::query(
                     "INSERT INTO stayhub_bookings (public_id, property_id, guest_email, check_in, check_out) \

@@ -234,7 +234,7 @@ fn new_message<E: Event>(
         return Err(Error::DelayOutOfRange(options.delay));
     }
     Ok(NewMessage {
-        id: Uuid::now_v7(),
+        id: crate::new_message_id(),
         topic: E::TOPIC,
         payload,
         idempotency_key: key,

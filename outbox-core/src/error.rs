@@ -10,8 +10,9 @@ use std::time::Duration;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// The database returned an error or could not be reached.
-    #[error("database error; check that the database is reachable and the outbox schema is migrated (outbox::migrate)")]
+    /// The database returned an error or could not be reached. Its message says which of the
+    /// [`DatabaseErrorKind`]s it is and what to do; [`Error::database_kind`] tells a program.
+    #[error("{}", DatabaseErrorKind::of(.0).advice())]
     Database(#[source] sqlx::Error),
 
     /// A payload could not be turned into JSON.
@@ -86,6 +87,22 @@ impl Error {
         matches!(self, Error::Database(_))
     }
 
+    /// What kind of database failure this is, when it is one.
+    ///
+    /// ```
+    /// use outbox::{DatabaseErrorKind, Error};
+    ///
+    /// let e = Error::from(outbox::sqlx::Error::PoolTimedOut);
+    /// assert_eq!(e.database_kind(), Some(DatabaseErrorKind::Connection));
+    /// assert!(e.to_string().starts_with("cannot reach the database"));
+    /// ```
+    pub fn database_kind(&self) -> Option<DatabaseErrorKind> {
+        match self {
+            Error::Database(e) => Some(DatabaseErrorKind::of(e)),
+            _ => None,
+        }
+    }
+
     /// True when a payload was refused for its size.
     pub fn is_payload_too_large(&self) -> bool {
         matches!(self, Error::PayloadTooLarge { .. })
@@ -96,6 +113,139 @@ impl From<sqlx::Error> for Error {
     fn from(e: sqlx::Error) -> Self {
         Error::Database(e)
     }
+}
+
+/// What went wrong in the database, and so what to do about it: the classes of
+/// [`Error::Database`].
+///
+/// | kind | PostgreSQL | SQLite | others |
+/// |---|---|---|---|
+/// | [`Connection`](Self::Connection) | SQLSTATE class `08`, `57P01`-`57P03`, `53300` | cannot open the file | I/O, TLS, pool timed out or closed |
+/// | [`Busy`](Self::Busy) | | `SQLITE_BUSY`, `SQLITE_LOCKED` ("database is locked") | |
+/// | [`MissingSchema`](Self::MissingSchema) | `42P01` undefined table, `42703` undefined column | "no such table", "no such column" | |
+/// | [`Constraint`](Self::Constraint) | class `23` | `SQLITE_CONSTRAINT` | |
+/// | [`Data`](Self::Data) | class `22` | `SQLITE_TOOBIG`, `SQLITE_MISMATCH`, `SQLITE_RANGE` | |
+/// | [`InvalidArgument`](Self::InvalidArgument) | | | a malformed database URL or option |
+/// | [`Other`](Self::Other) | anything else | | |
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DatabaseErrorKind {
+    /// The database could not be reached, or the connection was lost or shut down.
+    Connection,
+    /// Another connection holds the (SQLite) database's write lock for too long.
+    Busy,
+    /// The outbox tables or columns are missing: the schema is not migrated (or is older than
+    /// this build).
+    MissingSchema,
+    /// A write broke a constraint (unique, foreign key, not null, check, exclusion).
+    Constraint,
+    /// The database refused a value: out of range, malformed, too long.
+    Data,
+    /// The database URL or a connection option is malformed.
+    InvalidArgument,
+    /// Any other database error.
+    Other,
+}
+
+impl DatabaseErrorKind {
+    /// The kind of `e`.
+    pub fn of(e: &sqlx::Error) -> Self {
+        use sqlx::Error as E;
+        match e {
+            E::Io(_) | E::Tls(_) | E::PoolTimedOut | E::PoolClosed | E::WorkerCrashed => {
+                DatabaseErrorKind::Connection
+            }
+            E::Configuration(_) | E::InvalidArgument(_) => DatabaseErrorKind::InvalidArgument,
+            E::Database(db) => Self::of_database(&**db),
+            _ => DatabaseErrorKind::Other,
+        }
+    }
+
+    fn of_database(db: &dyn sqlx::error::DatabaseError) -> Self {
+        use sqlx::error::ErrorKind;
+        if !matches!(db.kind(), ErrorKind::Other) {
+            return DatabaseErrorKind::Constraint;
+        }
+        let code = db.code().unwrap_or_default();
+        if let Some(n) = sqlite_code(db) {
+            return match n & 0xff {
+                5 | 6 => DatabaseErrorKind::Busy,
+                14 | 26 => DatabaseErrorKind::Connection, // CANTOPEN, NOTADB
+                19 => DatabaseErrorKind::Constraint,
+                18 | 20 | 25 => DatabaseErrorKind::Data, // TOOBIG, MISMATCH, RANGE
+                _ if db.message().starts_with("no such table")
+                    || db.message().starts_with("no such column") =>
+                {
+                    DatabaseErrorKind::MissingSchema
+                }
+                _ => DatabaseErrorKind::Other,
+            };
+        }
+        match &*code {
+            c if c.starts_with("08") => DatabaseErrorKind::Connection,
+            "57P01" | "57P02" | "57P03" | "53300" => DatabaseErrorKind::Connection,
+            "42P01" | "42703" => DatabaseErrorKind::MissingSchema,
+            c if c.starts_with("23") => DatabaseErrorKind::Constraint,
+            c if c.starts_with("22") => DatabaseErrorKind::Data,
+            _ => DatabaseErrorKind::Other,
+        }
+    }
+
+    /// What happened and what to do, in one sentence: the message of an [`Error::Database`] of
+    /// this kind (the database's own words follow as its source).
+    pub fn advice(self) -> &'static str {
+        match self {
+            DatabaseErrorKind::Connection => {
+                "cannot reach the database (refused, lost, shut down or timed out); check the URL, \
+                 that the server is up and accepts connections, and the network"
+            }
+            DatabaseErrorKind::Busy => {
+                "the database is locked by another writer; retry, and begin SQLite transactions \
+                 that read before they write with outbox::sqlite_begin_immediate"
+            }
+            DatabaseErrorKind::MissingSchema => {
+                "the outbox tables are missing or older than this build; run `outbox migrate` \
+                 (or outbox::migrate) on this database"
+            }
+            DatabaseErrorKind::Constraint => {
+                "the database refused the write because it breaks a constraint; retrying will \
+                 not help, fix the data"
+            }
+            DatabaseErrorKind::Data => {
+                "the database refused a value as invalid or out of range; check the arguments"
+            }
+            DatabaseErrorKind::InvalidArgument => {
+                "the database URL or a connection option is invalid; fix it"
+            }
+            DatabaseErrorKind::Other => "the database returned an error",
+        }
+    }
+}
+
+/// The (extended) result code of a SQLite error; `None` for other databases.
+fn sqlite_code(db: &dyn sqlx::error::DatabaseError) -> Option<u32> {
+    #[cfg(feature = "sqlite")]
+    if db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some() {
+        return db.code()?.parse().ok();
+    }
+    let _ = db;
+    None
+}
+
+/// An error and its sources on one line, `outer: inner: ...`, leaving out a source whose text
+/// the line already holds (an error that prints its source itself).
+pub(crate) fn chain_line(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(inner) = src {
+        let text = inner.to_string();
+        if !s.contains(&text) {
+            s.push_str(": ");
+            s.push_str(&text);
+        }
+        src = inner.source();
+    }
+    s
 }
 
 /// A `Result` with [`Error`] as its error type.

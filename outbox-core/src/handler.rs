@@ -172,17 +172,7 @@ impl HandlerError {
 
     /// The error and its chain of sources as one line, `outer: inner: ...`.
     pub fn chain_string(&self) -> String {
-        let mut out = self.source.to_string();
-        let mut next = self.source.source();
-        while let Some(e) = next {
-            let s = e.to_string();
-            if !out.ends_with(&s) {
-                out.push_str(": ");
-                out.push_str(&s);
-            }
-            next = e.source();
-        }
-        out
+        crate::error::chain_line(&*self.source)
     }
 }
 
@@ -277,7 +267,7 @@ impl Context {
     /// assert_eq!(ctx.attempt(), 1);
     /// ```
     pub fn for_test(topic: &str, handler: &'static str, resources: Resources) -> Self {
-        let message_id = Uuid::now_v7();
+        let message_id = crate::new_message_id();
         Self {
             message_id,
             topic: Arc::from(topic),

@@ -11,6 +11,9 @@ fn now_ms() -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
+/// How long ready messages of a topic that no live worker serves may wait before health fails.
+pub(crate) const UNSERVED_LIMIT: Duration = Duration::from_secs(60);
+
 /// How long messages may stay held by a worker that stopped renewing their lease before
 /// health fails: a live worker of their topic takes them over within a poll interval.
 pub(crate) const STALLED_LIMIT: Duration = Duration::from_secs(30);
@@ -31,6 +34,7 @@ struct HealthInner {
     last_tick_ms: AtomicI64,
     oldest_ready_ms: AtomicI64,
     oldest_stalled_ms: AtomicI64,
+    unserved: std::sync::Mutex<Vec<(String, Duration)>>,
     max_tick_age: Duration,
     max_oldest_ready: Duration,
 }
@@ -42,6 +46,7 @@ impl Health {
                 last_tick_ms: AtomicI64::new(now_ms()),
                 oldest_ready_ms: AtomicI64::new(0),
                 oldest_stalled_ms: AtomicI64::new(0),
+                unserved: std::sync::Mutex::new(Vec::new()),
                 max_tick_age,
                 max_oldest_ready,
             }),
@@ -58,13 +63,32 @@ impl Health {
             .store(millis(age), Ordering::Relaxed);
     }
 
+    pub(crate) fn set_unserved(&self, topics: Vec<(String, Duration)>) {
+        *self
+            .inner
+            .unserved
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = topics;
+    }
+
+    /// Topics with ready messages that no live worker serves, with the age of their oldest
+    /// ready message, as of the last statistics refresh.
+    pub fn unserved_topics(&self) -> Vec<(String, Duration)> {
+        self.inner
+            .unserved
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
     pub(crate) fn set_oldest_stalled(&self, age: Option<Duration>) {
         self.inner
             .oldest_stalled_ms
             .store(millis(age), Ordering::Relaxed);
     }
 
-    /// `Ok(())` when healthy, else the reason: the worker loop has not ticked recently, the
+    /// `Ok(())` when healthy, else the reason: the worker loop has not ticked recently, ready
+    /// messages of a topic that no live worker serves have waited more than 60 s, the
     /// oldest ready message has waited too long, or messages of this worker's topics are held
     /// by a worker that stopped renewing their lease and nobody has taken them over for
     /// 30 s.
@@ -78,6 +102,20 @@ impl Health {
             return Err(format!(
                 "the worker loop has not ticked for {since_tick} ms (limit {} ms)",
                 self.inner.max_tick_age.as_millis()
+            ));
+        }
+        let late: Vec<String> = self
+            .unserved_topics()
+            .into_iter()
+            .filter(|(_, age)| *age > UNSERVED_LIMIT)
+            .map(|(topic, age)| format!("`{topic}` ({} s)", age.as_secs()))
+            .collect();
+        if !late.is_empty() {
+            return Err(format!(
+                "ready messages of topics that no live worker serves: {} (limit {} s): is a handler \
+                 crate not linked into the worker binary, or its workers down?",
+                late.join(", "),
+                UNSERVED_LIMIT.as_secs()
             ));
         }
         let stalled = self.inner.oldest_stalled_ms.load(Ordering::Relaxed);

@@ -46,6 +46,9 @@
 //! - The schema is applied by [`migrate`] and tracked in its own table, apart from your
 //!   application's sqlx migrations.
 //! - All SQL lives in one module per database; PostgreSQL is the `postgres` feature.
+//! - On SQLite, begin a transaction that reads before it writes with
+//!   [`sqlite_begin_immediate`]: a plain `pool.begin()` fails such a transaction with
+//!   "database is locked" while other connections write.
 //!
 //! # Features
 //!
@@ -69,6 +72,7 @@ mod error;
 mod event;
 mod handler;
 mod health;
+mod message_id;
 pub mod metrics;
 mod migrate;
 #[cfg(feature = "prometheus")]
@@ -76,6 +80,8 @@ pub mod observe;
 mod ops;
 mod registry;
 mod resources;
+#[cfg(feature = "sqlite")]
+mod sqlite_tx;
 mod store;
 mod worker;
 
@@ -90,13 +96,15 @@ pub use enqueue::{
     enqueue, enqueue_many, enqueue_many_with, enqueue_with, EnqueueOptions,
     DEFAULT_MAX_PAYLOAD_BYTES, MAX_IDEMPOTENCY_KEY_BYTES,
 };
-pub use error::{Error, Result};
+pub use error::{DatabaseErrorKind, Error, Result};
 pub use event::{Event, EventDescriptor};
 pub use handler::{BoxError, Context, FailureKind, Handler, HandlerError, PayloadError};
 pub use health::Health;
+pub use message_id::{message_sequence, new_message_id};
 pub use migrate::migrate;
 pub use ops::{
-    DeadLetterFilter, DeadSelection, MessageInfo, Stats, TopicStats, DEFAULT_PURGE_BATCH,
+    DeadLetterFilter, DeadSelection, MessageInfo, Stats, TopicStats, WorkerInfo,
+    DEFAULT_PURGE_BATCH,
 };
 pub use registry::{
     assert_all_events_handled, HandlerInfo, HandlerRegistration, Registry, RegistryError,
@@ -111,6 +119,9 @@ pub use worker::{BatchReport, RetryPolicy, Wakeup, Worker, WorkerBuilder, Worker
 
 #[cfg(feature = "macros")]
 pub use outbox_macros::outbox_event;
+
+#[cfg(feature = "sqlite")]
+pub use sqlite_tx::sqlite_begin_immediate;
 
 #[cfg(doctest)]
 #[doc = include_str!("../../README.md")]

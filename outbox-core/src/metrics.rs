@@ -14,9 +14,13 @@
 //! | `outbox_oldest_ready_age_seconds` | gauge | `topic` | how long the oldest ready message has been due |
 //! | `outbox_dead_messages` | gauge | `topic` | dead letters |
 //! | `outbox_unhandled_pending_messages` | gauge | `topic` | pending messages of topics this worker has no handler for |
+//! | `outbox_unserved_ready_messages` | gauge | `topic` | ready messages of topics that no live worker serves (a forgotten handler crate, a pool that is down) |
 //!
 //! Gauges are refreshed by the worker every
-//! [`WorkerConfig::stats_interval`](crate::WorkerConfig::stats_interval).
+//! [`WorkerConfig::stats_interval`](crate::WorkerConfig::stats_interval). A topic that no
+//! longer appears in the statistics (its last dead letter discarded, its last message done)
+//! has its per-topic gauges set to 0 at the next refresh, so a dashboard never shows a stale
+//! dead count.
 
 /// Counter: messages whose attempt ended, by `topic` and `outcome`.
 pub const PROCESSED: &str = "outbox_messages_processed_total";
@@ -32,6 +36,8 @@ pub const PENDING: &str = "outbox_pending_messages";
 pub const OLDEST_READY_AGE: &str = "outbox_oldest_ready_age_seconds";
 /// Gauge: dead letters, by `topic`.
 pub const DEAD: &str = "outbox_dead_messages";
+/// Gauge: ready messages of topics that no live worker serves (any worker's view), by `topic`.
+pub const UNSERVED: &str = "outbox_unserved_ready_messages";
 /// Gauge: pending messages of topics without a handler here, by `topic`.
 pub const UNHANDLED: &str = "outbox_unhandled_pending_messages";
 
@@ -64,27 +70,180 @@ pub fn describe() {
     );
     describe_gauge!(DEAD, "Dead letters by topic");
     describe_gauge!(
+        UNSERVED,
+        "Ready messages of topics that no live worker serves"
+    );
+    describe_gauge!(
         UNHANDLED,
         "Pending messages of topics this worker has no handler for"
     );
 }
 
+/// The topics whose gauges were written by the last [`record_stats`] of this process.
+static LAST_TOPICS: GaugeTopics = GaugeTopics::new();
+
 /// Publishes queue statistics as gauges; `handled` says which topics this worker serves.
+///
+/// The statistics only list topics that have messages, so a topic that vanished since the last
+/// call (its dead letters discarded, its last message done) would keep its old gauge values for
+/// ever; its gauges are set to 0 instead.
 pub(crate) fn record_stats(stats: &crate::Stats, handled: &dyn Fn(&str) -> bool) {
-    for t in &stats.topics {
-        let topic = t.topic.clone();
-        for (state, n) in [
-            ("ready", t.ready),
-            ("scheduled", t.scheduled),
-            ("in_flight", t.in_flight),
-            ("stalled", t.stalled),
-        ] {
-            metrics::gauge!(PENDING, "topic" => topic.clone(), "state" => state).set(n as f64);
+    LAST_TOPICS.record(stats, handled);
+}
+
+/// The per-topic gauges of one source of statistics, and the topics it wrote last time.
+#[derive(Debug)]
+pub(crate) struct GaugeTopics(std::sync::Mutex<std::collections::BTreeSet<String>>);
+
+impl GaugeTopics {
+    pub(crate) const fn new() -> Self {
+        GaugeTopics(std::sync::Mutex::new(std::collections::BTreeSet::new()))
+    }
+
+    /// Writes the gauges of every topic in `stats`, and zeroes those of the topics written last
+    /// time that `stats` no longer lists.
+    pub(crate) fn record(&self, stats: &crate::Stats, handled: &dyn Fn(&str) -> bool) {
+        let now: std::collections::BTreeSet<String> =
+            stats.topics.iter().map(|t| t.topic.clone()).collect();
+        let mut last = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for gone in last.difference(&now) {
+            set_topic_gauges(gone, [0; 4], None, 0, 0);
+            metrics::gauge!(UNSERVED, "topic" => gone.clone()).set(0.0);
         }
-        metrics::gauge!(OLDEST_READY_AGE, "topic" => topic.clone())
-            .set(t.oldest_ready_age.map(|d| d.as_secs_f64()).unwrap_or(0.0));
-        metrics::gauge!(DEAD, "topic" => topic.clone()).set(t.dead as f64);
-        let unhandled = if handled(&t.topic) { 0 } else { t.pending() };
-        metrics::gauge!(UNHANDLED, "topic" => topic).set(unhandled as f64);
+        for t in &stats.topics {
+            let unhandled = if handled(&t.topic) { 0 } else { t.pending() };
+            metrics::gauge!(UNSERVED, "topic" => t.topic.clone()).set(if t.unserved() {
+                t.ready as f64
+            } else {
+                0.0
+            });
+            set_topic_gauges(
+                &t.topic,
+                [t.ready, t.scheduled, t.in_flight, t.stalled],
+                t.oldest_ready_age,
+                t.dead,
+                unhandled,
+            );
+        }
+        *last = now;
+    }
+}
+
+fn set_topic_gauges(
+    topic: &str,
+    [ready, scheduled, in_flight, stalled]: [i64; 4],
+    oldest_ready_age: Option<std::time::Duration>,
+    dead: i64,
+    unhandled: i64,
+) {
+    let topic = topic.to_string();
+    for (state, n) in [
+        ("ready", ready),
+        ("scheduled", scheduled),
+        ("in_flight", in_flight),
+        ("stalled", stalled),
+    ] {
+        metrics::gauge!(PENDING, "topic" => topic.clone(), "state" => state).set(n as f64);
+    }
+    metrics::gauge!(OLDEST_READY_AGE, "topic" => topic.clone())
+        .set(oldest_ready_age.map(|d| d.as_secs_f64()).unwrap_or(0.0));
+    metrics::gauge!(DEAD, "topic" => topic.clone()).set(dead as f64);
+    metrics::gauge!(UNHANDLED, "topic" => topic).set(unhandled as f64);
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+
+    fn topic(name: &str, ready: i64, dead: i64) -> crate::TopicStats {
+        crate::TopicStats {
+            topic: name.into(),
+            ready,
+            dead,
+            oldest_ready_age: (ready > 0).then(|| std::time::Duration::from_secs(7)),
+            ..crate::TopicStats::default()
+        }
+    }
+
+    /// One refresh of the gauges, seen by a recorder of its own: the gauges this refresh wrote,
+    /// as `name{label=value,...}` -> value. A gauge it did not write is absent.
+    fn refresh(
+        gauges: &GaugeTopics,
+        topics: Vec<crate::TopicStats>,
+        handled: &dyn Fn(&str) -> bool,
+    ) -> BTreeMap<String, f64> {
+        let stats = crate::Stats {
+            topics,
+            total: crate::TopicStats::default(),
+        };
+        let recorder = DebuggingRecorder::new();
+        metrics::with_local_recorder(&recorder, || gauges.record(&stats, handled));
+        let snapshot = recorder.snapshotter().snapshot().into_vec();
+        snapshot
+            .into_iter()
+            .filter_map(|(key, _, _, value)| {
+                let key = key.key();
+                let mut labels: Vec<String> = key
+                    .labels()
+                    .map(|l| format!("{}={}", l.key(), l.value()))
+                    .collect();
+                labels.sort();
+                match value {
+                    DebugValue::Gauge(g) => Some((
+                        format!("{}{{{}}}", key.name(), labels.join(",")),
+                        g.into_inner(),
+                    )),
+                    _ => None,
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn gauges_of_a_topic_that_left_the_stats_drop_to_zero() {
+        let gauges = GaugeTopics::new();
+        let first = refresh(
+            &gauges,
+            vec![topic("mail", 0, 3), topic("search", 2, 0)],
+            &|t| t == "search",
+        );
+        assert_eq!(first["outbox_dead_messages{topic=mail}"], 3.0);
+        assert_eq!(
+            first["outbox_pending_messages{state=ready,topic=search}"],
+            2.0
+        );
+        assert_eq!(first["outbox_oldest_ready_age_seconds{topic=search}"], 7.0);
+
+        // `outbox dead discard --topic mail` on an otherwise idle topic: mail leaves the stats.
+        let second = refresh(&gauges, vec![topic("search", 0, 0)], &|t| t == "search");
+        assert_eq!(
+            second.get("outbox_dead_messages{topic=mail}"),
+            Some(&0.0),
+            "the discarded dead letters must stop counting: {second:?}"
+        );
+        for name in [
+            "outbox_pending_messages{state=ready,topic=mail}",
+            "outbox_pending_messages{state=scheduled,topic=mail}",
+            "outbox_pending_messages{state=in_flight,topic=mail}",
+            "outbox_oldest_ready_age_seconds{topic=mail}",
+            "outbox_unhandled_pending_messages{topic=mail}",
+        ] {
+            assert_eq!(second.get(name), Some(&0.0), "{name}: {second:?}");
+        }
+        assert_eq!(
+            second["outbox_pending_messages{state=ready,topic=search}"],
+            0.0
+        );
+
+        // A topic is zeroed once, not on every refresh after it left.
+        let third = refresh(&gauges, Vec::new(), &|_| true);
+        assert_eq!(third.get("outbox_dead_messages{topic=search}"), Some(&0.0));
+        assert_eq!(third.get("outbox_dead_messages{topic=mail}"), None);
     }
 }

@@ -103,7 +103,7 @@ pub struct MessageInfo {
     pub id: Uuid,
     /// The topic.
     pub topic: String,
-    /// `pending`, `running`, `done` or `dead`.
+    /// `pending`, `running` or `dead` (a done message is deleted).
     pub status: String,
     /// Attempts made.
     pub attempts: i32,
@@ -113,10 +113,30 @@ pub struct MessageInfo {
     pub last_error: Option<String>,
     /// When it was enqueued.
     pub created_at: DateTime<Utc>,
-    /// When it is (or was) due; the lease deadline while running.
+    /// When it is due; the lease deadline while running; when it died, for a dead letter.
     pub available_at: DateTime<Utc>,
-    /// When it became done or dead.
+    /// When it became dead.
     pub processed_at: Option<DateTime<Utc>>,
+}
+
+/// A worker as its heartbeat row shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct WorkerInfo {
+    /// The worker's id (fresh for every run).
+    pub id: Uuid,
+    /// Its name (`host:pid` by default, see [`WorkerConfig::name`](crate::WorkerConfig::name)).
+    pub name: String,
+    /// The topics it serves.
+    pub topics: Vec<String>,
+    /// Whether it sleeps until a producer wakes it (idle), rather than claiming (busy).
+    pub waiting: bool,
+    /// When it started.
+    pub started_at: DateTime<Utc>,
+    /// Its last heartbeat: a live worker writes one every second.
+    pub heartbeat_at: DateTime<Utc>,
+    /// The heartbeat is fresh (within 5 s): the worker is alive.
+    pub live: bool,
 }
 
 /// Which dead letters to list.
@@ -157,6 +177,19 @@ impl Store {
     /// Cancellation safe: it only reads.
     pub async fn stats(&self) -> Result<Stats> {
         Ok(Stats::from_topics(self.backend().outbox_stats().await?))
+    }
+
+    /// The workers that registered and have not been gone for a minute, live ones first.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Database`] when the query fails.
+    ///
+    /// # Cancellation safety
+    ///
+    /// Cancellation safe: it only reads.
+    pub async fn workers(&self) -> Result<Vec<WorkerInfo>> {
+        self.backend().worker_list().await
     }
 
     /// Dead letters, newest first.
@@ -211,8 +244,10 @@ impl Store {
         self.backend().outbox_dead_discard(which).await
     }
 
-    /// Deletes DONE messages processed more than `older_than` ago, `batch` rows per statement
-    /// so no lock is held for long; pending and dead rows are never touched. Returns how many.
+    /// Deletes the per-minute counts of done messages older than `older_than` (a done
+    /// message itself is deleted as soon as its handlers succeed; these counts feed
+    /// `done_last_5m` and throughput over time), `batch` rows per statement so no lock is held
+    /// for long. Returns how many count rows were deleted.
     ///
     /// # Errors
     ///

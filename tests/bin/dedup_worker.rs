@@ -87,6 +87,12 @@ register_handler!(SleepAfter<Dedup<InsertEffect>>);
 #[tokio::main]
 async fn main() -> ExitCode {
     outbox::cli::run_worker(|args, builder| {
+        // The test support crate declares events that other test workers serve.
+        let builder = builder.registry(
+            outbox::Registry::linked()
+                .allow_unhandled("test.work")
+                .allow_unhandled("test.job"),
+        );
         let pool = PgPool::connect_lazy(&args.database_url).expect("database URL parses");
         builder.resource(pool)
     })

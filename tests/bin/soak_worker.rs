@@ -341,6 +341,12 @@ async fn main() -> ExitCode {
         IndexChanged::TOPIC,
     ];
     outbox::cli::run_worker(|args, builder| {
+        // The test support crate declares events that other test workers serve.
+        let builder = builder.registry(
+            outbox::Registry::linked()
+                .allow_unhandled("test.work")
+                .allow_unhandled("test.job"),
+        );
         let pool = sqlx::postgres::PgPoolOptions::new()
             .max_connections(6)
             .acquire_timeout(Duration::from_secs(5))

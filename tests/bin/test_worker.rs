@@ -69,6 +69,8 @@ register_handler!(Record);
 #[tokio::main]
 async fn main() -> ExitCode {
     outbox::cli::run_worker(|args, builder| {
+        // The test support crate declares events that other test workers serve.
+        let builder = builder.registry(outbox::Registry::linked().allow_unhandled("test.job"));
         let url = &args.database_url;
         let effects = if url.starts_with("sqlite:") {
             let options = outbox::sqlite_options(url).expect("SQLite URL parses");

@@ -130,6 +130,9 @@ pub(crate) trait Backend: Send + Sync + 'static {
     /// heartbeat. Returns how many live workers (itself included) serve any of its topics.
     async fn worker_heartbeat(&self, beat: &Beat<'_>) -> Result<i64>;
 
+    /// Registered workers, live ones first.
+    async fn worker_list(&self) -> Result<Vec<crate::ops::WorkerInfo>>;
+
     /// Removes a worker on shutdown.
     async fn worker_deregister(&self, id: uuid::Uuid) -> Result<()>;
 

@@ -571,6 +571,40 @@ impl Backend for PgBackend {
             .await?)
     }
 
+    async fn worker_list(&self) -> Result<Vec<crate::ops::WorkerInfo>> {
+        type Row = (
+            Uuid,
+            String,
+            Vec<String>,
+            bool,
+            chrono::DateTime<chrono::Utc>,
+            chrono::DateTime<chrono::Utc>,
+            bool,
+        );
+        let sql = sqlx::AssertSqlSafe(format!(
+            "SELECT id, name, topics, waiting, started_at, heartbeat_at, \
+                    heartbeat_at > now() - interval '{LIVE_SECS} seconds' AS live \
+             FROM outbox_workers ORDER BY live DESC, name"
+        ));
+        let rows: Vec<Row> = sqlx::query_as(sql).fetch_all(&self.pool).await?;
+        Ok(rows
+            .into_iter()
+            .map(
+                |(id, name, topics, waiting, started_at, heartbeat_at, live)| {
+                    crate::ops::WorkerInfo {
+                        id,
+                        name,
+                        topics,
+                        waiting,
+                        started_at,
+                        heartbeat_at,
+                        live,
+                    }
+                },
+            )
+            .collect())
+    }
+
     async fn worker_deregister(&self, id: Uuid) -> Result<()> {
         sqlx::query("DELETE FROM outbox_workers WHERE id = $1")
             .bind(id)

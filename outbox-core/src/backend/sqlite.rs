@@ -747,6 +747,31 @@ impl Backend for SqliteBackend {
         Ok(peers.max(1))
     }
 
+    async fn worker_list(&self) -> Result<Vec<crate::ops::WorkerInfo>> {
+        let now = now_ms();
+        let rows: Vec<(String, String, String, bool, i64, i64)> = sqlx::query_as(
+            "SELECT id, name, topics, waiting, started_at, heartbeat_at FROM outbox_workers \
+             ORDER BY heartbeat_at > ?1 DESC, name",
+        )
+        .bind(now - LIVE_MS)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.into_iter()
+            .map(|(id, name, topics, waiting, started, beat)| {
+                Ok(crate::ops::WorkerInfo {
+                    id: parse_uuid(&id)?,
+                    name,
+                    topics: serde_json::from_str(&topics).unwrap_or_default(),
+                    waiting,
+                    started_at: time(started),
+                    heartbeat_at: time(beat),
+                    live: beat > now - LIVE_MS,
+                })
+            })
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(Error::from)
+    }
+
     async fn worker_deregister(&self, id: Uuid) -> Result<()> {
         sqlx::query("DELETE FROM outbox_workers WHERE id = ?1")
             .bind(id.to_string())

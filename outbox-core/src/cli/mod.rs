@@ -28,19 +28,65 @@ pub mod ops;
 use crate::registry::Registry;
 use crate::worker::{RetryPolicy, Wakeup, Worker, WorkerBuilder, WorkerConfig};
 
-/// Exit codes of a worker binary, for scripts.
+/// Exit codes of a worker binary and of the `outbox` command line, for scripts.
+///
+/// | code | meaning | what to do |
+/// |---|---|---|
+/// | 0 | done | |
+/// | 1 | failed while running, or not found / refused, or an unclassified database error | read the message |
+/// | 2 | bad command line or argument (also a malformed database URL) | fix the arguments |
+/// | 3 | the handlers or the configuration are not sound | fix the worker's setup |
+/// | 4 | the database could not be reached (refused, lost, shut down, timed out) or stayed locked | check the server and the URL; retrying later may work |
+/// | 5 | the outbox schema is missing, out of date or newer than this build | run `outbox migrate`, or upgrade |
+/// | 6 | the database refused a write that breaks a constraint | fix the data; a retry will not help |
+/// | 7 | the database refused a value as invalid or out of range | fix the arguments or the data |
+///
+/// [`for_error`](exit::for_error) maps an [`Error`](crate::Error) to its code.
 pub mod exit {
+    use crate::{DatabaseErrorKind, Error};
+
     /// Ran and stopped cleanly (or `--once` finished its batch).
     pub const OK: u8 = 0;
-    /// Failed while running.
+    /// Failed while running; not found or refused; an unclassified database error.
     pub const FAILURE: u8 = 1;
-    /// Bad command line (clap's own code).
+    /// Bad command line or argument (clap's own code).
     pub const USAGE: u8 = 2;
     /// The handlers or the configuration are not sound (missing resource, duplicate name,
     /// no handlers, bad setting).
     pub const CONFIG: u8 = 3;
-    /// The database could not be reached or migrated.
+    /// The database could not be reached (or stayed locked): a retry later may work.
     pub const DATABASE: u8 = 4;
+    /// The outbox schema is missing, out of date, or newer than this build.
+    pub const SCHEMA: u8 = 5;
+    /// The database refused a write that breaks a constraint.
+    pub const CONSTRAINT: u8 = 6;
+    /// The database refused a value as invalid or out of range.
+    pub const DATA: u8 = 7;
+
+    /// The exit code for `e`.
+    ///
+    /// ```
+    /// use outbox::cli::exit;
+    ///
+    /// let e = outbox::Error::from(outbox::sqlx::Error::PoolTimedOut);
+    /// assert_eq!(exit::for_error(&e), exit::DATABASE);
+    /// ```
+    pub fn for_error(e: &Error) -> u8 {
+        match e {
+            Error::Database(_) => match e.database_kind() {
+                Some(DatabaseErrorKind::Connection | DatabaseErrorKind::Busy) => DATABASE,
+                Some(DatabaseErrorKind::MissingSchema) => SCHEMA,
+                Some(DatabaseErrorKind::Constraint) => CONSTRAINT,
+                Some(DatabaseErrorKind::Data) => DATA,
+                Some(DatabaseErrorKind::InvalidArgument) => USAGE,
+                _ => FAILURE,
+            },
+            Error::MigrationChanged { .. } | Error::MigrationUnknown { .. } => SCHEMA,
+            Error::DelayOutOfRange(_) => USAGE,
+            Error::Registry(_) | Error::Resource(_) | Error::Config(_) => CONFIG,
+            _ => FAILURE,
+        }
+    }
 }
 
 /// The command line of a worker binary.
@@ -57,6 +103,16 @@ pub struct WorkerArgs {
     /// handles, then exit.
     #[arg(long)]
     pub list_topics: bool,
+    /// A topic whose declared event this binary has no handler for, because another service's
+    /// workers serve it; without it such a worker refuses to start (repeat the flag, or give a
+    /// comma-separated list).
+    #[arg(
+        long,
+        value_name = "TOPIC",
+        value_delimiter = ',',
+        env = "OUTBOX_SERVED_ELSEWHERE"
+    )]
+    pub served_elsewhere: Vec<String>,
     /// Do not apply the outbox migrations at start-up.
     #[arg(long)]
     pub no_migrate: bool,
@@ -106,12 +162,29 @@ pub struct WorkerArgs {
     pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
+/// The longest duration any flag takes: 100 years (of 365.25 days, as `100y` is read), far
+/// beyond any sensible setting and well inside every timestamp type, so an absurd value is
+/// refused before it reaches SQL.
+pub const MAX_DURATION: Duration = Duration::from_secs(100 * 36525 * 24 * 36);
+
 fn seconds(s: &str) -> Result<Duration, String> {
     let v: f64 = s
         .parse()
         .map_err(|_| format!("`{s}` is not a number of seconds"))?;
-    Duration::try_from_secs_f64(v)
-        .map_err(|_| format!("`{s}` is not a valid number of seconds (use 0 or more)"))
+    let d = Duration::try_from_secs_f64(v)
+        .map_err(|_| format!("`{s}` is not a valid number of seconds (use 0 or more)"))?;
+    bounded(s, d)
+}
+
+/// Refuses a duration over [`MAX_DURATION`], naming the value given.
+pub(crate) fn bounded(given: &str, d: Duration) -> Result<Duration, String> {
+    if d > MAX_DURATION {
+        return Err(format!(
+            "`{given}` is too long: the most is 100 years (100y, 36525d or {}s)",
+            MAX_DURATION.as_secs()
+        ));
+    }
+    Ok(d)
 }
 
 impl WorkerArgs {
@@ -241,30 +314,41 @@ where
     let start = async {
         let store = connect(&args.database_url)
             .await
-            .map_err(|e| format!("error: {}", error_line(&e)))?;
+            .map_err(|e| (format!("error: {}", error_line(&e)), exit::for_error(&e)))?;
         if !args.no_migrate {
             crate::migrate(store.clone()).await.map_err(|e| {
-                format!(
-                    "error: could not apply the outbox migrations: {}",
-                    error_line(&e)
+                (
+                    format!(
+                        "error: could not apply the outbox migrations: {}",
+                        error_line(&e)
+                    ),
+                    exit::for_error(&e),
                 )
             })?;
         }
-        Ok::<_, String>(store)
+        Ok::<_, (String, u8)>(store)
     };
     let store = tokio::select! {
         () = stop.clone() => return ExitCode::from(exit::OK),
         r = start => match r {
             Ok(store) => store,
-            Err(line) => {
+            Err((line, code)) => {
                 eprintln!("{line}");
-                return ExitCode::from(exit::DATABASE);
+                return ExitCode::from(code);
             }
         },
     };
+    let registry = args
+        .served_elsewhere
+        .iter()
+        .fold(Registry::linked(), |r, topic| {
+            r.allow_unhandled(topic.clone())
+        });
     let builder = Worker::builder(store)
-        .registry(Registry::linked())
-        .config(args.apply(WorkerConfig::default()));
+        .registry(registry)
+        .config(args.apply(WorkerConfig::default()))
+        // Listing topics and statistics must work precisely when a handler is missing.
+        .strict(!(args.list_topics || args.stats));
     let worker = match configure(&args, builder).build() {
         Ok(w) => w,
         Err(e) => {
@@ -283,7 +367,7 @@ where
             }
             Err(e) => {
                 eprintln!("error: {}", error_line(&e));
-                ExitCode::from(exit::DATABASE)
+                ExitCode::from(exit::for_error(&e))
             }
         };
     }
@@ -320,7 +404,7 @@ where
             }
             Err(e) => {
                 eprintln!("error: {}", error_line(&e));
-                ExitCode::from(exit::DATABASE)
+                ExitCode::from(exit::for_error(&e))
             }
         };
     }
@@ -328,7 +412,7 @@ where
         Ok(()) => exit::OK,
         Err(e) => {
             eprintln!("error: {}", error_line(&e));
-            exit::FAILURE
+            exit::for_error(&e)
         }
     };
     let stuck = worker.running_handlers();
@@ -365,7 +449,7 @@ async fn list_topics(worker: &Worker) -> ExitCode {
         }
         Err(e) => {
             eprintln!("error: {}", error_line(&e));
-            ExitCode::from(exit::DATABASE)
+            ExitCode::from(exit::for_error(&e))
         }
     }
 }
@@ -406,17 +490,7 @@ pub async fn connect(url: &str) -> crate::Result<crate::Store> {
 
 /// An error and its sources on one line, for a binary's `error: ...` message.
 pub fn error_line(e: &crate::Error) -> String {
-    let mut s = e.to_string();
-    let mut src = std::error::Error::source(e);
-    while let Some(inner) = src {
-        let text = inner.to_string();
-        if !s.ends_with(&text) {
-            s.push_str(": ");
-            s.push_str(&text);
-        }
-        src = inner.source();
-    }
-    s
+    crate::error::chain_line(e)
 }
 
 /// Prints queue statistics as a table (or JSON), with the pending topics that `registry` has

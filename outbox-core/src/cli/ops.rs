@@ -11,7 +11,19 @@
 //! ```
 //!
 //! The database comes from `--database-url` or `DATABASE_URL` (`postgres://...` or
-//! `sqlite:...`). Exit codes: 0 done, 1 not found or refused, 2 bad arguments, 4 database.
+//! `sqlite:...`). Durations are refused over 100 years, before any SQL.
+//!
+//! Exit codes (the table in [`exit`](super::exit)):
+//!
+//! | code | meaning |
+//! |---|---|
+//! | 0 | done |
+//! | 1 | not found or refused, or an unclassified database error |
+//! | 2 | bad arguments (including a duration over 100 years or a malformed database URL) |
+//! | 4 | the database could not be reached (or stayed locked) |
+//! | 5 | the outbox schema is missing or out of date: run `outbox migrate` |
+//! | 6 | the database refused a write that breaks a constraint |
+//! | 7 | the database refused a value as invalid or out of range |
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -21,10 +33,20 @@ use crate::{DeadLetterFilter, DeadSelection, Store};
 use clap::{Args, Parser, Subcommand};
 use uuid::Uuid;
 
+const EXIT_CODES: &str = "Exit codes:
+  0  done
+  1  not found or refused, or an unclassified database error
+  2  bad arguments (a duration over 100 years, a malformed database URL, ...)
+  4  the database could not be reached (refused, lost, shut down, timed out) or stayed locked
+  5  the outbox schema is missing or out of date: run `outbox migrate`
+  6  the database refused a write that breaks a constraint
+  7  the database refused a value as invalid or out of range";
+
 #[derive(Debug, Parser)]
 #[command(
     name = "outbox",
-    about = "Operate a transactional outbox: migrate, stats, dead letters, purge"
+    about = "Operate a transactional outbox: migrate, stats, dead letters, purge",
+    after_help = EXIT_CODES
 )]
 struct Cli {
     /// The database URL (postgres://... or sqlite:...).
@@ -49,11 +71,11 @@ enum Command {
     Dead(Dead),
     /// Delete DONE messages (or processed-id records) older than a retention, in small batches.
     Purge {
-        /// The retention, e.g. `7d`, `12h`, `30m`.
+        /// The retention, e.g. `7d`, `12h`, `30m` (at most 100 years).
         #[arg(long, value_parser = duration)]
         older_than: Duration,
-        /// Rows per delete statement.
-        #[arg(long, default_value_t = crate::DEFAULT_PURGE_BATCH)]
+        /// Rows per delete statement (1 to 1,000,000).
+        #[arg(long, default_value_t = crate::DEFAULT_PURGE_BATCH, value_parser = batch)]
         batch: usize,
         /// Purge the dedup handler's processed-id records instead of messages.
         #[arg(long)]
@@ -68,7 +90,7 @@ enum Dead {
         /// Only this topic.
         #[arg(long)]
         topic: Option<String>,
-        /// Only those dead for at least this long, e.g. `1h`.
+        /// Only those dead for at least this long, e.g. `1h` (at most 100 years).
         #[arg(long, value_parser = duration)]
         older_than: Option<Duration>,
         /// At most this many.
@@ -110,8 +132,21 @@ impl Which {
 }
 
 fn duration(s: &str) -> Result<Duration, String> {
-    humantime::parse_duration(s)
-        .map_err(|e| format!("`{s}` is not a duration ({e}); write e.g. 90s, 30m, 12h or 7d"))
+    let d = humantime::parse_duration(s)
+        .map_err(|e| format!("`{s}` is not a duration ({e}); write e.g. 90s, 30m, 12h or 7d"))?;
+    super::bounded(s, d)
+}
+
+/// The most rows one purge statement may delete.
+const MAX_BATCH: usize = 1_000_000;
+
+fn batch(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if (1..=MAX_BATCH).contains(&n) => Ok(n),
+        _ => Err(format!(
+            "`{s}` is not a batch size: write a whole number from 1 to {MAX_BATCH}"
+        )),
+    }
 }
 
 /// Runs the `outbox` operations command line: parses the arguments, connects, does the
@@ -131,14 +166,14 @@ pub async fn main() -> ExitCode {
         Ok(s) => s,
         Err(e) => {
             eprintln!("error: {}", error_line(&e));
-            return ExitCode::from(exit::DATABASE);
+            return ExitCode::from(exit::for_error(&e));
         }
     };
     match run(cli.command, store).await {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
             eprintln!("error: {}", error_line(&e));
-            ExitCode::from(exit::DATABASE)
+            ExitCode::from(exit::for_error(&e))
         }
     }
 }
@@ -220,10 +255,6 @@ async fn run(command: Command, store: Store) -> crate::Result<u8> {
             batch,
             processed,
         } => {
-            if batch == 0 {
-                eprintln!("error: --batch must be at least 1");
-                return Ok(exit::USAGE);
-            }
             let n = if processed {
                 store.purge_processed(older_than, batch).await?
             } else {
@@ -232,7 +263,7 @@ async fn run(command: Command, store: Store) -> crate::Result<u8> {
             let what = if processed {
                 "processed-id record(s)"
             } else {
-                "done message(s)"
+                "per-minute done count(s)"
             };
             println!(
                 "deleted {n} {what} older than {}",

@@ -56,9 +56,24 @@ pub struct WorkerBuilder {
     explicit: Vec<Arc<dyn ErasedHandler>>,
     resources: Resources,
     config: WorkerConfig,
+    strict: bool,
 }
 
 impl WorkerBuilder {
+    /// Whether [`build`](WorkerBuilder::build) refuses a worker when an event declared in its
+    /// registry has no handler in it (default: yes).
+    ///
+    /// A handler crate listed in `Cargo.toml` but never named in the binary's code is not
+    /// linked, so its handlers do not register, and that event's messages would wait for ever
+    /// while the worker looks healthy. Strict, the worker refuses to start and names the
+    /// event. Topics that another service's workers serve are declared with
+    /// [`Registry::allow_unhandled`] (the worker binary's `--served-elsewhere TOPIC`); turn
+    /// strictness off only for tools that never run handlers.
+    pub fn strict(mut self, strict: bool) -> Self {
+        self.strict = strict;
+        self
+    }
+
     /// Uses the handlers of `registry` (default: none; pass [`Registry::linked`] for all linked
     /// ones, or a filtered registry).
     pub fn registry(mut self, registry: Registry) -> Self {
@@ -129,13 +144,29 @@ impl WorkerBuilder {
             topics.entry(h.topic()).or_default().push(h);
         }
         // Declared events none of this worker's handlers serve, registered or explicit.
-        let unhandled_events = self
+        let unhandled_events: Vec<(&'static str, &'static str)> = self
             .registry
             .unhandled_events()
             .iter()
             .filter(|e| !topics.contains_key(e.topic()))
             .map(|e| (e.topic(), e.type_name()))
             .collect();
+        if self.strict && !unhandled_events.is_empty() {
+            return Err(RegistryError::from_problems(
+                unhandled_events
+                    .iter()
+                    .map(|(topic, type_name)| {
+                        format!(
+                            "event `{type_name}` (topic `{topic}`) is declared but no handler in this worker \
+                             serves it: link the crate that registers its handler (`use my_handlers as _;` \
+                             in the binary), or declare the topic served elsewhere \
+                             (`--served-elsewhere {topic}`, Registry::allow_unhandled)"
+                        )
+                    })
+                    .collect(),
+            )
+            .into());
+        }
         Ok(Worker {
             inner: Arc::new(Inner {
                 store: self.store,
@@ -210,6 +241,7 @@ impl Worker {
             explicit: Vec::new(),
             resources: Resources::new(),
             config: WorkerConfig::default(),
+            strict: true,
         }
     }
 
@@ -436,6 +468,18 @@ impl Worker {
                 self.inner
                     .health
                     .set_oldest_stalled(mine().filter_map(|t| t.oldest_stalled_age).max());
+                // Ready messages that no live worker anywhere serves: a forgotten handler crate
+                // or a worker pool that is down. Every worker reports them.
+                let unserved: Vec<(String, Duration)> = stats
+                    .topics
+                    .iter()
+                    .filter(|t| t.unserved())
+                    .map(|t| (t.topic.clone(), t.oldest_ready_age.unwrap_or_default()))
+                    .collect();
+                for (topic, age) in &unserved {
+                    tracing::warn!(topic = %topic, oldest_ready_secs = age.as_secs(), "ready messages of a topic that no live worker serves");
+                }
+                self.inner.health.set_unserved(unserved);
             }
             Err(e) => tracing::warn!(error = %e, "could not read queue statistics"),
         }

@@ -6,8 +6,8 @@
 //! - upsert: `PUT /{index}/_doc/{id}?version={v}&version_type=external` with the document as body
 //! - delete: `DELETE /{index}/_doc/{id}?version={v}&version_type=external`
 //!
-//! The version must grow with each change of the document: the message id's timestamp
-//! ([`message_version`]), or better a field of the event (a row version bumped in the same
+//! The version must grow with each change of the document: the message id's timestamp and
+//! counter ([`message_version`]), or better a field of the event (a row version bumped in the same
 //! `UPDATE`). The index refuses a version that is not above the one it holds, so an older event
 //! that arrives late can never overwrite a newer document.
 //!
@@ -98,13 +98,14 @@ impl IndexOp {
     }
 }
 
-/// A version from the message id: the milliseconds since the Unix epoch in its UUID v7
-/// timestamp (the first 48 bits), so a message enqueued later has a higher version.
+/// A version from the message id ([`outbox::message_sequence`]): its millisecond timestamp
+/// followed by its 20-bit counter, so a message enqueued later by the same process has a
+/// higher version, even in the same millisecond. It is below 2^63, as an external version
+/// must be.
 ///
-/// Two changes of one document enqueued in the same millisecond get the same version, and the
-/// second one is then dropped as stale; the order is the order of the `enqueue` calls, not of
-/// the commits. When that matters, carry a version in the event (a column incremented in the
-/// same `UPDATE` as the change) and use it instead.
+/// The order is the order of the `enqueue` calls, not of the commits, and across processes it
+/// is only as good as the clocks. When that matters, carry a version in the event (a column
+/// incremented in the same `UPDATE` as the change) and use it instead.
 ///
 /// ```
 /// use outbox::{Context, Resources};
@@ -113,13 +114,11 @@ impl IndexOp {
 /// let ctx = Context::for_test("hotel.changed", "search-index", Resources::new());
 /// let now_ms = std::time::SystemTime::now()
 ///     .duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64;
-/// assert!(now_ms.abs_diff(message_version(&ctx)) < 60_000);
+/// assert!(now_ms.abs_diff(message_version(&ctx) >> 20) < 60_000);
+/// assert!(i64::try_from(message_version(&ctx)).is_ok());
 /// ```
 pub fn message_version(ctx: &Context) -> u64 {
-    let bytes = ctx.message_id().into_bytes();
-    bytes[..6]
-        .iter()
-        .fold(0u64, |acc, b| (acc << 8) | u64::from(*b))
+    outbox::message_sequence(ctx.message_id())
 }
 
 /// How an event becomes an [`IndexOp`], and the handler's name.
@@ -358,8 +357,25 @@ mod tests {
         assert!(message_version(&b) > message_version(&a));
         let ts = a.message_id().get_timestamp().unwrap().to_unix();
         assert_eq!(
-            message_version(&a),
+            message_version(&a) >> 20,
             ts.0 * 1000 + u64::from(ts.1 / 1_000_000)
         );
+    }
+
+    #[test]
+    fn versions_strictly_increase_in_a_tight_loop() {
+        let versions: Vec<u64> = (0..1000)
+            .map(|_| message_version(&Context::for_test("t", "h", Resources::new())))
+            .collect();
+        for (i, pair) in versions.windows(2).enumerate() {
+            assert!(
+                pair[0] < pair[1],
+                "version {} is {} after {}",
+                i + 1,
+                pair[1],
+                pair[0]
+            );
+        }
+        assert!(versions.iter().all(|v| i64::try_from(*v).is_ok()));
     }
 }
