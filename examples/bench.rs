@@ -8,13 +8,18 @@
 //!
 //! | row | workload |
 //! |-----|----------|
-//! | W1  | drain 20,000 pending ~200-byte messages with a no-op handler, from worker start until all are done: concurrency 1, a sweep of settings, and the best (median of `--repeat` runs) |
+//! | W1  | drain 20,000 pending ~200-byte messages with a no-op handler, timed from building a new pool and worker (a cold start, as a worker binary's) until no live message is left: concurrency 1, a sweep of settings, the default `WorkerConfig` and the best setting (median of `--repeat` runs, every run's figure and the largest deviation from the median); with `--peer`, the peer's drain alternates with the default's and their ratio is reported |
 //! | W2  | 5,000 transactions (business `INSERT` + `enqueue`) from 1 and 8 producers with a worker running, against the same transactions without `enqueue`, and their ratio |
-//! | W3  | an idle worker, one message committed every 10 ms for 5 s: p50 and p99 of handler start - commit |
+//! | W3  | a fresh default worker (new pool, nothing handled before), idle; one message committed every 10 ms for 5 s: p50 and p99 of handler start - commit |
 //! | W4  | W1 (best setting) with 2,000,000 done rows in the table (a second database); ratio to W1 runs paired with it |
 //! | W5  | W1 (best setting) with 10,000 pending messages of an unhandled topic due earlier; ratio to W1 runs paired with it |
 //! | W6  | `enqueue_many` of 100,000 messages in batches of 1,000 |
+//! | W10 | PostgreSQL: 8 producers, 2,000 transactions each (business `INSERT` + `enqueue`), against 1, 4 and 8 default workers (a pool each) and against 4 beside an idle worker of another topic; `Wakeup::Listen` alternating with `Wakeup::Poll` (`--repeat` pairs, at most 3): producer tx/s, the ratio listen/poll and the share of transactions that sent a NOTIFY (counted by a LISTENer on the wake-up channel) |
 //! | RSS | peak RSS (VmHWM) of a worker process draining a 100,000-message backlog |
+//!
+//! `--peer DIR` names a graphile-worker 0.17 bench folder prepared with `npm ci` (its `bench.js`
+//! prints a `RESULT` line); its W1 runs with `node` in a database of its own on the same server.
+//! Without it nothing of the peer runs.
 //!
 //! Targets are for PostgreSQL on a 2-core machine with the server on the same machine; SQLite
 //! figures are printed without targets. `--scale 0.01` shrinks every workload (CI runs it so
@@ -31,13 +36,15 @@ mod report;
 #[path = "bench/workloads.rs"]
 mod workloads;
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, Result};
 use clap::Parser;
 
 use cpu::CpuPer;
-use db::{Db, Kind};
+use db::{Db, Kind, PeerDb};
+use outbox::{Wakeup, WorkerConfig};
 use report::{Report, Target};
 use workloads::{Sample, Setting, DEFAULT_SETTING};
 
@@ -57,8 +64,9 @@ struct Args {
     /// Multiply every workload's size by this (0.01 for a quick check).
     #[arg(long, default_value_t = 1.0)]
     scale: f64,
-    /// Runs per figure (W1 best, W2, W4, W5, W6), whose median is reported.
-    #[arg(long, default_value_t = 3)]
+    /// Runs per figure (W1 default and best, W2, W4, W5, W6, W10 pairs), whose median is
+    /// reported.
+    #[arg(long, default_value_t = 5)]
     repeat: usize,
     /// Worker settings W1 tries besides concurrency 1, as CONCURRENCYxBATCH.
     #[arg(
@@ -67,9 +75,13 @@ struct Args {
         default_value = "32x100,64x100,128x200,256x500,512x500,1000x1000"
     )]
     settings: Vec<Setting>,
-    /// Only these workloads (w1..w6, rss); all by default.
+    /// Only these workloads (w1..w6, w10, rss); all by default.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
+    /// A graphile-worker 0.17 bench folder prepared with `npm ci`: its W1 drain runs (with
+    /// `node`) alternating with ours on PostgreSQL, and the report compares them.
+    #[arg(long, value_name = "DIR")]
+    peer: Option<PathBuf>,
     /// The PostgreSQL server to create the bench database on.
     #[arg(
         long,
@@ -132,6 +144,14 @@ async fn main() -> Result<()> {
     }
     if !args.scale.is_finite() || args.scale <= 0.0 || args.repeat == 0 {
         bail!("--scale must be above 0 and --repeat at least 1");
+    }
+    if let Some(dir) = &args.peer {
+        if !dir.join("bench.js").is_file() || !dir.join("node_modules").is_dir() {
+            bail!(
+                "--peer {}: expected a graphile-worker bench folder (bench.js) prepared with `npm ci` (node_modules)",
+                dir.display()
+            );
+        }
     }
     let kinds: &[Kind] = match args.backend {
         BackendArg::Postgres => &[Kind::Postgres],
@@ -231,8 +251,8 @@ async fn w4_pairs(
     for _ in 0..repeat {
         db.reset().await?;
         pairs.push((
-            workloads::w1(db, n, setting).await,
-            workloads::w1(big, n, setting).await,
+            workloads::w1(db, n, setting.config()).await,
+            workloads::w1(big, n, setting.config()).await,
         ));
     }
     Ok(pairs)
@@ -266,6 +286,190 @@ fn push_paired(
     report.push(id, "ratio to W1", ratio, "x", Target::at_least(0.9));
 }
 
+/// W1 with the default `WorkerConfig`, `--repeat` runs; with `--peer` (on PostgreSQL), each
+/// followed by one of the peer's, and the peer's median and the ratio reported beside ours.
+async fn w1_default(args: &Args, db: &mut Db, report: &mut Report, n: u64) -> Result<()> {
+    let peer = match (&args.peer, db.kind) {
+        (Some(dir), Kind::Postgres) => Some((dir, PeerDb::create(&args.database_url).await?)),
+        _ => None,
+    };
+    let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+    let mut outcome = Ok(());
+    for i in 0..args.repeat {
+        if let Err(e) = db.reset().await {
+            outcome = Err(e);
+            break;
+        }
+        ours.push(workloads::w1(db, n, WorkerConfig::default()).await);
+        if let Some((dir, peer_db)) = &peer {
+            let r = workloads::peer_w1(dir, &peer_db.url, n, DEFAULT_SETTING.concurrency).await;
+            match &r {
+                Ok(v) => eprintln!("  W1 peer run {}: {v:.0} jobs/s", i + 1),
+                Err(e) => eprintln!("  W1 peer run {}: FAILED: {e:#}", i + 1),
+            }
+            theirs.push(r.map(|rate| Sample {
+                rate,
+                cpu: CpuPer {
+                    client_us: 0.0,
+                    server_us: None,
+                },
+            }));
+        }
+    }
+    if let Some((_, peer_db)) = peer {
+        peer_db.drop_all().await;
+    }
+    outcome?;
+    let what = |w: &str| {
+        if args.repeat > 1 {
+            format!("{w}, median of {}", args.repeat)
+        } else {
+            w.to_string()
+        }
+    };
+    let ours = report.push_runs(
+        "W1",
+        what(&format!("drain, default WorkerConfig ({DEFAULT_SETTING})")),
+        ours,
+        "msgs/s",
+        None,
+        true,
+    );
+    if args.peer.is_some() && db.kind == Kind::Postgres {
+        let row = report.rows.len();
+        let theirs = report.push_runs(
+            "W1",
+            what(&format!(
+                "peer graphile-worker (node), concurrency {}, batched",
+                DEFAULT_SETTING.concurrency
+            )),
+            theirs,
+            "msgs/s",
+            None,
+            true,
+        );
+        // The peer's CPU is not measured.
+        if let Some(row) = report.rows.get_mut(row) {
+            row.cpu = None;
+        }
+        report.push(
+            "W1",
+            "default WorkerConfig / peer",
+            ratio(&ours, &theirs),
+            "x",
+            Target::at_least(1.1),
+        );
+    }
+    Ok(())
+}
+
+/// W10's transactions per producer at scale 1: a run takes about 8 s at 2,000 tx/s.
+const W10_PER_PRODUCER: u64 = 2_000;
+
+/// W10's (listen, poll) pairs per case at most: 8 runs make one round of the four cases.
+const W10_MAX_PAIRS: usize = 3;
+
+/// W10: 8 producers against 1, 4 and 8 workers of their topic, and 4 beside an idle worker of
+/// another; each case in (listen, poll) pairs, `--repeat` of them up to [`W10_MAX_PAIRS`] (one
+/// below scale 0.1, where the figures only show that the workload runs).
+async fn w10(args: &Args, db: &mut Db, report: &mut Report) -> Result<()> {
+    let producers = 8u32;
+    let total = u64::from(producers) * args.scaled(W10_PER_PRODUCER);
+    let pairs = if args.scale < 0.1 {
+        1
+    } else {
+        args.repeat.min(W10_MAX_PAIRS)
+    };
+    let settle = Duration::from_secs_f64((0.5 * args.scale).clamp(0.1, 0.5));
+    let label = |n: usize| {
+        if n == 1 {
+            "1 worker".to_string()
+        } else {
+            format!("{n} workers")
+        }
+    };
+    for (workers, idle_other) in [(1usize, false), (4, false), (8, false), (4, true)] {
+        let case = if idle_other {
+            format!("{} + 1 idle of another topic", label(workers))
+        } else {
+            label(workers)
+        };
+        let (mut listen, mut poll) = (Vec::new(), Vec::new());
+        for _ in 0..pairs {
+            for (mode, runs) in [(Wakeup::Listen, &mut listen), (Wakeup::Poll, &mut poll)] {
+                db.reset().await?;
+                let r =
+                    workloads::w10(db, producers, total, workers, idle_other, mode, settle).await;
+                match &r {
+                    Ok(r) => eprintln!(
+                        "  W10 {case}, {mode:?}: {:.0} tx/s, {} NOTIFYs for {} tx ({} payloads), \
+                         {} handled by then",
+                        r.sample.rate, r.notifies, r.transactions, r.payloads, r.handled
+                    ),
+                    Err(e) => eprintln!("  W10 {case}, {mode:?}: FAILED: {e:#}"),
+                }
+                runs.push(r);
+            }
+        }
+        let share = |runs: &[Result<workloads::W10Run>]| -> Result<f64> {
+            let ok = runs
+                .iter()
+                .map(|r| r.as_ref().map_err(|e| anyhow::anyhow!("{e:#}")))
+                .collect::<Result<Vec<_>>>()?;
+            let tx: u64 = ok.iter().map(|r| r.transactions).sum();
+            let notifies: u64 = ok.iter().map(|r| r.notifies).sum();
+            Ok(notifies as f64 * 100.0 / tx.max(1) as f64)
+        };
+        let (listen_share, poll_share) = (share(&listen), share(&poll));
+        let samples = |runs: Vec<Result<workloads::W10Run>>| -> Vec<Result<Sample>> {
+            runs.into_iter().map(|r| r.map(|r| r.sample)).collect()
+        };
+        let n = if pairs > 1 {
+            format!(", median of {pairs}")
+        } else {
+            String::new()
+        };
+        let l = report.push_runs(
+            "W10",
+            format!("8 producers, {case}, listen{n}"),
+            samples(listen),
+            "tx/s",
+            None,
+            false,
+        );
+        let p = report.push_runs(
+            "W10",
+            format!("8 producers, {case}, poll{n}"),
+            samples(poll),
+            "tx/s",
+            None,
+            false,
+        );
+        report.push(
+            "W10",
+            format!("ratio listen/poll, {case}"),
+            ratio(&l, &p),
+            "x",
+            Target::at_least(0.95),
+        );
+        report.push(
+            "W10",
+            format!("tx that sent a NOTIFY, {case}, listen"),
+            listen_share,
+            "%",
+            Target::at_most(1.0),
+        );
+        report.push(
+            "W10",
+            format!("tx that sent a NOTIFY, {case}, poll"),
+            poll_share,
+            "%",
+            None,
+        );
+    }
+    Ok(())
+}
+
 /// Every workload on one database, in order; each figure lands in `report`.
 async fn run(args: &Args, db: &mut Db, report: &mut Report) -> Result<()> {
     let n1 = args.scaled(20_000);
@@ -278,7 +482,9 @@ async fn run(args: &Args, db: &mut Db, report: &mut Report) -> Result<()> {
         }
     };
 
-    // W1: concurrency 1, the sweep, then the best setting again for a median.
+    // W1, every run from a cold start: concurrency 1 and the sweep once each; then the default
+    // config (alternating with the peer's drain, when there is one) and the best setting of
+    // the sweep, each for a median.
     let mut best_setting = args.settings.first().copied().unwrap_or(DEFAULT_SETTING);
     if args.wants("w1") {
         let one = Setting {
@@ -286,7 +492,7 @@ async fn run(args: &Args, db: &mut Db, report: &mut Report) -> Result<()> {
             batch_size: DEFAULT_SETTING.batch_size,
         };
         db.reset().await?;
-        let r = workloads::w1(db, n1, one).await;
+        let r = workloads::w1(db, n1, one.config()).await;
         report.push_sample(
             "W1",
             format!("drain, concurrency 1 ({one})"),
@@ -297,26 +503,31 @@ async fn run(args: &Args, db: &mut Db, report: &mut Report) -> Result<()> {
         let mut sweep = Vec::new();
         for &s in &args.settings {
             db.reset().await?;
-            let r = workloads::w1(db, n1, s).await;
+            let r = workloads::w1(db, n1, s.config()).await;
             if let Ok(v) = &r {
                 sweep.push((s, *v));
             }
             report.push_sample("W1", format!("drain, sweep {s}"), r, "msgs/s", None);
         }
-        if let Some(&(s, v)) = sweep.iter().max_by(|a, b| a.1.rate.total_cmp(&b.1.rate)) {
-            let mut all = vec![Ok(v)];
-            for _ in 1..repeat {
+
+        w1_default(args, db, report, n1).await?;
+
+        // Runs of their own: the sweep's run was picked for being the fastest, so counting it
+        // would lift the median and widen the spread.
+        if let Some(&(s, _)) = sweep.iter().max_by(|a, b| a.1.rate.total_cmp(&b.1.rate)) {
+            let mut all = Vec::new();
+            for _ in 0..repeat {
                 db.reset().await?;
-                all.push(workloads::w1(db, n1, s).await);
+                all.push(workloads::w1(db, n1, s.config()).await);
             }
-            let m = median_sample(all);
             best_setting = s;
-            report.push_sample(
+            let _ = report.push_runs(
                 "W1",
                 runs(&format!("drain, best setting ({s})")),
-                m,
+                all,
                 "msgs/s",
                 Target::at_least(15_000.0),
+                true,
             );
         }
     }
@@ -432,11 +643,11 @@ async fn run(args: &Args, db: &mut Db, report: &mut Report) -> Result<()> {
             let mut pairs = Vec::new();
             for _ in 0..repeat {
                 db.reset().await?;
-                let alone = workloads::w1(db, n1, best_setting).await;
+                let alone = workloads::w1(db, n1, best_setting.config()).await;
                 db.reset().await?;
                 db.seed(&workloads::unhandled(ahead)).await?;
                 db.push_ahead("bench.unhandled").await?;
-                pairs.push((alone, workloads::w1(db, n1, best_setting).await));
+                pairs.push((alone, workloads::w1(db, n1, best_setting.config()).await));
             }
             Ok::<_, anyhow::Error>(pairs)
         }
@@ -448,6 +659,11 @@ async fn run(args: &Args, db: &mut Db, report: &mut Report) -> Result<()> {
             pairs,
             best_setting,
         );
+    }
+
+    // W10: producers at full speed against workers in listen and in poll mode, alternating.
+    if args.wants("w10") && db.kind == Kind::Postgres {
+        w10(args, db, report).await?;
     }
 
     // W6: bulk enqueue.

@@ -230,29 +230,48 @@ impl Db {
             .with_context(|| format!("{}: running `{sql}`", self.kind.name()))
     }
 
-    /// Counts messages in `status`: `pending` (live, not under a running lease), `running`,
-    /// `dead` (dead letters) or `done` (deleted when done; the sum of the per-minute counts).
-    pub(crate) async fn count_status(&self, status: &str) -> Result<i64> {
-        let sql = match (self.kind, status) {
-            (Kind::Postgres, "pending") => {
-                "SELECT count(*) FROM outbox_messages WHERE locked_until IS NULL OR locked_until < now()"
+    /// Live messages of `topics`: those not finished yet, whatever their state. A drain is
+    /// over when this is 0: a done message is deleted, a dead one moves to `outbox_dead`.
+    pub(crate) async fn remaining(&self, topics: &[&str]) -> Result<i64> {
+        let n = match &self.pool {
+            Pool::Pg(p) => {
+                sqlx::query_scalar(
+                    "SELECT count(*) FROM outbox_messages WHERE topic = ANY($1)",
+                )
+                .bind(topics)
+                .fetch_one(p)
+                .await?
             }
-            (Kind::Postgres, "running") => {
-                "SELECT count(*) FROM outbox_messages WHERE locked_until >= now()"
+            Pool::Sqlite(p) => {
+                sqlx::query_scalar(
+                    "SELECT count(*) FROM outbox_messages \
+                     WHERE topic IN (SELECT value FROM json_each(?1))",
+                )
+                .bind(serde_json::to_string(topics)?)
+                .fetch_one(p)
+                .await?
             }
-            (Kind::Sqlite, "pending") => {
-                "SELECT count(*) FROM outbox_messages \
-                 WHERE locked_until IS NULL OR locked_until < CAST(unixepoch('subsec') * 1000 AS INTEGER)"
-            }
-            (Kind::Sqlite, "running") => {
-                "SELECT count(*) FROM outbox_messages \
-                 WHERE locked_until >= CAST(unixepoch('subsec') * 1000 AS INTEGER)"
-            }
-            (_, "dead") => "SELECT count(*) FROM outbox_dead",
-            (_, "done") => "SELECT CAST(coalesce(sum(done), 0) AS BIGINT) FROM outbox_done_counts",
-            (_, other) => anyhow::bail!("no message status `{other}`"),
         };
-        Ok(on_pool!(&self.pool, p => sqlx::query_scalar(sql).fetch_one(p).await)?)
+        Ok(n)
+    }
+
+    /// A new pool on the bench database, made the way `outbox::cli::connect` (and so a worker
+    /// binary) makes it: one direct connection to check the server, then a lazy pool of
+    /// `max` connections (PostgreSQL); `outbox::sqlite_pool` on SQLite. Nothing in it is
+    /// connected or prepared beforehand, so a run timed from here pays for a cold start.
+    pub(crate) async fn cold_pool(&self, max: u32) -> Result<Pool> {
+        match &self.pg {
+            Some((opts, _, _)) => {
+                opts.connect().await?.close().await?;
+                Ok(Pool::Pg(
+                    PgPoolOptions::new()
+                        .max_connections(max)
+                        .acquire_timeout(Duration::from_secs(10))
+                        .connect_lazy_with(opts.clone()),
+                ))
+            }
+            None => Ok(Pool::Sqlite(outbox::sqlite_pool(&self.url).await?)),
+        }
     }
 
     /// Enqueues `events` with `enqueue_many`, 1,000 per transaction.
@@ -403,6 +422,62 @@ impl Db {
     }
 }
 
+/// An empty database beside the bench's, for the peer (graphile-worker) to install itself in.
+/// Its name follows the bench's (`outbox_bench_<secs>_...`), so a killed run's is dropped later.
+pub(crate) struct PeerDb {
+    /// The URL the peer connects with.
+    pub(crate) url: String,
+    admin_url: String,
+    name: String,
+}
+
+impl PeerDb {
+    /// Creates the database on the server at `database_url`.
+    pub(crate) async fn create(database_url: &str) -> Result<PeerDb> {
+        let opts: PgConnectOptions = database_url.parse()?;
+        let mut admin = PgConnection::connect_with(&opts).await?;
+        let name = format!(
+            "outbox_bench_{}_{}_{}_peer",
+            unix_secs(),
+            std::process::id(),
+            next_serial()
+        );
+        sqlx::raw_sql(AssertSqlSafe(format!("CREATE DATABASE {name}")))
+            .execute(&mut admin)
+            .await?;
+        admin.close().await.ok();
+        Ok(PeerDb {
+            url: with_database(database_url, &name),
+            admin_url: database_url.to_string(),
+            name,
+        })
+    }
+
+    /// Drops the database.
+    pub(crate) async fn drop_all(self) {
+        if let Ok(mut admin) = PgConnection::connect(&self.admin_url).await {
+            let _ = sqlx::raw_sql(AssertSqlSafe(format!(
+                "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+                self.name
+            )))
+            .execute(&mut admin)
+            .await;
+        }
+    }
+}
+
+/// `url` (`postgres://user@host:port/db?params`) naming database `name` instead: the URL as
+/// the user wrote it, for a client other than sqlx (sqlx's own rendering adds an `sslmode`
+/// that node-postgres reads as "TLS required").
+fn with_database(url: &str, name: &str) -> String {
+    let (base, query) = url.split_at(url.find('?').unwrap_or(url.len()));
+    let host_start = base.find("://").map_or(0, |i| i + 3);
+    let host_end = base[host_start..]
+        .find('/')
+        .map_or(base.len(), |i| host_start + i);
+    format!("{}/{name}{query}", &base[..host_end])
+}
+
 fn remove_sqlite_files(path: &std::path::Path) {
     for suffix in ["", "-wal", "-shm"] {
         let mut p = path.as_os_str().to_owned();
@@ -411,13 +486,13 @@ fn remove_sqlite_files(path: &std::path::Path) {
     }
 }
 
-/// Drops bench databases left behind more than an hour ago by runs that were killed.
 /// Tells apart the databases one bench process creates (W4 uses a second one).
 fn next_serial() -> u64 {
     static SERIAL: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     SERIAL.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
+/// Drops bench databases left behind more than an hour ago by runs that were killed.
 async fn drop_stale(admin: &mut PgConnection) {
     let names: Vec<String> = sqlx::query_scalar(
         "SELECT datname FROM pg_database WHERE datname LIKE 'outbox\\_bench\\_%'",

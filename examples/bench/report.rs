@@ -70,6 +70,9 @@ pub(crate) struct Row {
     /// The error of a failed workload, or a remark.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) note: Option<String>,
+    /// Every run's figure, in the order run, where the figure is their median.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) runs: Option<Vec<f64>>,
 }
 
 /// The report of one backend.
@@ -126,6 +129,7 @@ impl Report {
             target,
             cpu: None,
             note,
+            runs: None,
         });
     }
 
@@ -143,6 +147,59 @@ impl Report {
         if let Some(row) = self.rows.last_mut() {
             row.cpu = cpu;
         }
+    }
+
+    /// Adds the median of `runs` with the CPU figures behind it, every run's figure, and a row
+    /// of its own (with `spread_row`) for the largest deviation of a run from the median (in %,
+    /// target `<= MAX_SPREAD_PCT`), so that an unsteady figure shows as such.
+    pub(crate) fn push_runs(
+        &mut self,
+        id: &'static str,
+        name: impl Into<String>,
+        runs: Vec<anyhow::Result<Sample>>,
+        unit: &'static str,
+        target: Option<Target>,
+        spread_row: bool,
+    ) -> anyhow::Result<Sample> {
+        let name = name.into();
+        let rates: Vec<f64> = runs
+            .iter()
+            .filter_map(|r| r.as_ref().ok())
+            .map(|s| s.rate)
+            .collect();
+        let median = crate::median_sample(runs);
+        let spread = median
+            .as_ref()
+            .map(|m| max_deviation_pct(&rates, m.rate))
+            .map_err(|e| anyhow::anyhow!("{e:#}"));
+        let kept = median
+            .as_ref()
+            .map(|m| *m)
+            .map_err(|e| anyhow::anyhow!("{e:#}"));
+        self.push_sample(id, name.clone(), median, unit, target);
+        if let Some(row) = self.rows.last_mut() {
+            if row.value.is_some() && rates.len() > 1 {
+                eprintln!(
+                    "  {id} {name}: runs {}",
+                    rates
+                        .iter()
+                        .map(|v| fmt_value(*v, unit))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                );
+                row.runs = Some(rates);
+            }
+        }
+        if spread_row {
+            self.push(
+                id,
+                format!("{name}: largest deviation of a run from the median"),
+                spread,
+                "%",
+                Target::at_most(MAX_SPREAD_PCT),
+            );
+        }
+        kept
     }
 
     /// The table, as printed.
@@ -239,6 +296,12 @@ impl Report {
                 out.push('\n');
             }
         }
+        for r in &self.rows {
+            if let Some(runs) = &r.runs {
+                let all: Vec<String> = runs.iter().map(|v| fmt_value(*v, r.unit)).collect();
+                out.push_str(&format!("runs: {} {}: {}\n", r.id, r.name, all.join(", ")));
+            }
+        }
         for r in self.rows.iter().filter(|r| r.note.is_some()) {
             out.push_str(&format!(
                 "note: {} {}: {}\n",
@@ -251,12 +314,26 @@ impl Report {
     }
 }
 
+/// How far every run of a median may be from it, in % (the bound for a steady figure).
+pub(crate) const MAX_SPREAD_PCT: f64 = 20.0;
+
+/// The largest |run - median| / median of the runs, in %.
+pub(crate) fn max_deviation_pct(runs: &[f64], median: f64) -> f64 {
+    if median == 0.0 {
+        return 0.0;
+    }
+    runs.iter()
+        .map(|v| ((v - median) / median).abs() * 100.0)
+        .fold(0.0, f64::max)
+}
+
 /// A figure with its unit: thousands separators for rates, two decimals for the rest.
 pub(crate) fn fmt_value(v: f64, unit: &str) -> String {
     match unit {
         "msgs/s" | "tx/s" => format!("{} {unit}", thousands(v.round() as i64)),
         "x" => format!("{v:.2} x"),
         "ms" => format!("{v:.2} ms"),
+        "%" => format!("{v:.1} %"),
         _ => format!("{v:.1} {unit}"),
     }
 }

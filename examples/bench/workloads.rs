@@ -1,17 +1,21 @@
-//! The workloads W1..W6 and the peak-RSS run, each returning its raw figures.
+//! The workloads W1..W6 and W10, the peer's W1 and the peak-RSS run, each returning its raw
+//! figures.
 
+use std::collections::HashSet;
 use std::io::{BufRead, BufReader, Write as _};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context as _, Result};
 use outbox::{
-    enqueue, enqueue_many, outbox_event, Context, Handler, HandlerError, Worker, WorkerConfig,
+    enqueue, enqueue_many, outbox_event, Context, Handler, HandlerError, Wakeup, Worker,
+    WorkerConfig,
 };
 use serde::{Deserialize, Serialize};
-use tokio::sync::Notify;
+use tokio::sync::{watch, Notify};
 
 use crate::cpu::{CpuMeter, CpuPer};
 use crate::db::{on_pool, Db, Kind, Pool};
@@ -47,7 +51,10 @@ pub(crate) fn messages(n: u64) -> Vec<BenchMessage> {
     (0..n).map(BenchMessage::new).collect()
 }
 
-/// A topic the bench worker has no handler for (W5).
+/// The topic of [`BenchMessage`].
+pub(crate) const TOPIC: &str = "bench.message";
+
+/// A topic the bench worker has no handler for (W5); W10's idle worker serves it.
 #[outbox_event(topic = "bench.unhandled")]
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) struct Unhandled {
@@ -109,6 +116,19 @@ impl Handler for Probe {
         if self.0.handled.fetch_add(1, Ordering::SeqCst) + 1 == self.0.target {
             self.0.all.notify_one();
         }
+        Ok(())
+    }
+}
+
+/// The handler of W10's idle worker, which serves another topic than the producers write.
+struct IdleProbe;
+
+#[outbox::async_trait]
+impl Handler for IdleProbe {
+    type Event = Unhandled;
+    const NAME: &'static str = "bench-idle";
+
+    async fn handle(&self, _event: Unhandled, _ctx: &Context) -> Result<(), HandlerError> {
         Ok(())
     }
 }
@@ -206,52 +226,113 @@ pub(crate) struct Sample {
     pub(crate) cpu: CpuPer,
 }
 
-/// W1 and its variants: `n` pending messages seeded, then drained.
-pub(crate) async fn w1(db: &Db, n: u64, setting: Setting) -> Result<Sample> {
+/// Waits until the probe has seen its `target` calls and then until no live message of
+/// `topics` is left (the last outcome is written), within `limit`.
+async fn until_drained(
+    db: &Db,
+    topics: &[&str],
+    state: &ProbeState,
+    limit: Duration,
+) -> Result<()> {
+    let deadline = Instant::now() + limit;
+    if !state.wait_all(limit).await {
+        bail!(
+            "drain stopped after {limit:?} with {} of {} messages handled",
+            state.handled(),
+            state.target
+        );
+    }
+    loop {
+        let left = db.remaining(topics).await?;
+        if left == 0 {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            bail!("all messages were handled but {left} are still live after {limit:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+/// W1 and its variants, timed the way the peer times its drain: `n` pending messages
+/// inserted up front; then the clock runs from building a new pool and worker (as a worker
+/// binary starts) until no live message of the topic is left.
+pub(crate) async fn w1(db: &Db, n: u64, config: WorkerConfig) -> Result<Sample> {
     db.seed(&messages(n)).await?;
     db.analyze().await?;
     // Every run starts right after a checkpoint, so none pays for one the seeding left due.
     db.checkpoint().await?;
-    let done_before = db.count_status("done").await?;
+    let state = ProbeState::new(n, 0);
     let meter = CpuMeter::start(db).await;
-    let secs = drain(&db.pool, n, setting).await?;
-    let cpu = meter.stop(db).await;
-    let done = db.count_status("done").await? - done_before;
-    if done != i64::try_from(n)? {
-        bail!("after the drain {done} messages are done, expected {n}");
-    }
+    let start = Instant::now();
+    let pool = db.cold_pool(COLD_POOL_SIZE).await?;
+    let w = worker(&pool, &state, config)?;
+    let mut timed = None;
+    let ran = w
+        .run_until(async {
+            let drained = until_drained(db, &[TOPIC], &state, limit_for(n)).await;
+            let secs = start.elapsed().as_secs_f64();
+            timed = Some((drained.map(|()| secs), meter.stop(db).await));
+        })
+        .await;
+    pool.close().await;
+    ran?;
+    let (secs, cpu) = timed.ok_or_else(|| anyhow!("the worker stopped before the drain ended"))?;
     Ok(Sample {
-        rate: n as f64 / secs,
+        rate: n as f64 / secs?,
         cpu: cpu.per(n),
     })
 }
 
-/// One W2 run: `total` transactions (business INSERT, plus `enqueue` when `with_enqueue`) from
-/// `producers` connections while a default worker runs (or, with `with_worker` false, none:
-/// the cost of the `enqueue` statement alone). Returns transactions per second.
-pub(crate) async fn w2(
+/// The size of the pools the bench opens cold: `outbox::cli::connect`'s.
+const COLD_POOL_SIZE: u32 = 10;
+
+/// The peer's W1: `node bench.js drain N CONCURRENCY batched` in `dir` (a graphile-worker
+/// bench folder prepared with `npm ci`), against the database at `url`. Returns jobs/s from
+/// its `RESULT` line.
+pub(crate) async fn peer_w1(dir: &Path, url: &str, n: u64, concurrency: usize) -> Result<f64> {
+    let dir = dir.to_path_buf();
+    let url = url.to_string();
+    tokio::task::spawn_blocking(move || -> Result<f64> {
+        let out = Command::new("node")
+            .arg("bench.js")
+            .args(["drain", &n.to_string(), &concurrency.to_string(), "batched"])
+            .current_dir(&dir)
+            .env("DATABASE_URL", &url)
+            .stdin(Stdio::null())
+            .output()
+            .with_context(|| format!("running `node bench.js` in {}", dir.display()))?;
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let line = stdout
+            .lines()
+            .map(|l| l.split('\t').collect::<Vec<_>>())
+            .find(|f| f.first() == Some(&"RESULT") && f.get(2) == Some(&"W1 drain"));
+        match line.and_then(|f| f.get(4).and_then(|v| v.parse::<f64>().ok())) {
+            Some(rate) => Ok(rate),
+            None => {
+                let stderr = String::from_utf8_lossy(&out.stderr);
+                let tail: Vec<&str> = stderr.lines().rev().take(5).collect();
+                bail!(
+                    "the peer ({}) printed no W1 result; stderr ends: {}",
+                    out.status,
+                    tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
+                )
+            }
+        }
+    })
+    .await?
+}
+
+/// `total` transactions from `producers` connections of `pool`, as fast as they go: a business
+/// INSERT, plus `enqueue` of a message of the new order when `with_enqueue`, and COMMIT.
+/// Returns the seconds they took.
+async fn produce(
     db: &Db,
+    pool: &Pool,
     producers: u32,
     total: u64,
     with_enqueue: bool,
-    with_worker: bool,
-) -> Result<Sample> {
-    let handled = with_enqueue && with_worker;
-    let state = ProbeState::new(if handled { total } else { u64::MAX }, 0);
-    let stop = Arc::new(Notify::new());
-    let running = if with_worker {
-        let w = worker(&db.pool, &state, DEFAULT_SETTING.config())?;
-        let stop = stop.clone();
-        Some(tokio::spawn(async move {
-            w.run_until(async move { stop.notified().await }).await
-        }))
-    } else {
-        None
-    };
-    let pool = db.extra_pool(producers).await?;
-    // Let the worker start and settle into its idle wait, as in a quiet service.
-    tokio::time::sleep(Duration::from_millis(300)).await;
-
+) -> Result<f64> {
     let next = Arc::new(AtomicU64::new(0));
     let insert = match db.kind {
         Kind::Postgres => {
@@ -259,7 +340,6 @@ pub(crate) async fn w2(
         }
         Kind::Sqlite => "INSERT INTO bench_orders (customer, amount) VALUES (?1, ?2) RETURNING id",
     };
-    let meter = CpuMeter::start(db).await;
     let start = Instant::now();
     let mut tasks = Vec::new();
     for _ in 0..producers {
@@ -299,16 +379,48 @@ pub(crate) async fn w2(
         }
     }
     let secs = start.elapsed().as_secs_f64();
+    match failure {
+        Some(e) => Err(e),
+        None => Ok(secs),
+    }
+}
+
+/// One W2 run: `total` transactions (business INSERT, plus `enqueue` when `with_enqueue`) from
+/// `producers` connections while a default worker runs (or, with `with_worker` false, none:
+/// the cost of the `enqueue` statement alone). Returns transactions per second.
+pub(crate) async fn w2(
+    db: &Db,
+    producers: u32,
+    total: u64,
+    with_enqueue: bool,
+    with_worker: bool,
+) -> Result<Sample> {
+    let handled = with_enqueue && with_worker;
+    let state = ProbeState::new(if handled { total } else { u64::MAX }, 0);
+    let stop = Arc::new(Notify::new());
+    let running = if with_worker {
+        let w = worker(&db.pool, &state, DEFAULT_SETTING.config())?;
+        let stop = stop.clone();
+        Some(tokio::spawn(async move {
+            w.run_until(async move { stop.notified().await }).await
+        }))
+    } else {
+        None
+    };
+    let pool = db.extra_pool(producers).await?;
+    // Let the worker start and settle into its idle wait, as in a quiet service.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let meter = CpuMeter::start(db).await;
+    let produced = produce(db, &pool, producers, total, with_enqueue).await;
     let cpu = meter.stop(db).await;
-    let drained = !handled || state.wait_all(limit_for(total)).await;
+    let drained = !handled || produced.is_err() || state.wait_all(limit_for(total)).await;
     stop.notify_one();
     if let Some(running) = running {
         running.await??;
     }
     pool.close().await;
-    if let Some(e) = failure {
-        return Err(e);
-    }
+    let secs = produced?;
     if !drained {
         bail!("the worker handled {} of {total} messages", state.handled());
     }
@@ -331,21 +443,28 @@ pub(crate) struct Latency {
     pub(crate) max_ms: f64,
 }
 
-/// W3: an idle default worker; one message enqueued (and committed) every 10 ms for
-/// `duration`; handler start minus the moment `commit()` returned, same clock, same process.
+/// How long W3's fresh worker gets to start and reach its idle wait before the first message.
+const W3_START: Duration = Duration::from_millis(250);
+
+/// W3: a fresh default worker (a new pool, a new `Worker`, started [`W3_START`] before the
+/// first message and given no message before the measured ones, so a cold pool shows); one
+/// message enqueued (and committed) every 10 ms for `duration`; handler start minus the moment
+/// `commit()` returned, same clock, same process.
 pub(crate) async fn w3(db: &Db, duration: Duration) -> Result<Latency> {
     let interval = Duration::from_millis(10);
     let n = usize::try_from((duration.as_millis() / interval.as_millis()).max(1))?;
     let state = ProbeState::new(u64::try_from(n)?, n);
-    let w = worker(&db.pool, &state, DEFAULT_SETTING.config())?;
+    // The producer's connection is opened first: the worker's side is what is measured.
+    let pool = db.extra_pool(1).await?;
+    let worker_pool = db.cold_pool(COLD_POOL_SIZE).await?;
+    let w = worker(&worker_pool, &state, WorkerConfig::default())?;
     let stop = Arc::new(Notify::new());
     let running = {
         let stop = stop.clone();
         tokio::spawn(async move { w.run_until(async move { stop.notified().await }).await })
     };
-    let pool = db.extra_pool(1).await?;
-    // Idle: asleep on its wake-up channel, as a quiet service is.
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Idle: started and asleep on its wake-up channel, having handled nothing yet.
+    tokio::time::sleep(W3_START).await;
 
     let mut commits: Vec<Instant> = Vec::with_capacity(n);
     let t0 = tokio::time::Instant::now() + interval;
@@ -363,6 +482,7 @@ pub(crate) async fn w3(db: &Db, duration: Duration) -> Result<Latency> {
     stop.notify_one();
     running.await??;
     pool.close().await;
+    worker_pool.close().await;
     if !drained {
         bail!("the worker handled {} of {n} messages", state.handled());
     }
@@ -397,6 +517,126 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
+/// One W10 run's figures.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct W10Run {
+    /// Producer transactions per second, with the CPU behind each.
+    pub(crate) sample: Sample,
+    /// Producer transactions.
+    pub(crate) transactions: u64,
+    /// Notifications received on the wake-up channel while they ran: one per notifying
+    /// transaction.
+    pub(crate) notifies: u64,
+    /// How many different payloads (addressed workers) the notifications had.
+    pub(crate) payloads: usize,
+    /// Messages the workers had handled when they were stopped.
+    pub(crate) handled: u64,
+}
+
+/// The wake-up channel of the PostgreSQL backend, listened to by W10 to count NOTIFYs.
+const WAKEUP_CHANNEL: &str = "outbox_wakeup";
+
+/// W10 (PostgreSQL): `producers` connections commit `total` business transactions with
+/// `enqueue` as fast as they can, while `workers` default workers with `wakeup` serve the
+/// topic, each on a pool of its own (plus, with `idle_other`, one more worker that serves
+/// another topic and so idles throughout). A separate connection LISTENs on the wake-up
+/// channel and counts the notifications sent meanwhile. Returns the producers' rate; the
+/// workers are stopped once the producers are done.
+pub(crate) async fn w10(
+    db: &Db,
+    producers: u32,
+    total: u64,
+    workers: usize,
+    idle_other: bool,
+    wakeup: Wakeup,
+    settle: Duration,
+) -> Result<W10Run> {
+    let state = ProbeState::new(total, 0);
+    let (stop, stopped) = watch::channel(false);
+    let mut pools = Vec::new();
+    let mut running = Vec::new();
+    for i in 0..workers + usize::from(idle_other) {
+        let pool = db.cold_pool(W10_POOL_SIZE).await?;
+        let config = WorkerConfig::default()
+            .name(format!("bench-w10-{i}"))
+            .wakeup(wakeup);
+        let builder = Worker::builder(pool.store()).config(config);
+        let w = if i < workers {
+            builder.handler(Probe(state.clone())).build()?
+        } else {
+            builder.handler(IdleProbe).build()?
+        };
+        let mut stopped = stopped.clone();
+        running.push(tokio::spawn(async move {
+            w.run_until(async move {
+                let _ = stopped.wait_for(|s| *s).await;
+            })
+            .await
+        }));
+        pools.push(pool);
+    }
+
+    let mut listener = sqlx::postgres::PgListener::connect(&db.url).await?;
+    listener.listen(WAKEUP_CHANNEL).await?;
+    let notifies = Arc::new(AtomicU64::new(0));
+    let payloads = Arc::new(Mutex::new(HashSet::new()));
+    let counting = {
+        let (notifies, payloads) = (notifies.clone(), payloads.clone());
+        tokio::spawn(async move {
+            while let Ok(n) = listener.recv().await {
+                notifies.fetch_add(1, Ordering::SeqCst);
+                if let Ok(mut p) = payloads.lock() {
+                    p.insert(n.payload().to_string());
+                }
+            }
+        })
+    };
+    let producer_pool = db.extra_pool(producers).await?;
+    // Let the workers start and settle into their idle wait, as in a quiet service.
+    tokio::time::sleep(settle).await;
+
+    let meter = CpuMeter::start(db).await;
+    let produced = produce(db, &producer_pool, producers, total, true).await;
+    let cpu = meter.stop(db).await;
+    // Notifications go out at commit; give the last ones time to arrive. The workers are not
+    // waited for: the next run starts from an empty table, and a poll-mode worker would take
+    // up to its poll interval to notice the last messages.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    counting.abort();
+    let _ = stop.send(true);
+    let mut failure = None;
+    for r in running {
+        match r.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => failure = Some(anyhow!("a worker failed: {e}")),
+            Err(e) => failure = Some(anyhow!("a worker task failed: {e}")),
+        }
+    }
+    producer_pool.close().await;
+    for p in pools {
+        p.close().await;
+    }
+    let secs = produced?;
+    if let Some(e) = failure {
+        return Err(e);
+    }
+    let payloads = payloads.lock().map(|p| p.len()).unwrap_or(0);
+    Ok(W10Run {
+        sample: Sample {
+            rate: total as f64 / secs,
+            cpu: cpu.per(total),
+        },
+        transactions: total,
+        notifies: notifies.load(Ordering::SeqCst),
+        payloads,
+        handled: state.handled(),
+    })
+}
+
+/// The pool size of each W10 worker: 8 of them stay well within PostgreSQL's default 100
+/// connections beside the producers and the bench's own.
+const W10_POOL_SIZE: u32 = 5;
+
 /// W6: `enqueue_many` of `total` messages, `batch` per transaction, one connection. The
 /// events are built before the clock starts. Returns msgs/s.
 pub(crate) async fn w6(db: &Db, total: u64, batch: usize) -> Result<Sample> {
@@ -412,7 +652,7 @@ pub(crate) async fn w6(db: &Db, total: u64, batch: usize) -> Result<Sample> {
     }
     let secs = start.elapsed().as_secs_f64();
     let cpu = meter.stop(db).await;
-    let pending = db.count_status("pending").await?;
+    let pending = db.remaining(&[TOPIC]).await?;
     if pending != i64::try_from(total)? {
         bail!("{pending} messages pending after W6, expected {total}");
     }
