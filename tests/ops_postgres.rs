@@ -431,12 +431,12 @@ async fn the_outbox_command_line() {
     let (code, out, _) = text(&ops(&db, &["purge", "--older-than", "1h"]));
     assert_eq!(
         (code, out.trim()),
-        (0, "deleted 0 done message(s) older than 1h")
+        (0, "deleted 0 per-minute done count(s) older than 1h")
     );
     let (code, out, _) = text(&ops(&db, &["purge", "--older-than", "0s"]));
     assert_eq!(
         (code, out.trim()),
-        (0, "deleted 1 done message(s) older than 0s")
+        (0, "deleted 1 per-minute done count(s) older than 0s")
     );
 
     // Bad input: one line, a useful exit code, no panic.
