@@ -40,12 +40,20 @@ async fn every_string_is_stored_and_delivered_on_postgres() {
     let db = outbox_tests::pg().await;
     let mut tx = db.pool.begin().await.unwrap();
     for text in texts() {
-        enqueue(&mut *tx, &Note { text }).await.expect("enqueue never fails on content");
+        enqueue(&mut *tx, &Note { text })
+            .await
+            .expect("enqueue never fails on content");
     }
-    sqlx::query("SELECT 1").execute(&mut *tx).await.expect("the transaction is still usable");
+    sqlx::query("SELECT 1")
+        .execute(&mut *tx)
+        .await
+        .expect("the transaction is still usable");
     tx.commit().await.unwrap();
     let seen = Arc::new(Mutex::new(Vec::new()));
-    let worker = Worker::builder(&db.pool).handler(Keep(seen.clone())).build().unwrap();
+    let worker = Worker::builder(&db.pool)
+        .handler(Keep(seen.clone()))
+        .build()
+        .unwrap();
     let report = worker.run_once().await.unwrap();
     assert_eq!(report.done, texts().len());
     let mut got = seen.lock().unwrap().clone();
@@ -61,11 +69,16 @@ async fn every_string_is_stored_and_delivered_on_sqlite() {
     let db = outbox_tests::sqlite().await;
     let mut tx = db.pool.begin().await.unwrap();
     for text in texts() {
-        enqueue(&mut *tx, &Note { text }).await.expect("enqueue never fails on content");
+        enqueue(&mut *tx, &Note { text })
+            .await
+            .expect("enqueue never fails on content");
     }
     tx.commit().await.unwrap();
     let seen = Arc::new(Mutex::new(Vec::new()));
-    let worker = Worker::builder(&db.pool).handler(Keep(seen.clone())).build().unwrap();
+    let worker = Worker::builder(&db.pool)
+        .handler(Keep(seen.clone()))
+        .build()
+        .unwrap();
     let report = worker.run_once().await.unwrap();
     assert_eq!(report.done, texts().len());
     let mut got = seen.lock().unwrap().clone();

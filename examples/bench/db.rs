@@ -235,12 +235,10 @@ impl Db {
     pub(crate) async fn remaining(&self, topics: &[&str]) -> Result<i64> {
         let n = match &self.pool {
             Pool::Pg(p) => {
-                sqlx::query_scalar(
-                    "SELECT count(*) FROM outbox_messages WHERE topic = ANY($1)",
-                )
-                .bind(topics)
-                .fetch_one(p)
-                .await?
+                sqlx::query_scalar("SELECT count(*) FROM outbox_messages WHERE topic = ANY($1)")
+                    .bind(topics)
+                    .fetch_one(p)
+                    .await?
             }
             Pool::Sqlite(p) => {
                 sqlx::query_scalar(

@@ -104,7 +104,7 @@ impl RetryPolicy {
 
 /// The longest duration a setting accepts (a week): longer ones are refused at validation, so
 /// that no deadline computed from them overflows.
-const MAX_DURATION: Duration = Duration::from_secs(7 * 24 * 3600);
+pub(crate) const MAX_DURATION: Duration = Duration::from_secs(7 * 24 * 3600);
 /// The longest retention of the periodic purge (ten years).
 const MAX_RETENTION: Duration = Duration::from_secs(10 * 366 * 24 * 3600);
 

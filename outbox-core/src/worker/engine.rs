@@ -48,8 +48,17 @@ struct Flight {
     /// The engine fails the message as timed out at this instant, yielding or not.
     deadline: Instant,
     watch: Arc<Watch>,
-    abort: tokio::task::AbortHandle,
+    /// The handler task, once it started (a claimed message may wait for a permit).
+    abort: Option<tokio::task::AbortHandle>,
     warned_blocking: bool,
+}
+
+impl Flight {
+    fn abort(&self) {
+        if let Some(a) = &self.abort {
+            a.abort();
+        }
+    }
 }
 
 /// What a handler task reports when its message's handlers are through.
@@ -129,7 +138,7 @@ pub(super) async fn run(
         worker.inner.id,
         done_rx,
         cfg.flush_interval,
-        cfg.batch_size.max(1),
+        cfg.batch_size.max(super::flush::FLUSH_MAX),
     ));
     let tasks = CancellationToken::new();
     let wake = Arc::new(Wakeups::default());
@@ -157,7 +166,7 @@ pub(super) async fn run(
     let final_writes = async {
         if !left.is_empty() {
             for f in &left {
-                f.abort.abort();
+                f.abort();
             }
             let fences: Vec<Fence> = left.iter().map(|f| f.fence).collect();
             let ids: Vec<String> = fences.iter().map(|f| f.id.to_string()).collect();
@@ -221,7 +230,9 @@ async fn claim_loop(shared: &Arc<Shared>, wake: &Arc<Wakeups>, stop: &Cancellati
             }
             continue;
         }
-        let want = free.min(cfg.batch_size);
+        // A full batch, even when fewer handlers can start now: the rest waits for permits in
+        // this worker (its leases renewed), so handlers never wait for a claim round trip.
+        let want = cfg.batch_size;
         let claimed = match worker.claim(&*shared.backend, want).await {
             Ok(c) => {
                 db_failures = 0;
@@ -341,16 +352,41 @@ impl Shared {
     }
 
     /// Starts one handler task per claimed message on the handlers' runtime, each holding a
-    /// concurrency permit.
+    /// concurrency permit; messages wait here (leases renewed) until a permit is free.
     async fn start_all(self: &Arc<Self>, claimed: Vec<ClaimedMessage>) {
         let inner = &self.worker.inner;
         let mut completed = self
             .worker
             .completed_handlers(&*self.backend, &claimed)
             .await;
+        let now = Instant::now();
+        {
+            let mut flights = lock(&self.flights);
+            for msg in &claimed {
+                let Some(handlers) = inner.topics.get(msg.topic.as_str()) else {
+                    continue; // never claimed: the claim only asks for our topics
+                };
+                flights.insert(
+                    msg.id,
+                    Flight {
+                        fence: Fence {
+                            id: msg.id,
+                            claim_token: msg.claim_token,
+                        },
+                        topic: handlers[0].topic(),
+                        had_attempts: msg.attempts > 1,
+                        leased_at: now,
+                        deadline: now + super::config::MAX_DURATION,
+                        watch: Arc::new(Watch::new(self.epoch)),
+                        abort: None,
+                        warned_blocking: false,
+                    },
+                );
+            }
+        }
         for msg in claimed {
             let Some(handlers) = inner.topics.get(msg.topic.as_str()) else {
-                continue; // never claimed: the claim only asks for our topics
+                continue;
             };
             let Ok(permit) = self.permits.clone().acquire_owned().await else {
                 return;
@@ -361,16 +397,15 @@ impl Shared {
                 .filter(|h| !done.contains(h.name()))
                 .map(|h| h.timeout().unwrap_or(inner.config.handler_timeout))
                 .fold(Duration::ZERO, Duration::saturating_add);
-            let topic = handlers[0].topic();
-            let watch = Arc::new(Watch::new(self.epoch));
             let fence = Fence {
                 id: msg.id,
                 claim_token: msg.claim_token,
             };
-            let had_attempts = msg.attempts > 1;
+            let Some(watch) = lock(&self.flights).get(&msg.id).map(|f| f.watch.clone()) else {
+                continue; // handed back meanwhile (shutdown)
+            };
             let task = {
                 let worker = self.worker.clone();
-                let watch = watch.clone();
                 let tx = self.finished_tx.clone();
                 let running = self.running_tasks.clone();
                 running.fetch_add(1, Ordering::Relaxed);
@@ -390,23 +425,14 @@ impl Shared {
                     let _ = tx.send(Finished { fence, outcome });
                 }
             };
-            let now = Instant::now();
             let abort = self.handlers_rt.spawn(task).abort_handle();
-            lock(&self.flights).insert(
-                fence.id,
-                Flight {
-                    fence,
-                    topic,
-                    had_attempts,
-                    leased_at: now,
-                    // The handler's own timeout fires first when it yields; this one catches a
-                    // handler that does not.
-                    deadline: now + budget.saturating_add(CHORE_TICK * 2),
-                    watch,
-                    abort,
-                    warned_blocking: false,
-                },
-            );
+            let now = Instant::now();
+            if let Some(f) = lock(&self.flights).get_mut(&fence.id) {
+                f.abort = Some(abort);
+                // The handler's own timeout fires first when it yields; this one catches a
+                // handler that does not.
+                f.deadline = now + budget.saturating_add(CHORE_TICK * 2);
+            }
         }
     }
 
@@ -556,7 +582,7 @@ async fn chores(shared: Arc<Shared>, stop: CancellationToken) {
                 );
                 tracing::error!(message_id = %f.fence.id, topic = f.topic, handler = f.watch.handler(), error = %error, "handler did not finish by its deadline");
                 shared.record(f.topic, if retry_in.is_some() { "retry" } else { "dead" });
-                f.abort.abort();
+                f.abort();
                 tokio::spawn(
                     shared
                         .clone()

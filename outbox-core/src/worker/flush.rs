@@ -11,6 +11,9 @@ use uuid::Uuid;
 use super::config::reconnect_delay;
 use crate::backend::{Backend, Done};
 
+/// The most done messages one statement deletes.
+pub(crate) const FLUSH_MAX: usize = 1000;
+
 /// Collects done messages and writes them every `interval` or every `max` messages, until
 /// every sender is gone and the last batch is written.
 pub(crate) async fn run_flusher(
