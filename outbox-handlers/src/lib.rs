@@ -61,11 +61,21 @@ mod http;
 pub mod dedup;
 #[cfg(feature = "email")]
 pub mod email;
+#[cfg(any(feature = "nats", feature = "rabbitmq"))]
+pub mod relay;
 #[cfg(feature = "search")]
 pub mod search;
 
+/// The NATS client the relay and the inbox are built on: connect with `outbox_handlers::async_nats`
+/// (or pin the same version) so the types match.
+#[cfg(feature = "nats")]
+pub use async_nats;
 pub use config::{ConfigError, Secret};
 #[cfg(feature = "http")]
 pub use http::HttpError;
+/// The AMQP client the RabbitMQ relay is built on: connect with `outbox_handlers::lapin` (or pin
+/// the same version) so the types match.
+#[cfg(feature = "rabbitmq")]
+pub use lapin;
 #[cfg(feature = "http")]
 pub use reqwest;
