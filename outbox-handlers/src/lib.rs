@@ -61,6 +61,8 @@ mod http;
 pub mod dedup;
 #[cfg(feature = "email")]
 pub mod email;
+#[cfg(feature = "nats")]
+pub mod inbox;
 #[cfg(any(feature = "nats", feature = "rabbitmq"))]
 pub mod relay;
 #[cfg(feature = "search")]
