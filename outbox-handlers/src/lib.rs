@@ -1,4 +1,5 @@
-//! Ready-made handlers for [`outbox`]: email, search index and processed-id dedup.
+//! Ready-made handlers for [`outbox`]: email, search index, processed-id dedup, and relays to
+//! NATS JetStream and RabbitMQ with an inbox for the consuming side.
 //!
 //! ```no_run
 //! use outbox::{outbox_event, Worker};
@@ -49,6 +50,8 @@
 //! | `email` | yes | [`email`]: the email handler, the HTTP provider transport and the file transport |
 //! | `search` | yes | [`search`]: the search-index handler (Elasticsearch/OpenSearch, external versions) |
 //! | `dedup` | yes | [`dedup`]: the processed-id wrapper and its purge, for PostgreSQL |
+//! | `nats` | no | `relay::nats`: the JetStream relay; `inbox`: the JetStream inbox (with `dedup`) |
+//! | `rabbitmq` | no | `relay::rabbitmq`: the RabbitMQ relay with publisher confirms |
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]

@@ -79,7 +79,8 @@
 //!     })
 //!     .await?;
 //! let inbox = Inbox::builder(consumer, pool).handler(CountBooking).build()?;
-//! inbox.run_until(async { let _ = tokio::signal::ctrl_c().await; }).await?;
+//! # let shutdown = std::future::pending::<()>();
+//! inbox.run_until(shutdown).await?;
 //! # Ok(()) }
 //! ```
 

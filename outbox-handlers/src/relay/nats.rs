@@ -110,7 +110,7 @@ impl NatsPublisher {
 
     /// The subject messages of `topic` are published to.
     ///
-    /// ```
+    /// ```no_run
     /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
     /// # use outbox_handlers::relay::nats::NatsPublisher;
     /// # let js = async_nats::jetstream::new(async_nats::connect("127.0.0.1:4222").await?);
