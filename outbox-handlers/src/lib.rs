@@ -1,4 +1,5 @@
-//! Ready-made handlers for [`outbox`]: email, search index and processed-id dedup.
+//! Ready-made handlers for [`outbox`]: email, search index, processed-id dedup, and relays to
+//! NATS JetStream and RabbitMQ with an inbox for the consuming side.
 //!
 //! ```no_run
 //! use outbox::{outbox_event, Worker};
@@ -49,6 +50,8 @@
 //! | `email` | yes | [`email`]: the email handler, the HTTP provider transport and the file transport |
 //! | `search` | yes | [`search`]: the search-index handler (Elasticsearch/OpenSearch, external versions) |
 //! | `dedup` | yes | [`dedup`]: the processed-id wrapper and its purge, for PostgreSQL |
+//! | `nats` | no | `relay::nats`: the JetStream relay; `inbox`: the JetStream inbox (with `dedup`) |
+//! | `rabbitmq` | no | `relay::rabbitmq`: the RabbitMQ relay with publisher confirms |
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
@@ -61,11 +64,23 @@ mod http;
 pub mod dedup;
 #[cfg(feature = "email")]
 pub mod email;
+#[cfg(feature = "nats")]
+pub mod inbox;
+#[cfg(any(feature = "nats", feature = "rabbitmq"))]
+pub mod relay;
 #[cfg(feature = "search")]
 pub mod search;
 
+/// The NATS client the relay and the inbox are built on: connect with `outbox_handlers::async_nats`
+/// (or pin the same version) so the types match.
+#[cfg(feature = "nats")]
+pub use async_nats;
 pub use config::{ConfigError, Secret};
 #[cfg(feature = "http")]
 pub use http::HttpError;
+/// The AMQP client the RabbitMQ relay is built on: connect with `outbox_handlers::lapin` (or pin
+/// the same version) so the types match.
+#[cfg(feature = "rabbitmq")]
+pub use lapin;
 #[cfg(feature = "http")]
 pub use reqwest;

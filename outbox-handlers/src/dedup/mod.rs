@@ -192,6 +192,26 @@ impl<H: fmt::Debug> fmt::Debug for Dedup<H> {
     }
 }
 
+/// Records `(handler, message_id)` as processed on `tx`; false when it already was (the caller
+/// then skips the effect). A concurrent transaction recording the same pair makes this wait for
+/// it to end.
+pub(crate) async fn record(
+    tx: &mut PgConnection,
+    handler: &str,
+    message_id: uuid::Uuid,
+) -> Result<bool, sqlx::Error> {
+    let inserted = sqlx::query(
+        "INSERT INTO outbox_processed (handler, message_id) VALUES ($1, $2) \
+         ON CONFLICT (handler, message_id) DO NOTHING",
+    )
+    .bind(handler)
+    .bind(message_id)
+    .execute(&mut *tx)
+    .await?
+    .rows_affected();
+    Ok(inserted == 1)
+}
+
 /// The error of a delivery whose pool is missing.
 fn no_pool<H>() -> HandlerError {
     HandlerError::retry(format!(
@@ -212,16 +232,7 @@ impl<H: TxHandler> Handler for Dedup<H> {
             None => ctx.resources().get::<PgPool>().ok_or_else(no_pool::<H>)?,
         };
         let mut tx = pool.begin().await?;
-        let recorded = sqlx::query(
-            "INSERT INTO outbox_processed (handler, message_id) VALUES ($1, $2) \
-             ON CONFLICT (handler, message_id) DO NOTHING",
-        )
-        .bind(H::NAME)
-        .bind(ctx.message_id())
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
-        if recorded == 0 {
+        if !record(&mut tx, H::NAME, ctx.message_id()).await? {
             tx.rollback().await?;
             tracing::debug!("message already processed by this handler; skipped");
             return Ok(());

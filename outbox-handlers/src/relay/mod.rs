@@ -1,0 +1,54 @@
+//! Relays: handlers that publish each event to a real broker, which then takes over
+//! distribution (fan-out to many consumers, replay, other services).
+//!
+//! A relay is an ordinary [`Handler`](outbox::Handler) for one event type. Enqueue the event in
+//! your transaction as usual; the worker calls the relay, which publishes the payload and returns
+//! only once the broker has taken responsibility for it (a JetStream publish acknowledgement, an
+//! AMQP publisher confirm). A failed or unconfirmed publish is retried by the worker, so the
+//! broker receives every committed event at least once; the relays send the message's
+//! [idempotency key](outbox::Context::idempotency_key) (the same on every retry) so that the
+//! broker or the consumer can drop the duplicates.
+//!
+//! | module | feature | broker | dedup on the broker |
+//! |--------|---------|--------|---------------------|
+//! | [`nats`] | `nats` | NATS JetStream | `Nats-Msg-Id` = idempotency key: the stream drops redeliveries within its duplicate window |
+//! | [`rabbitmq`] | `rabbitmq` | RabbitMQ (AMQP 0-9-1) | none: `message_id` = idempotency key, for the consumer to dedup |
+//!
+//! Both put the same metadata beside the payload (the JSON of the event), under the names in
+//! [`headers`]; the [`inbox`](crate::inbox) reads them back.
+//!
+//! # One event type per relay
+//!
+//! Handlers are typed by their event, so a relay is too: `NatsRelay<BookingCreated>` relays
+//! `booking.created`. Add one per event type you publish (`.handler(nats.relay::<A>())`), or
+//! register them at link time with `register_handler!(NatsRelay<A>)`. The payload the broker
+//! receives is the event serialized again from its type: fields the type does not know are not
+//! carried over.
+
+#[cfg(feature = "nats")]
+pub mod nats;
+#[cfg(feature = "rabbitmq")]
+pub mod rabbitmq;
+
+/// The header names the relays write beside the payload (NATS headers, AMQP headers table).
+pub mod headers {
+    /// The outbox message id (a UUID), stable across retries: the inbox's dedup key.
+    pub const MESSAGE_ID: &str = "Outbox-Message-Id";
+    /// The message's topic, e.g. `booking.created`: the inbox decodes by it.
+    pub const TOPIC: &str = "Outbox-Topic";
+    /// The relay's attempt number for this message, starting at 1.
+    pub const ATTEMPT: &str = "Outbox-Attempt";
+    /// When the message was enqueued, RFC 3339 with microseconds, UTC.
+    pub const CREATED_AT: &str = "Outbox-Created-At";
+    /// The idempotency key ([`Context::idempotency_key`](outbox::Context::idempotency_key));
+    /// NATS also carries it as `Nats-Msg-Id`, AMQP as the `message_id` property.
+    pub const IDEMPOTENCY_KEY: &str = "Outbox-Idempotency-Key";
+    /// The content type of every payload: the event as JSON.
+    pub const JSON: &str = "application/json";
+}
+
+/// The enqueue time as the [`headers::CREATED_AT`] value.
+pub(crate) fn created_at_header(ctx: &outbox::Context) -> String {
+    ctx.created_at()
+        .to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
+}

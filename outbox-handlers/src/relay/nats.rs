@@ -1,0 +1,373 @@
+//! The NATS JetStream relay: publishes each event to a JetStream subject derived from its topic
+//! and waits for the stream's acknowledgement.
+//!
+//! - The subject is `{prefix}.{topic}` (`outbox.booking.created`), or the topic alone without a
+//!   prefix, or whatever [`NatsPublisherBuilder::map`] says for that topic.
+//! - `Nats-Msg-Id` is the message's [idempotency key](outbox::Context::idempotency_key), the same
+//!   on every retry: a stream drops a second publish of the same id within its duplicate window
+//!   (`duplicate_window`, two minutes by default), so a relay that crashed after the publish but
+//!   before the outbox recorded it leaves one message in the stream, not two.
+//! - The headers of [`relay::headers`](super::headers) carry the message id, topic, attempt,
+//!   enqueue time and idempotency key; the payload is the event as JSON.
+//! - The handler returns once the stream has acknowledged the message (stored it, or found it a
+//!   duplicate). Failures are classified:
+//!
+//! | failure | outcome |
+//! |---------|---------|
+//! | no stream captures the subject (confirmed by asking JetStream) | permanent |
+//! | the message is larger than the server's `max_payload` or the stream's `max_msg_size` | permanent |
+//! | no answer in time, a disconnect, no responders while JetStream cannot say whether a stream exists | retry |
+//! | any other error the stream reports | retry |
+//!
+//! One [`async_nats::Client`] (and its `jetstream::Context`, cheap to clone) serves every relay
+//! and every concurrent call: the worker's concurrency is the number of publishes in flight, each
+//! call waiting for its own acknowledgement.
+//!
+//! # Example
+//!
+//! ```no_run
+//! use outbox::{outbox_event, Worker};
+//! use outbox_handlers::relay::nats::NatsPublisher;
+//! use serde::{Deserialize, Serialize};
+//!
+//! #[outbox_event]
+//! #[derive(Serialize, Deserialize)]
+//! struct BookingCreated { booking_id: i64 }
+//!
+//! #[outbox_event]
+//! #[derive(Serialize, Deserialize)]
+//! struct BookingCancelled { booking_id: i64 }
+//!
+//! # async fn run(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+//! let client = async_nats::connect("127.0.0.1:4222").await?;
+//! let nats = NatsPublisher::builder(async_nats::jetstream::new(client))
+//!     .prefix("outbox") // outbox.booking.created, outbox.booking.cancelled
+//!     .build()?;
+//! let worker = Worker::builder(&pool)
+//!     .handler(nats.relay::<BookingCreated>())
+//!     .handler(nats.relay::<BookingCancelled>())
+//!     .build()?;
+//! # Ok(()) }
+//! ```
+//!
+//! To register relays at link time instead, add the [`NatsPublisher`] to the worker's resources
+//! and write `outbox::register_handler!(NatsRelay<BookingCreated>);`.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use async_nats::jetstream::context::{GetStreamByNameErrorKind, PublishError, PublishErrorKind};
+use async_nats::jetstream::publish::PublishAck;
+use async_nats::jetstream::{self, ErrorCode};
+use async_nats::HeaderMap;
+use async_trait::async_trait;
+use outbox::{Context, Event, FromResources, Handler, HandlerError, ResourceError, Resources};
+
+use super::headers;
+use crate::ConfigError;
+
+/// Publishes outbox messages to JetStream: the shared connection and the topic-to-subject rule.
+///
+/// Cheap to clone (one `jetstream::Context` and an `Arc`); build it once and hand out relays with
+/// [`relay`](Self::relay), or put it in the worker's resources for relays registered with
+/// `register_handler!`.
+#[derive(Clone)]
+pub struct NatsPublisher {
+    js: jetstream::Context,
+    subjects: Arc<Subjects>,
+}
+
+#[derive(Debug)]
+struct Subjects {
+    prefix: Option<String>,
+    map: BTreeMap<String, String>,
+}
+
+impl NatsPublisher {
+    /// Starts a publisher on `js`, a JetStream context (`async_nats::jetstream::new(client)`).
+    /// Its publish timeout (5 s by default, `jetstream::ContextBuilder::timeout`) bounds the wait
+    /// for each acknowledgement.
+    pub fn builder(js: jetstream::Context) -> NatsPublisherBuilder {
+        NatsPublisherBuilder {
+            js,
+            prefix: None,
+            map: Vec::new(),
+        }
+    }
+
+    /// A publisher with no prefix: each topic is its own subject.
+    pub fn new(js: jetstream::Context) -> Self {
+        NatsPublisher {
+            js,
+            subjects: Arc::new(Subjects {
+                prefix: None,
+                map: BTreeMap::new(),
+            }),
+        }
+    }
+
+    /// The subject messages of `topic` are published to.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// # use outbox_handlers::relay::nats::NatsPublisher;
+    /// # let js = async_nats::jetstream::new(async_nats::connect("127.0.0.1:4222").await?);
+    /// let nats = NatsPublisher::builder(js).prefix("outbox").map("user.deleted", "gdpr.erase").build()?;
+    /// assert_eq!(nats.subject("booking.created"), "outbox.booking.created");
+    /// assert_eq!(nats.subject("user.deleted"), "gdpr.erase");
+    /// # Ok(()) }
+    /// ```
+    pub fn subject(&self, topic: &str) -> String {
+        if let Some(s) = self.subjects.map.get(topic) {
+            return s.clone();
+        }
+        match &self.subjects.prefix {
+            Some(p) => format!("{p}.{topic}"),
+            None => topic.to_string(),
+        }
+    }
+
+    /// The JetStream context publishes go through.
+    pub fn jetstream(&self) -> &jetstream::Context {
+        &self.js
+    }
+
+    /// A relay of the events of type `E`, sharing this publisher's connection.
+    pub fn relay<E: Event>(&self) -> NatsRelay<E> {
+        NatsRelay {
+            publisher: self.clone(),
+            _event: PhantomData,
+        }
+    }
+
+    /// Publishes `event` as the delivery `ctx` describes and waits for the stream's
+    /// acknowledgement: what [`NatsRelay`] does, for handlers of your own that publish more than
+    /// one message or decide whether to publish.
+    ///
+    /// # Errors
+    ///
+    /// A [`HandlerError`] classified as the [module](self) describes.
+    pub async fn publish<E: Event>(
+        &self,
+        event: &E,
+        ctx: &Context,
+    ) -> Result<PublishAck, HandlerError> {
+        let payload = serde_json::to_vec(event).map_err(HandlerError::permanent)?;
+        let subject = self.subject(ctx.topic());
+        let ack = self
+            .js
+            .publish_with_headers(subject.clone(), message_headers(ctx), payload.into())
+            .await;
+        let ack = match ack {
+            Ok(pending) => pending.await,
+            Err(e) => Err(e),
+        };
+        match ack {
+            Ok(ack) => {
+                if ack.duplicate {
+                    tracing::debug!(
+                        stream = %ack.stream,
+                        sequence = ack.sequence,
+                        "the stream already held this message (a redelivery); not stored again"
+                    );
+                }
+                Ok(ack)
+            }
+            Err(e) => Err(self.classify(e, &subject).await),
+        }
+    }
+
+    /// Turns a failed publish into the worker's next step.
+    async fn classify(&self, e: PublishError, subject: &str) -> HandlerError {
+        match e.kind() {
+            PublishErrorKind::MaxPayloadExceeded => HandlerError::permanent(format!(
+                "NATS refused the message for subject `{subject}` as too large: {e}"
+            )),
+            // No responders: either no stream captures the subject, or JetStream is not up.
+            // Only JetStream itself can tell which; ask it.
+            PublishErrorKind::StreamNotFound => {
+                match self.js.stream_by_subject(subject.to_string()).await {
+                    Err(lookup) if lookup.kind() == GetStreamByNameErrorKind::NotFound => {
+                        HandlerError::permanent(format!(
+                            "no JetStream stream captures subject `{subject}` ({e}); create a \
+                             stream whose subjects include it, or change the relay's prefix or \
+                             mapping"
+                        ))
+                    }
+                    Err(lookup) => HandlerError::retry(format!(
+                        "publish to `{subject}` had no responders ({e}), and JetStream did not \
+                         say whether a stream exists ({lookup})"
+                    )),
+                    Ok(stream) => HandlerError::retry(format!(
+                        "publish to `{subject}` had no responders ({e}) although stream \
+                         `{stream}` captures it"
+                    )),
+                }
+            }
+            PublishErrorKind::Other => {
+                let code = std::error::Error::source(&e)
+                    .and_then(|s| s.downcast_ref::<jetstream::Error>())
+                    .map(|j| j.error_code());
+                match code {
+                    Some(ErrorCode::STREAM_MESSAGE_EXCEEDS_MAXIMUM) => HandlerError::permanent(
+                        format!("the stream refused the message for `{subject}` as too large: {e}"),
+                    ),
+                    Some(ErrorCode::STREAM_NOT_FOUND) => HandlerError::permanent(format!(
+                        "no JetStream stream for subject `{subject}`: {e}"
+                    )),
+                    _ => HandlerError::retry(format!("publish to `{subject}` failed: {e}")),
+                }
+            }
+            _ => HandlerError::retry(format!("publish to `{subject}` failed: {e}")),
+        }
+    }
+}
+
+impl fmt::Debug for NatsPublisher {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("NatsPublisher")
+            .field("prefix", &self.subjects.prefix)
+            .field("map", &self.subjects.map)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The headers of one published message.
+fn message_headers(ctx: &Context) -> HeaderMap {
+    let mut h = HeaderMap::new();
+    h.insert(async_nats::header::NATS_MESSAGE_ID, ctx.idempotency_key());
+    h.insert(headers::MESSAGE_ID, ctx.message_id().to_string().as_str());
+    h.insert(headers::TOPIC, ctx.topic());
+    h.insert(headers::ATTEMPT, ctx.attempt().to_string().as_str());
+    h.insert(headers::CREATED_AT, super::created_at_header(ctx).as_str());
+    h.insert(headers::IDEMPOTENCY_KEY, ctx.idempotency_key());
+    h.insert("Content-Type", headers::JSON);
+    h
+}
+
+/// Builds a [`NatsPublisher`]; see [`NatsPublisher::builder`].
+#[derive(Debug)]
+pub struct NatsPublisherBuilder {
+    js: jetstream::Context,
+    prefix: Option<String>,
+    map: Vec<(String, String)>,
+}
+
+impl NatsPublisherBuilder {
+    /// Publishes topic `t` to `{prefix}.{t}`. The prefix is one or more subject tokens separated
+    /// by dots (`outbox`, `acme.outbox`), without wildcards.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = Some(prefix.into());
+        self
+    }
+
+    /// Publishes `topic` to `subject` exactly (no prefix), overriding the prefix rule.
+    pub fn map(mut self, topic: impl Into<String>, subject: impl Into<String>) -> Self {
+        self.map.push((topic.into(), subject.into()));
+        self
+    }
+
+    /// Checks the subjects and builds the publisher.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::Invalid`] naming `nats.prefix` or `nats.map.<topic>` when a subject is
+    /// empty, has an empty token, a wildcard (`*`, `>`) or whitespace.
+    pub fn build(self) -> Result<NatsPublisher, ConfigError> {
+        if let Some(p) = &self.prefix {
+            check_subject("nats.prefix", p)?;
+        }
+        let mut map = BTreeMap::new();
+        for (topic, subject) in self.map {
+            check_subject(&format!("nats.map.{topic}"), &subject)?;
+            map.insert(topic, subject);
+        }
+        Ok(NatsPublisher {
+            js: self.js,
+            subjects: Arc::new(Subjects {
+                prefix: self.prefix,
+                map,
+            }),
+        })
+    }
+}
+
+/// A subject to publish to: dot-separated non-empty tokens, no wildcards, no whitespace.
+fn check_subject(key: &str, subject: &str) -> Result<(), ConfigError> {
+    let bad = |reason: &str| ConfigError::Invalid {
+        key: key.to_string(),
+        reason: reason.to_string(),
+        got: subject.chars().take(100).collect(),
+    };
+    if subject.split('.').any(str::is_empty) {
+        return Err(bad(
+            "a NATS subject is dot-separated tokens, none of them empty",
+        ));
+    }
+    if subject
+        .chars()
+        .any(|c| c.is_whitespace() || c == '*' || c == '>')
+    {
+        return Err(bad(
+            "a subject to publish to takes no whitespace and no wildcard (`*`, `>`)",
+        ));
+    }
+    Ok(())
+}
+
+/// Relays the events of type `E` to JetStream: a [`Handler`] named `nats-relay`.
+///
+/// Made by [`NatsPublisher::relay`], or from the worker's resources (which must hold a
+/// [`NatsPublisher`]) when registered with `register_handler!(NatsRelay<E>)`.
+///
+/// # About type parameter `E`
+///
+/// The event type relayed; its topic decides the subject.
+pub struct NatsRelay<E> {
+    publisher: NatsPublisher,
+    _event: PhantomData<fn() -> E>,
+}
+
+impl<E> NatsRelay<E> {
+    /// The publisher this relay uses.
+    pub fn publisher(&self) -> &NatsPublisher {
+        &self.publisher
+    }
+}
+
+impl<E> Clone for NatsRelay<E> {
+    fn clone(&self) -> Self {
+        NatsRelay {
+            publisher: self.publisher.clone(),
+            _event: PhantomData,
+        }
+    }
+}
+
+impl<E> fmt::Debug for NatsRelay<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("NatsRelay")
+            .field("event", &std::any::type_name::<E>())
+            .field("publisher", &self.publisher)
+            .finish()
+    }
+}
+
+#[async_trait]
+impl<E: Event> Handler for NatsRelay<E> {
+    type Event = E;
+    const NAME: &'static str = "nats-relay";
+
+    async fn handle(&self, event: E, ctx: &Context) -> Result<(), HandlerError> {
+        self.publisher.publish(&event, ctx).await.map(|_| ())
+    }
+}
+
+/// Built from the [`NatsPublisher`] among the worker's resources.
+impl<E: Event> FromResources for NatsRelay<E> {
+    fn from_resources(resources: &Resources) -> Result<Self, ResourceError> {
+        Ok(resources.require::<NatsPublisher>()?.relay())
+    }
+}

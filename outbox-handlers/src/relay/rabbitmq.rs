@@ -1,0 +1,395 @@
+//! The RabbitMQ relay: publishes each event to an exchange with publisher confirms and returns
+//! once the broker has confirmed it.
+//!
+//! - Exchange and routing key come from the topic: the publisher's exchange (`outbox` by default)
+//!   and the topic as routing key, or whatever [`RabbitPublisherBuilder::map`] says for that topic.
+//!   The relay declares nothing: declare exchanges, queues and bindings where you manage your
+//!   broker's topology.
+//! - Messages are persistent (`delivery_mode` 2), `message_id` is the message's
+//!   [idempotency key](outbox::Context::idempotency_key) (the same on every retry, for consumers
+//!   to dedup: RabbitMQ itself does not), `type` is the topic, `timestamp` the enqueue time, and
+//!   the headers table carries the names of [`relay::headers`](super::headers).
+//! - Publishes are `mandatory`: a message no queue is bound to receive comes back from the broker
+//!   and is a permanent failure naming the exchange and routing key, instead of vanishing.
+//!
+//! | failure | outcome |
+//! |---------|---------|
+//! | unroutable (returned by the broker) | permanent |
+//! | the exchange does not exist (`NOT_FOUND`) | permanent |
+//! | refused as too large (`CONTENT_TOO_LARGE`, `PRECONDITION_FAILED`) | permanent |
+//! | negatively confirmed (`nack`), connection or channel lost, anything else | retry |
+//!
+//! One connection and one confirm-mode channel serve every relay and every concurrent call (each
+//! call waits for its own confirm); when either closes, the next publish opens a new one.
+//!
+//! # Example
+//!
+//! ```no_run
+//! use outbox::{outbox_event, Worker};
+//! use outbox_handlers::relay::rabbitmq::RabbitPublisher;
+//! use serde::{Deserialize, Serialize};
+//!
+//! #[outbox_event]
+//! #[derive(Serialize, Deserialize)]
+//! struct BookingCreated { booking_id: i64 }
+//!
+//! # async fn run(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+//! let rabbit = RabbitPublisher::builder("amqp://guest:guest@127.0.0.1:5672/%2f")
+//!     .exchange("bookings") // routing key booking.created
+//!     .build()?;
+//! let worker = Worker::builder(&pool)
+//!     .handler(rabbit.relay::<BookingCreated>())
+//!     .build()?;
+//! # Ok(()) }
+//! ```
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
+use lapin::types::{AMQPValue, FieldTable, ShortString};
+use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ErrorKind};
+use outbox::{Context, Event, FromResources, Handler, HandlerError, ResourceError, Resources};
+use tokio::sync::Mutex;
+
+use super::headers;
+use crate::ConfigError;
+
+/// The exchange used when none is set.
+pub const DEFAULT_EXCHANGE: &str = "outbox";
+
+/// Publishes outbox messages to RabbitMQ: the shared connection and the topic-to-route rule.
+///
+/// Cheap to clone (an `Arc`). It connects on the first publish, and again after the connection
+/// is lost.
+#[derive(Clone)]
+pub struct RabbitPublisher {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    uri: String,
+    exchange: String,
+    map: BTreeMap<String, (String, String)>,
+    link: Mutex<Link>,
+}
+
+impl RabbitPublisher {
+    /// Starts a publisher on the broker at `uri` (`amqp://user:password@host:5672/%2f`).
+    pub fn builder(uri: impl Into<String>) -> RabbitPublisherBuilder {
+        RabbitPublisherBuilder {
+            uri: uri.into(),
+            exchange: DEFAULT_EXCHANGE.to_string(),
+            map: Vec::new(),
+        }
+    }
+
+    /// The exchange and routing key messages of `topic` are published with.
+    ///
+    /// ```
+    /// use outbox_handlers::relay::rabbitmq::RabbitPublisher;
+    /// let rabbit = RabbitPublisher::builder("amqp://127.0.0.1:5672/%2f")
+    ///     .map("user.deleted", "gdpr", "erase")
+    ///     .build()
+    ///     .unwrap();
+    /// assert_eq!(rabbit.route("booking.created"), ("outbox", "booking.created"));
+    /// assert_eq!(rabbit.route("user.deleted"), ("gdpr", "erase"));
+    /// ```
+    pub fn route<'a>(&'a self, topic: &'a str) -> (&'a str, &'a str) {
+        match self.inner.map.get(topic) {
+            Some((exchange, key)) => (exchange, key),
+            None => (&self.inner.exchange, topic),
+        }
+    }
+
+    /// A relay of the events of type `E`, sharing this publisher's connection.
+    pub fn relay<E: Event>(&self) -> RabbitRelay<E> {
+        RabbitRelay {
+            publisher: self.clone(),
+            _event: PhantomData,
+        }
+    }
+}
+
+/// The shared connection and confirm-mode channel, once opened.
+#[derive(Default)]
+struct Link {
+    conn: Option<Connection>,
+    channel: Option<Channel>,
+}
+
+impl RabbitPublisher {
+    /// The open confirm-mode channel, opening the connection or the channel first if needed.
+    async fn channel(&self) -> Result<Channel, lapin::Error> {
+        let mut link = self.inner.link.lock().await;
+        if let Some(channel) = link.channel.as_ref().filter(|c| c.status().connected()) {
+            return Ok(channel.clone());
+        }
+        if !link.conn.as_ref().is_some_and(|c| c.status().connected()) {
+            link.channel = None;
+            link.conn =
+                Some(Connection::connect(&self.inner.uri, ConnectionProperties::default()).await?);
+        }
+        let Some(conn) = link.conn.as_ref() else {
+            unreachable!("connected above")
+        };
+        let channel = conn.create_channel().await?;
+        channel
+            .confirm_select(ConfirmSelectOptions::default())
+            .await?;
+        link.channel = Some(channel.clone());
+        Ok(channel)
+    }
+}
+
+impl RabbitPublisher {
+    /// Publishes `event` as the delivery `ctx` describes and waits for the broker's confirm: what
+    /// [`RabbitRelay`] does, for handlers of your own.
+    ///
+    /// # Errors
+    ///
+    /// A [`HandlerError`] classified as the [module](self) describes.
+    pub async fn publish<E: Event>(&self, event: &E, ctx: &Context) -> Result<(), HandlerError> {
+        let payload = serde_json::to_vec(event).map_err(HandlerError::permanent)?;
+        let (exchange, key) = self.route(ctx.topic());
+        let channel = self
+            .channel()
+            .await
+            .map_err(|e| HandlerError::retry(format!("cannot reach RabbitMQ: {e}")))?;
+        let confirm = channel
+            .basic_publish(
+                ShortString::from(exchange),
+                ShortString::from(key),
+                BasicPublishOptions {
+                    mandatory: true,
+                    ..BasicPublishOptions::default()
+                },
+                &payload,
+                properties(ctx),
+            )
+            .await;
+        let confirmation = match confirm {
+            Ok(pending) => pending.await,
+            Err(e) => Err(e),
+        };
+        match confirmation {
+            Ok(Confirmation::Ack(None)) => Ok(()),
+            Ok(Confirmation::Ack(Some(returned)) | Confirmation::Nack(Some(returned))) => {
+                Err(HandlerError::permanent(format!(
+                    "RabbitMQ returned the message as unroutable: no queue is bound to exchange \
+                     `{exchange}` for routing key `{key}` ({} {})",
+                    returned.reply_code, returned.reply_text
+                )))
+            }
+            Ok(Confirmation::Nack(None)) => Err(HandlerError::retry(format!(
+                "RabbitMQ did not accept the message for exchange `{exchange}`, routing key \
+                 `{key}` (nack)"
+            ))),
+            Ok(Confirmation::NotRequested) => Err(HandlerError::retry(
+                "the channel is not in confirm mode; the publish is unconfirmed",
+            )),
+            Err(e) => Err(classify(&e, exchange, key)),
+        }
+    }
+}
+
+/// A failed publish: permanent when the broker refused this message for good.
+fn classify(e: &lapin::Error, exchange: &str, key: &str) -> HandlerError {
+    if let ErrorKind::ProtocolError(amqp) = e.kind() {
+        let words = amqp.get_message().as_str();
+        match amqp.kind() {
+            // The broker closes the channel shared by every publish in flight: only the publish
+            // whose exchange it names is at fault, the others retry on a new channel.
+            AMQPErrorKind::Soft(AMQPSoftError::NOTFOUND)
+                if words.contains(&format!("'{exchange}'")) =>
+            {
+                return HandlerError::permanent(format!(
+                    "RabbitMQ has no exchange `{exchange}` (routing key `{key}`): {words}"
+                ));
+            }
+            AMQPErrorKind::Soft(
+                AMQPSoftError::CONTENTTOOLARGE | AMQPSoftError::PRECONDITIONFAILED,
+            ) if words.contains("size") => {
+                return HandlerError::permanent(format!(
+                    "RabbitMQ refused the message for exchange `{exchange}`, routing key `{key}`, \
+                     as too large: {words}"
+                ));
+            }
+            _ => {}
+        }
+    }
+    HandlerError::retry(format!(
+        "publish to exchange `{exchange}`, routing key `{key}` failed: {e}"
+    ))
+}
+
+/// The AMQP properties of one published message.
+fn properties(ctx: &Context) -> BasicProperties {
+    let mut table = FieldTable::default();
+    let mut put = |name: &str, value: String| {
+        table.insert(name.into(), AMQPValue::LongString(value.into()));
+    };
+    put(headers::MESSAGE_ID, ctx.message_id().to_string());
+    put(headers::TOPIC, ctx.topic().to_string());
+    put(headers::ATTEMPT, ctx.attempt().to_string());
+    put(headers::CREATED_AT, super::created_at_header(ctx));
+    put(headers::IDEMPOTENCY_KEY, ctx.idempotency_key().to_string());
+    BasicProperties::default()
+        .with_message_id(ctx.idempotency_key().into())
+        .with_delivery_mode(2)
+        .with_content_type(headers::JSON.into())
+        .with_type(ctx.topic().into())
+        .with_timestamp(u64::try_from(ctx.created_at().timestamp()).unwrap_or(0))
+        .with_headers(table)
+}
+
+impl fmt::Debug for RabbitPublisher {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The URI may hold a password: not printed.
+        f.debug_struct("RabbitPublisher")
+            .field("exchange", &self.inner.exchange)
+            .field("map", &self.inner.map)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Builds a [`RabbitPublisher`]; see [`RabbitPublisher::builder`].
+pub struct RabbitPublisherBuilder {
+    uri: String,
+    exchange: String,
+    map: Vec<(String, String, String)>,
+}
+
+impl fmt::Debug for RabbitPublisherBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RabbitPublisherBuilder")
+            .field("exchange", &self.exchange)
+            .field("map", &self.map)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RabbitPublisherBuilder {
+    /// The exchange topics are published to, with the topic as routing key
+    /// (default [`DEFAULT_EXCHANGE`]). `""` is the default exchange, which routes to the queue
+    /// named like the routing key.
+    pub fn exchange(mut self, exchange: impl Into<String>) -> Self {
+        self.exchange = exchange.into();
+        self
+    }
+
+    /// Publishes `topic` to `exchange` with `routing_key`, overriding the default rule.
+    pub fn map(
+        mut self,
+        topic: impl Into<String>,
+        exchange: impl Into<String>,
+        routing_key: impl Into<String>,
+    ) -> Self {
+        self.map
+            .push((topic.into(), exchange.into(), routing_key.into()));
+        self
+    }
+
+    /// Checks the names and builds the publisher; it connects on its first publish.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::Invalid`] naming `rabbitmq.uri`, `rabbitmq.exchange` or
+    /// `rabbitmq.map.<topic>` when the URI does not start with `amqp://` or `amqps://` or a
+    /// name is longer than AMQP allows (255 bytes).
+    pub fn build(self) -> Result<RabbitPublisher, ConfigError> {
+        if !(self.uri.starts_with("amqp://") || self.uri.starts_with("amqps://")) {
+            return Err(ConfigError::Rejected {
+                key: "rabbitmq.uri".into(),
+                reason: "must start with amqp:// or amqps://".into(),
+            });
+        }
+        check_name("rabbitmq.exchange", &self.exchange)?;
+        let mut map = BTreeMap::new();
+        for (topic, exchange, key) in self.map {
+            let name = format!("rabbitmq.map.{topic}");
+            check_name(&name, &exchange)?;
+            check_name(&name, &key)?;
+            map.insert(topic, (exchange, key));
+        }
+        Ok(RabbitPublisher {
+            inner: Arc::new(Inner {
+                uri: self.uri,
+                exchange: self.exchange,
+                map,
+                link: Mutex::new(Link::default()),
+            }),
+        })
+    }
+}
+
+/// An exchange name or routing key: an AMQP short string.
+fn check_name(key: &str, value: &str) -> Result<(), ConfigError> {
+    if value.len() > 255 {
+        return Err(ConfigError::Invalid {
+            key: key.to_string(),
+            reason: "longer than the 255 bytes AMQP allows".into(),
+            got: value.chars().take(100).collect(),
+        });
+    }
+    Ok(())
+}
+
+/// Relays the events of type `E` to RabbitMQ: a [`Handler`] named `rabbitmq-relay`.
+///
+/// Made by [`RabbitPublisher::relay`], or from the worker's resources (which must hold a
+/// [`RabbitPublisher`]) when registered with `register_handler!(RabbitRelay<E>)`.
+///
+/// # About type parameter `E`
+///
+/// The event type relayed; its topic decides the exchange and routing key.
+pub struct RabbitRelay<E> {
+    publisher: RabbitPublisher,
+    _event: PhantomData<fn() -> E>,
+}
+
+impl<E> RabbitRelay<E> {
+    /// The publisher this relay uses.
+    pub fn publisher(&self) -> &RabbitPublisher {
+        &self.publisher
+    }
+}
+
+impl<E> Clone for RabbitRelay<E> {
+    fn clone(&self) -> Self {
+        RabbitRelay {
+            publisher: self.publisher.clone(),
+            _event: PhantomData,
+        }
+    }
+}
+
+impl<E> fmt::Debug for RabbitRelay<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RabbitRelay")
+            .field("event", &std::any::type_name::<E>())
+            .field("publisher", &self.publisher)
+            .finish()
+    }
+}
+
+#[async_trait]
+impl<E: Event> Handler for RabbitRelay<E> {
+    type Event = E;
+    const NAME: &'static str = "rabbitmq-relay";
+
+    async fn handle(&self, event: E, ctx: &Context) -> Result<(), HandlerError> {
+        self.publisher.publish(&event, ctx).await
+    }
+}
+
+/// Built from the [`RabbitPublisher`] among the worker's resources.
+impl<E: Event> FromResources for RabbitRelay<E> {
+    fn from_resources(resources: &Resources) -> Result<Self, ResourceError> {
+        Ok(resources.require::<RabbitPublisher>()?.relay())
+    }
+}

@@ -1,0 +1,221 @@
+//! The RabbitMQ relay (`outbox_handlers::relay::rabbitmq`) against the broker at `AMQP_URL`
+//! (default amqp://guest:guest@127.0.0.1:5672/%2f): a bound queue receives an enqueued event,
+//! persistent, with the idempotency key as `message_id` and the outbox headers; an unroutable
+//! message and a missing exchange are permanent failures naming the exchange and routing key.
+//!
+//! Every test declares an exchange and a queue of its own and deletes them at the end.
+
+use outbox::{enqueue, outbox_event, Context, Event, FailureKind, Handler, Resources, Worker};
+use outbox_handlers::lapin::options::{
+    BasicGetOptions, ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions,
+    QueueDeclareOptions, QueueDeleteOptions,
+};
+use outbox_handlers::lapin::types::{AMQPValue, FieldTable};
+use outbox_handlers::lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
+use outbox_handlers::relay::headers;
+use outbox_handlers::relay::rabbitmq::RabbitPublisher;
+use outbox_tests::pg;
+use serde::{Deserialize, Serialize};
+
+#[outbox_event(topic = "relay.booking.created")]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct BookingCreated {
+    booking_id: i64,
+}
+
+fn amqp_url() -> String {
+    std::env::var("AMQP_URL").unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
+}
+
+/// A topic exchange and a queue bound to it for `relay.booking.created`, unique to one test.
+struct Topology {
+    _conn: Connection,
+    channel: Channel,
+    exchange: String,
+    queue: String,
+}
+
+impl Topology {
+    async fn new() -> Topology {
+        let conn = Connection::connect(&amqp_url(), ConnectionProperties::default())
+            .await
+            .unwrap_or_else(|e| panic!("cannot connect to RabbitMQ at {}: {e}", amqp_url()));
+        let channel = conn.create_channel().await.unwrap();
+        let id = uuid::Uuid::now_v7().simple().to_string();
+        let exchange = format!("relay-x-{id}");
+        let queue = format!("relay-q-{id}");
+        channel
+            .exchange_declare(
+                exchange.as_str().into(),
+                ExchangeKind::Topic,
+                ExchangeDeclareOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        channel
+            .queue_declare(
+                queue.as_str().into(),
+                QueueDeclareOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        channel
+            .queue_bind(
+                queue.as_str().into(),
+                exchange.as_str().into(),
+                BookingCreated::TOPIC.into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        Topology {
+            _conn: conn,
+            channel,
+            exchange,
+            queue,
+        }
+    }
+
+    async fn delete(self) {
+        self.channel
+            .queue_delete(self.queue.as_str().into(), QueueDeleteOptions::default())
+            .await
+            .unwrap();
+        self.channel
+            .exchange_delete(
+                self.exchange.as_str().into(),
+                ExchangeDeleteOptions::default(),
+            )
+            .await
+            .unwrap();
+    }
+}
+
+fn header(table: &FieldTable, name: &str) -> String {
+    match table.inner().get(name) {
+        Some(AMQPValue::LongString(s)) => s.to_string(),
+        other => panic!("header {name}: {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_bound_queue_receives_the_event_with_its_message_id() {
+    let topology = Topology::new().await;
+    let db = pg().await;
+    let rabbit = RabbitPublisher::builder(amqp_url())
+        .exchange(topology.exchange.clone())
+        .build()
+        .unwrap();
+
+    let event = BookingCreated { booking_id: 5 };
+    let mut tx = db.pool.begin().await.unwrap();
+    let id = enqueue(&mut *tx, &event).await.unwrap();
+    tx.commit().await.unwrap();
+    let worker = Worker::builder(&db.pool)
+        .handler(rabbit.relay::<BookingCreated>())
+        .build()
+        .unwrap();
+    let report = worker.run_once().await.unwrap();
+    assert_eq!(report.done, 1, "{report:?}");
+
+    let got = topology
+        .channel
+        .basic_get(
+            topology.queue.as_str().into(),
+            BasicGetOptions { no_ack: true },
+        )
+        .await
+        .unwrap()
+        .expect("the queue holds the message");
+    let props = &got.delivery.properties;
+    let key = format!("{id}:rabbitmq-relay");
+    assert_eq!(
+        props.message_id().as_ref().map(|s| s.to_string()),
+        Some(key.clone())
+    );
+    assert_eq!(*props.delivery_mode(), Some(2), "persistent");
+    assert_eq!(
+        props.kind().as_ref().map(|s| s.to_string()).as_deref(),
+        Some("relay.booking.created")
+    );
+    assert_eq!(
+        props
+            .content_type()
+            .as_ref()
+            .map(|s| s.to_string())
+            .as_deref(),
+        Some("application/json")
+    );
+    let table = props.headers().as_ref().expect("headers");
+    assert_eq!(header(table, headers::MESSAGE_ID), id.to_string());
+    assert_eq!(header(table, headers::TOPIC), "relay.booking.created");
+    assert_eq!(header(table, headers::ATTEMPT), "1");
+    assert_eq!(header(table, headers::IDEMPOTENCY_KEY), key);
+    assert_eq!(got.delivery.routing_key.as_str(), "relay.booking.created");
+    let payload: BookingCreated = serde_json::from_slice(&got.delivery.data).unwrap();
+    assert_eq!(payload, event);
+
+    topology.delete().await;
+    db.drop_db().await;
+}
+
+#[tokio::test]
+async fn an_unroutable_message_is_a_permanent_error_naming_exchange_and_key() {
+    let topology = Topology::new().await;
+    let rabbit = RabbitPublisher::builder(amqp_url())
+        .map(
+            BookingCreated::TOPIC,
+            topology.exchange.clone(),
+            "nobody.listens",
+        )
+        .build()
+        .unwrap();
+    let relay = rabbit.relay::<BookingCreated>();
+    let ctx = Context::for_test(BookingCreated::TOPIC, "rabbitmq-relay", Resources::new());
+    let err = relay
+        .handle(BookingCreated { booking_id: 1 }, &ctx)
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), FailureKind::Permanent, "{err}");
+    let text = err.to_string();
+    assert!(text.contains(&format!("`{}`", topology.exchange)), "{text}");
+    assert!(text.contains("`nobody.listens`"), "{text}");
+    assert!(text.contains("NO_ROUTE"), "{text}");
+
+    // A missing exchange is permanent too, and the publisher recovers its channel after it.
+    let missing = RabbitPublisher::builder(amqp_url())
+        .exchange(format!("{}-missing", topology.exchange))
+        .build()
+        .unwrap();
+    let err = missing
+        .relay::<BookingCreated>()
+        .handle(BookingCreated { booking_id: 2 }, &ctx)
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), FailureKind::Permanent, "{err}");
+    assert!(
+        err.to_string()
+            .contains(&format!("`{}-missing`", topology.exchange)),
+        "{err}"
+    );
+    let routed = RabbitPublisher::builder(amqp_url())
+        .exchange(topology.exchange.clone())
+        .build()
+        .unwrap();
+    routed
+        .relay::<BookingCreated>()
+        .handle(BookingCreated { booking_id: 3 }, &ctx)
+        .await
+        .expect("a routable message is confirmed");
+    let err = missing
+        .relay::<BookingCreated>()
+        .handle(BookingCreated { booking_id: 4 }, &ctx)
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), FailureKind::Permanent, "after reopening: {err}");
+
+    topology.delete().await;
+}
