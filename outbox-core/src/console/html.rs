@@ -133,7 +133,7 @@ impl Frame<'_> {
         let mut h = String::with_capacity(body.len() + 2048);
         h.push_str("<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">");
         h.push_str("<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">");
-        h.push_str("<meta name=\"referrer\" content=\"no-referrer\">");
+        h.push_str("<meta name=\"referrer\" content=\"same-origin\">");
         if let Some(secs) = refresh {
             let _ = write!(h, "<meta http-equiv=\"refresh\" content=\"{secs}\">");
         }

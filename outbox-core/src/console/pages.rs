@@ -172,7 +172,13 @@ pub(super) async fn overview(
         num(t.dead),
         if t.dead > 0 { "bad" } else { "" },
     );
-    card(&mut b, "done", "Done (5 min)", num(t.done_last_5m), "good");
+    card(
+        &mut b,
+        "done",
+        "Done (5 min)",
+        num(t.done_last_5m),
+        if t.done_last_5m > 0 { "good" } else { "" },
+    );
     card(
         &mut b,
         "oldest",
@@ -385,7 +391,7 @@ pub(super) async fn dead_letters(
     let _ = write!(
         b,
         "</select></label><label>Dead for at least <input name=\"older_than\" value=\"{}\" \
-         placeholder=\"e.g. 1h, 7d\" size=\"8\"></label><button type=\"submit\">Filter</button>",
+         placeholder=\"e.g. 1h, 7d\" size=\"8\"></label><button type=\"submit\" id=\"filter\">Filter</button>",
         esc(&age_text)
     );
     if topic.is_some() || !age_text.is_empty() {
