@@ -421,6 +421,53 @@ async fn read_only_refuses_every_change() {
     db.drop_db().await;
 }
 
+#[tokio::test]
+async fn dead_letters_page_and_filter() {
+    let db = pg().await;
+    let mails: Vec<Mail> = (0..5)
+        .map(|i| mail(&format!("m{i}@example.com"), ""))
+        .collect();
+    dead_mails(&db, &mails).await;
+    dead_index(&db, 1).await;
+    let addr = serve(&db, ConsoleConfig::new().page_size(2)).await;
+    let rows = |body: &str| body.matches("<tr data-id=").count();
+
+    let a = http(addr, "GET", "/dead?topic=console.mail", &[], "").await;
+    assert_eq!(rows(&a.body), 2);
+    assert!(a.body.contains("5 dead letters in topic"), "{}", a.body);
+    assert!(a.body.contains("id=\"next\"") && !a.body.contains("id=\"prev\""));
+    let a = http(addr, "GET", "/dead?topic=console.mail&page=2", &[], "").await;
+    assert_eq!(rows(&a.body), 1);
+    assert!(!a.body.contains("id=\"next\"") && a.body.contains("id=\"prev\""));
+    assert!(
+        !a.body.contains("<td>console.index</td>"),
+        "only the topic asked for"
+    );
+    // Everything, and nothing dead for an hour yet.
+    let a = http(addr, "GET", "/dead?page=2", &[], "").await;
+    assert_eq!(rows(&a.body), 2);
+    let a = http(addr, "GET", "/dead?older_than=1h", &[], "").await;
+    assert_eq!(rows(&a.body), 0);
+    assert!(a.body.contains("No dead letters here."));
+    let a = http(addr, "GET", "/dead?older_than=soon", &[], "").await;
+    assert!(a.body.contains("is not an age"), "{}", a.body);
+    assert_eq!(rows(&a.body), 2);
+    // A message that does not exist, and one that is not a uuid.
+    let a = http(
+        addr,
+        "GET",
+        &format!("/messages/{}", Uuid::now_v7()),
+        &[],
+        "",
+    )
+    .await;
+    assert_eq!(a.status, 404);
+    let a = http(addr, "GET", "/messages/%3Cscript%3E", &[], "").await;
+    assert_eq!(a.status, 404);
+    assert!(a.body.contains("&lt;script&gt;") && !a.body.contains("<script>"));
+    db.drop_db().await;
+}
+
 // ---------------------------------------------------------------------------------------------
 // In a browser
 
