@@ -475,11 +475,24 @@ async fn dead_letters_page_and_filter() {
 static BROWSER: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// A headless Chromium driven through a chromedriver on a free loopback port. Both end
-/// when it is dropped.
+/// when it is dropped, even when a test fails half-way.
 struct Browser {
     client: Client,
-    _driver: tokio::process::Child,
+    /// chromedriver, leader of a process group of its own that its Chromium joins.
+    driver: tokio::process::Child,
     _turn: tokio::sync::MutexGuard<'static, ()>,
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        // Killing chromedriver alone would leave its Chromium running: end the whole group.
+        if let Some(pid) = self.driver.id() {
+            let _ = std::process::Command::new("kill")
+                .args(["-KILL", "--", &format!("-{pid}")])
+                .stderr(Stdio::null())
+                .status();
+        }
+    }
 }
 
 impl Browser {
@@ -493,6 +506,7 @@ impl Browser {
             .arg(format!("--port={port}"))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
+            .process_group(0)
             .kill_on_drop(true)
             .spawn()
             .expect("chromedriver runs: apt-get install chromium chromium-driver");
@@ -520,7 +534,7 @@ impl Browser {
             .expect("a WebDriver session");
         Browser {
             client,
-            _driver: driver,
+            driver,
             _turn: turn,
         }
     }
@@ -568,7 +582,7 @@ impl Browser {
     }
 
     async fn close(self) {
-        self.client.close().await.unwrap();
+        self.client.clone().close().await.unwrap();
     }
 }
 
