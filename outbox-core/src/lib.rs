@@ -59,6 +59,7 @@
 //! | `postgres` | yes     | the PostgreSQL backend |
 //! | `cli`      | yes     | the pieces of a worker binary (arguments, signals, logging) and the `outbox` operations binary |
 //! | `prometheus` | yes   | a Prometheus `/metrics` and a `/health` endpoint ([`observe`]) |
+//! | `console`  | no      | an operator's console in the browser (`console`), and `outbox console` |
 
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 // Without a backend feature the backend seam has no implementation to use its types.
@@ -67,6 +68,8 @@
 mod backend;
 #[cfg(feature = "cli")]
 pub mod cli;
+#[cfg(feature = "console")]
+pub mod console;
 mod enqueue;
 mod error;
 mod event;

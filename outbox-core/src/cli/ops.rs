@@ -8,6 +8,7 @@
 //! outbox dead retry (<ID> | --topic T | --all)
 //! outbox dead discard (<ID> | --topic T | --all)
 //! outbox purge --older-than 7d [--batch 1000] [--processed]
+//! outbox console [--addr 127.0.0.1:8080] [--read-only] [--token T | --user U --password P]
 //! ```
 //!
 //! The database comes from `--database-url` or `DATABASE_URL` (`postgres://...` or
@@ -81,6 +82,52 @@ enum Command {
         #[arg(long)]
         processed: bool,
     },
+    /// Serve the operator's console in the browser (feature `console`).
+    #[cfg(feature = "console")]
+    Console(ConsoleArgs),
+}
+
+/// `outbox console`: where to listen and who may come in.
+#[cfg(feature = "console")]
+#[derive(Debug, Args)]
+struct ConsoleArgs {
+    /// The address to listen on. Anything but loopback needs --token or --user/--password.
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    addr: std::net::SocketAddr,
+    /// Show everything, change nothing: no buttons, and every change refused.
+    #[arg(long)]
+    read_only: bool,
+    /// Require this token (typed into the sign-in page, or sent as `Authorization: Bearer`).
+    #[arg(
+        long,
+        env = "OUTBOX_CONSOLE_TOKEN",
+        hide_env_values = true,
+        conflicts_with = "user"
+    )]
+    token: Option<String>,
+    /// Require HTTP basic authentication with this user (and --password).
+    #[arg(long, env = "OUTBOX_CONSOLE_USER", requires = "password")]
+    user: Option<String>,
+    /// The basic-auth password.
+    #[arg(
+        long,
+        env = "OUTBOX_CONSOLE_PASSWORD",
+        hide_env_values = true,
+        requires = "user"
+    )]
+    password: Option<String>,
+}
+
+#[cfg(feature = "console")]
+impl ConsoleArgs {
+    fn config(&self) -> crate::console::ConsoleConfig {
+        let config = crate::console::ConsoleConfig::new().read_only(self.read_only);
+        match (&self.token, &self.user, &self.password) {
+            (Some(t), _, _) => config.token(t.clone()),
+            (None, Some(u), Some(p)) => config.basic(u.clone(), p.clone()),
+            _ => config,
+        }
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -131,6 +178,34 @@ impl Which {
     }
 }
 
+/// Serves the console until SIGTERM or SIGINT.
+#[cfg(feature = "console")]
+async fn console(args: &ConsoleArgs, store: Store) -> crate::Result<u8> {
+    let config = args.config();
+    let read_only = config.is_read_only();
+    let listener = match tokio::net::TcpListener::bind(args.addr).await {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("error: cannot listen on {}: {e}", args.addr);
+            return Ok(exit::FAILURE);
+        }
+    };
+    let addr = listener.local_addr().unwrap_or(args.addr);
+    println!(
+        "outbox console on http://{addr}/{}",
+        if read_only { " (read-only)" } else { "" }
+    );
+    let app = crate::console::router(store, config);
+    if let Err(e) = axum::serve(listener, app)
+        .with_graceful_shutdown(super::shutdown_signal())
+        .await
+    {
+        eprintln!("error: the console stopped: {e}");
+        return Ok(exit::FAILURE);
+    }
+    Ok(exit::OK)
+}
+
 fn duration(s: &str) -> Result<Duration, String> {
     let d = humantime::parse_duration(s)
         .map_err(|e| format!("`{s}` is not a duration ({e}); write e.g. 90s, 30m, 12h or 7d"))?;
@@ -158,6 +233,14 @@ fn batch(s: &str) -> Result<usize, String> {
 pub async fn main() -> ExitCode {
     init_logging_with("warn");
     let cli = Cli::parse();
+    // Refuse an unsafe console before touching the database.
+    #[cfg(feature = "console")]
+    if let Command::Console(args) = &cli.command {
+        if let Err(e) = args.config().check_addr(args.addr) {
+            eprintln!("error: {}", error_line(&e));
+            return ExitCode::from(exit::USAGE);
+        }
+    }
     let Some(url) = cli.database_url.as_deref() else {
         eprintln!("error: no database: pass --database-url or set DATABASE_URL");
         return ExitCode::from(exit::USAGE);
@@ -270,6 +353,8 @@ async fn run(command: Command, store: Store) -> crate::Result<u8> {
                 humantime::format_duration(older_than)
             );
         }
+        #[cfg(feature = "console")]
+        Command::Console(args) => return console(&args, store).await,
     }
     Ok(exit::OK)
 }

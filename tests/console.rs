@@ -1,0 +1,846 @@
+//! The operator's console: in a real browser (headless Chromium over WebDriver) and over
+//! plain HTTP for the rules a browser would hide (tokens, credentials, hosts, read-only).
+//!
+//! The browser tests need Debian's `chromium` and `chromium-driver`. With `CONSOLE_SCREENSHOTS`
+//! set they also rewrite `docs/console-overview.png` and `docs/console-dead-letter.png`.
+
+use std::net::SocketAddr;
+use std::process::Stdio;
+use std::time::Duration;
+
+use fantoccini::{Client, ClientBuilder, Locator};
+use outbox::console::{self, ConsoleConfig};
+use outbox::{
+    enqueue_many, enqueue_with, outbox_event, Context, EnqueueOptions, Handler, HandlerError,
+    Store, Worker,
+};
+use outbox_tests::{pg, wait_until, TestDb};
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use uuid::Uuid;
+
+#[outbox_event(topic = "console.mail")]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Mail {
+    to: String,
+    note: String,
+}
+
+#[outbox_event(topic = "console.index")]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Index {
+    doc: i64,
+}
+
+#[outbox_event(topic = "console.audit")]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Audit {
+    n: i32,
+}
+
+/// Fails every mail for good, quoting its note: each one run becomes a dead letter.
+struct Bounce;
+
+#[outbox::async_trait]
+impl Handler for Bounce {
+    type Event = Mail;
+    const NAME: &'static str = "bounce";
+    async fn handle(&self, m: Mail, _: &Context) -> Result<(), HandlerError> {
+        Err(HandlerError::permanent(format!(
+            "550 mailbox {} unavailable: {}",
+            m.to, m.note
+        )))
+    }
+}
+
+/// Fails every index update for good.
+struct Reject;
+
+#[outbox::async_trait]
+impl Handler for Reject {
+    type Event = Index;
+    const NAME: &'static str = "reject";
+    async fn handle(&self, i: Index, _: &Context) -> Result<(), HandlerError> {
+        Err(HandlerError::permanent(format!(
+            "mapping conflict on doc {}",
+            i.doc
+        )))
+    }
+}
+
+fn mail(to: &str, note: &str) -> Mail {
+    Mail {
+        to: to.into(),
+        note: note.into(),
+    }
+}
+
+/// Enqueues mails and runs them once: each becomes a dead letter. Returns their ids.
+async fn dead_mails(db: &TestDb, mails: &[Mail]) -> Vec<Uuid> {
+    let mut tx = db.pool.begin().await.unwrap();
+    let ids = enqueue_many(&mut *tx, mails).await.unwrap();
+    tx.commit().await.unwrap();
+    run_once(db).await;
+    ids
+}
+
+/// Enqueues index updates and runs them once: each becomes a dead letter.
+async fn dead_index(db: &TestDb, n: i64) -> Vec<Uuid> {
+    let docs: Vec<Index> = (0..n).map(|doc| Index { doc }).collect();
+    let mut tx = db.pool.begin().await.unwrap();
+    let ids = enqueue_many(&mut *tx, &docs).await.unwrap();
+    tx.commit().await.unwrap();
+    run_once(db).await;
+    ids
+}
+
+async fn run_once(db: &TestDb) {
+    Worker::builder(&db.pool)
+        .handler(Bounce)
+        .handler(Reject)
+        .build()
+        .unwrap()
+        .run_once()
+        .await
+        .unwrap();
+}
+
+async fn status(db: &TestDb, id: Uuid) -> Option<String> {
+    Store::from(&db.pool)
+        .message(id)
+        .await
+        .unwrap()
+        .map(|m| m.status)
+}
+
+/// Serves the console (at `mount`, `""` for the root) on a free loopback port.
+async fn serve_at(db: &TestDb, config: ConsoleConfig, mount: &str) -> SocketAddr {
+    let router = console::router(&db.pool, config);
+    let app = if mount.is_empty() {
+        router
+    } else {
+        axum::Router::new().nest(mount, router)
+    };
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        axum::serve(listener, app).await.unwrap();
+    });
+    addr
+}
+
+async fn serve(db: &TestDb, config: ConsoleConfig) -> SocketAddr {
+    serve_at(db, config, "").await
+}
+
+// ---------------------------------------------------------------------------------------------
+// Plain HTTP
+
+/// An HTTP answer: status, headers (lower-case names) and body.
+struct Answer {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: String,
+}
+
+impl Answer {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// One HTTP/1.1 request to `addr`: `extra` headers as written, `body` as a form.
+async fn http(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    extra: &[(&str, &str)],
+    body: &str,
+) -> Answer {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    let mut req = format!("{method} {path} HTTP/1.1\r\nConnection: close\r\n");
+    if !extra.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
+        req.push_str(&format!("Host: {addr}\r\n"));
+    }
+    for (k, v) in extra {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    if method == "POST" {
+        req.push_str(&format!(
+            "Content-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\n",
+            body.len()
+        ));
+    }
+    req.push_str("\r\n");
+    req.push_str(body);
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut raw = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut raw))
+        .await
+        .expect("the console answers in time")
+        .unwrap();
+    let raw = String::from_utf8_lossy(&raw).into_owned();
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap();
+    let mut lines = head.lines();
+    let status = lines.next().unwrap().split_whitespace().nth(1).unwrap();
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
+        .collect();
+    Answer {
+        status: status.parse().unwrap(),
+        headers,
+        body: body.to_owned(),
+    }
+}
+
+/// The CSRF token embedded in a page's forms.
+fn csrf_of(page: &str) -> String {
+    let at = page
+        .find("name=\"csrf\" value=\"")
+        .expect("the page has a form with a token");
+    page[at + 19..].split('"').next().unwrap().to_owned()
+}
+
+#[tokio::test]
+async fn a_post_without_the_token_is_refused() {
+    let db = pg().await;
+    dead_mails(
+        &db,
+        &[mail("a@example.com", "x"), mail("b@example.com", "y")],
+    )
+    .await;
+    let addr = serve(&db, ConsoleConfig::new()).await;
+    let store = Store::from(&db.pool);
+    let dead = || async { store.stats().await.unwrap().total.dead };
+
+    for body in [
+        "action=discard&scope=all",
+        "action=discard&scope=all&csrf=",
+        "action=discard&scope=all&csrf=0000",
+    ] {
+        let a = http(addr, "POST", "/dead/apply", &[], body).await;
+        assert_eq!(a.status, 403, "{body}: {}", a.body);
+        assert!(a.body.contains("security token"), "{}", a.body);
+    }
+    let a = http(addr, "POST", "/dead/confirm", &[], "op=discard:all").await;
+    assert_eq!(a.status, 403);
+    // A GET never changes anything.
+    let a = http(addr, "GET", "/dead/apply?action=discard&scope=all", &[], "").await;
+    assert_eq!(a.status, 405);
+    assert_eq!(dead().await, 2, "nothing was discarded");
+
+    // The page's own token from another origin: refused too.
+    let page = http(addr, "GET", "/dead", &[], "").await;
+    assert_eq!(page.status, 200);
+    let csrf = csrf_of(&page.body);
+    let form = format!("action=discard&scope=all&csrf={csrf}");
+    let a = http(
+        addr,
+        "POST",
+        "/dead/apply",
+        &[("Origin", "http://evil.example")],
+        &form,
+    )
+    .await;
+    assert_eq!(a.status, 403);
+    assert_eq!(dead().await, 2);
+
+    // With it, from the console's own origin, the same request goes through.
+    let origin = format!("http://{addr}");
+    let a = http(addr, "POST", "/dead/apply", &[("Origin", &origin)], &form).await;
+    assert_eq!(a.status, 303, "{}", a.body);
+    assert_eq!(
+        a.header("location"),
+        Some("/dead?topic=&done=discarded&n=2")
+    );
+    assert_eq!(dead().await, 0);
+    db.drop_db().await;
+}
+
+#[tokio::test]
+async fn without_credentials_only_loopback_hosts_are_answered() {
+    let db = pg().await;
+    let addr = serve(&db, ConsoleConfig::new()).await;
+    for host in ["127.0.0.1", "localhost:8080", "[::1]:8080"] {
+        let a = http(addr, "GET", "/", &[("Host", host)], "").await;
+        assert_eq!(a.status, 200, "{host}");
+    }
+    // A rebound DNS name or a proxy forwarding the outside's Host: refused, assets too.
+    for host in ["console.example", "10.1.2.3:8080", "localhost.evil.example"] {
+        for path in ["/", "/dead", "/assets/console.css"] {
+            let a = http(addr, "GET", path, &[("Host", host)], "").await;
+            assert_eq!(a.status, 403, "{host}{path}");
+        }
+    }
+    // Security headers on every answer.
+    let a = http(addr, "GET", "/", &[], "").await;
+    let csp = a.header("content-security-policy").unwrap();
+    assert!(csp.contains("script-src 'self'"), "{csp}");
+    assert_eq!(a.header("x-frame-options"), Some("DENY"));
+    assert_eq!(a.header("cache-control"), Some("no-store"));
+
+    // The command line refuses a non-loopback address without credentials, before connecting.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ops"))
+        .args(["console", "--addr", "0.0.0.0:0"])
+        .env("DATABASE_URL", "postgres://nobody@127.0.0.1:1/none")
+        .env_remove("OUTBOX_CONSOLE_TOKEN")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("not a loopback address"), "{err}");
+    db.drop_db().await;
+}
+
+#[tokio::test]
+async fn a_token_guards_every_page_and_signs_in_once() {
+    let db = pg().await;
+    let addr = serve(&db, ConsoleConfig::new().token("s3cret-token")).await;
+    // Any host name is fine once credentials are required.
+    let outside = [("Host", "console.example")];
+
+    let a = http(addr, "GET", "/dead", &outside, "").await;
+    assert_eq!((a.status, a.header("location")), (303, Some("/login")));
+    let a = http(
+        addr,
+        "POST",
+        "/dead/apply",
+        &outside,
+        "action=retry&scope=all",
+    )
+    .await;
+    assert_eq!(a.status, 401);
+    let wrong = [
+        ("Host", "console.example"),
+        ("Authorization", "Bearer nope"),
+    ];
+    assert_eq!(http(addr, "GET", "/", &wrong, "").await.status, 303);
+    let right = [
+        ("Host", "console.example"),
+        ("Authorization", "Bearer s3cret-token"),
+    ];
+    assert_eq!(http(addr, "GET", "/", &right, "").await.status, 200);
+    // The sign-in page and its stylesheet need no credentials.
+    assert_eq!(
+        http(addr, "GET", "/assets/console.css", &outside, "")
+            .await
+            .status,
+        200
+    );
+    let login = http(addr, "GET", "/login", &outside, "").await;
+    assert_eq!(login.status, 200);
+    let csrf = csrf_of(&login.body);
+
+    let a = http(
+        addr,
+        "POST",
+        "/login",
+        &outside,
+        &format!("csrf={csrf}&token=guess"),
+    )
+    .await;
+    assert_eq!(a.status, 401);
+    assert!(a.header("set-cookie").is_none());
+    let a = http(addr, "POST", "/login", &outside, "token=s3cret-token").await;
+    assert_eq!(a.status, 403, "signing in needs the form's token too");
+    let a = http(
+        addr,
+        "POST",
+        "/login",
+        &outside,
+        &format!("csrf={csrf}&token=s3cret-token"),
+    )
+    .await;
+    assert_eq!(a.status, 303);
+    let cookie = a.header("set-cookie").unwrap().to_owned();
+    assert!(
+        cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"),
+        "{cookie}"
+    );
+    assert!(
+        !cookie.contains("s3cret-token"),
+        "the cookie is not the token"
+    );
+    let session = cookie.split(';').next().unwrap().to_owned();
+    let signed_in = [("Host", "console.example"), ("Cookie", session.as_str())];
+    let a = http(addr, "GET", "/dead", &signed_in, "").await;
+    assert_eq!(a.status, 200);
+    assert!(a.body.contains("Sign out"));
+    db.drop_db().await;
+}
+
+#[tokio::test]
+async fn basic_auth_and_a_nested_mount() {
+    let db = pg().await;
+    let addr = serve_at(&db, ConsoleConfig::new().basic("ops", "pa:ss"), "/ops").await;
+    let a = http(addr, "GET", "/ops/dead", &[], "").await;
+    assert_eq!(a.status, 401);
+    assert!(a.header("www-authenticate").unwrap().starts_with("Basic"));
+    // "ops:wrong" and "ops:pa:ss" in base64.
+    let wrong = [("Authorization", "Basic b3BzOndyb25n")];
+    assert_eq!(http(addr, "GET", "/ops/dead", &wrong, "").await.status, 401);
+    let right = [("Authorization", "Basic b3BzOnBhOnNz")];
+    let a = http(addr, "GET", "/ops", &right, "").await;
+    assert_eq!(a.status, 200, "{}", a.body);
+    assert!(
+        a.body.contains("href=\"/ops/dead\""),
+        "links follow the mount"
+    );
+    assert!(a.body.contains("href=\"/ops/assets/console.css\""));
+    let a = http(addr, "GET", "/ops/dead", &right, "").await;
+    assert_eq!(a.status, 200);
+    assert_eq!(
+        http(addr, "GET", "/ops/assets/console.css", &right, "")
+            .await
+            .status,
+        200
+    );
+    db.drop_db().await;
+}
+
+#[tokio::test]
+async fn read_only_refuses_every_change() {
+    let db = pg().await;
+    dead_mails(&db, &[mail("a@example.com", "x")]).await;
+    let addr = serve(&db, ConsoleConfig::new().read_only(true)).await;
+    let a = http(addr, "GET", "/dead", &[], "").await;
+    assert_eq!(a.status, 200);
+    assert!(!a.body.contains("name=\"op\""), "{}", a.body);
+    assert!(!a.body.contains("name=\"csrf\""));
+    for path in ["/dead/confirm", "/dead/apply"] {
+        let a = http(addr, "POST", path, &[], "action=discard&scope=all&csrf=x").await;
+        assert_eq!(a.status, 403);
+        assert!(a.body.contains("read-only"), "{}", a.body);
+    }
+    assert_eq!(Store::from(&db.pool).stats().await.unwrap().total.dead, 1);
+    db.drop_db().await;
+}
+
+#[tokio::test]
+async fn dead_letters_page_and_filter() {
+    let db = pg().await;
+    let mails: Vec<Mail> = (0..5)
+        .map(|i| mail(&format!("m{i}@example.com"), ""))
+        .collect();
+    dead_mails(&db, &mails).await;
+    dead_index(&db, 1).await;
+    let addr = serve(&db, ConsoleConfig::new().page_size(2)).await;
+    let rows = |body: &str| body.matches("<tr data-id=").count();
+
+    let a = http(addr, "GET", "/dead?topic=console.mail", &[], "").await;
+    assert_eq!(rows(&a.body), 2);
+    assert!(a.body.contains("5 dead letters in topic"), "{}", a.body);
+    assert!(a.body.contains("id=\"next\"") && !a.body.contains("id=\"prev\""));
+    let a = http(addr, "GET", "/dead?topic=console.mail&page=2", &[], "").await;
+    assert_eq!(rows(&a.body), 1);
+    assert!(!a.body.contains("id=\"next\"") && a.body.contains("id=\"prev\""));
+    assert!(
+        !a.body.contains("<td>console.index</td>"),
+        "only the topic asked for"
+    );
+    // Everything, and nothing dead for an hour yet.
+    let a = http(addr, "GET", "/dead?page=2", &[], "").await;
+    assert_eq!(rows(&a.body), 2);
+    let a = http(addr, "GET", "/dead?older_than=1h", &[], "").await;
+    assert_eq!(rows(&a.body), 0);
+    assert!(a.body.contains("No dead letters here."));
+    let a = http(addr, "GET", "/dead?older_than=soon", &[], "").await;
+    assert!(a.body.contains("is not an age"), "{}", a.body);
+    assert_eq!(rows(&a.body), 2);
+    // A message that does not exist, and one that is not a uuid.
+    let a = http(
+        addr,
+        "GET",
+        &format!("/messages/{}", Uuid::now_v7()),
+        &[],
+        "",
+    )
+    .await;
+    assert_eq!(a.status, 404);
+    let a = http(addr, "GET", "/messages/%3Cscript%3E", &[], "").await;
+    assert_eq!(a.status, 404);
+    assert!(a.body.contains("&lt;script&gt;") && !a.body.contains("<script>"));
+    db.drop_db().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// In a browser
+
+/// One browser at a time: two cores do not run several Chromiums well.
+static BROWSER: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// A headless Chromium driven through a chromedriver on a free loopback port. Both end
+/// when it is dropped, even when a test fails half-way.
+struct Browser {
+    client: Client,
+    /// chromedriver, leader of a process group of its own that its Chromium joins.
+    driver: tokio::process::Child,
+    _turn: tokio::sync::MutexGuard<'static, ()>,
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        // Killing chromedriver alone would leave its Chromium running: end the whole group.
+        if let Some(pid) = self.driver.id() {
+            let _ = std::process::Command::new("kill")
+                .args(["-KILL", "--", &format!("-{pid}")])
+                .stderr(Stdio::null())
+                .status();
+        }
+    }
+}
+
+impl Browser {
+    async fn start() -> Browser {
+        let turn = BROWSER.lock().await;
+        let port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let driver = tokio::process::Command::new("chromedriver")
+            .arg(format!("--port={port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .process_group(0)
+            .kill_on_drop(true)
+            .spawn()
+            .expect("chromedriver runs: apt-get install chromium chromium-driver");
+        let url = format!("http://127.0.0.1:{port}");
+        wait_until(
+            Duration::from_secs(20),
+            "chromedriver listens",
+            async || TcpStream::connect(("127.0.0.1", port)).await.is_ok(),
+        )
+        .await;
+        let mut caps = serde_json::Map::new();
+        caps.insert(
+            "goog:chromeOptions".into(),
+            serde_json::json!({
+                "args": [
+                    "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                    "--window-size=1280,800", "--hide-scrollbars", "--force-device-scale-factor=1",
+                ],
+            }),
+        );
+        let client = ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
+            .capabilities(caps)
+            .connect(&url)
+            .await
+            .expect("a WebDriver session");
+        Browser {
+            client,
+            driver,
+            _turn: turn,
+        }
+    }
+
+    async fn text(&self, css: &str) -> String {
+        let found = self
+            .client
+            .wait()
+            .at_most(Duration::from_secs(10))
+            .for_element(Locator::Css(css))
+            .await;
+        match found {
+            Ok(e) => e.text().await.unwrap(),
+            Err(e) => {
+                let url = self.client.current_url().await.unwrap();
+                let page = self.client.source().await.unwrap_or_default();
+                panic!("{css}: {e}\nat {url}:\n{page}")
+            }
+        }
+    }
+
+    async fn click(&self, css: &str) {
+        self.client
+            .find(Locator::Css(css))
+            .await
+            .unwrap_or_else(|e| panic!("{css}: {e}"))
+            .click()
+            .await
+            .unwrap();
+    }
+
+    async fn count(&self, css: &str) -> usize {
+        self.client.find_all(Locator::Css(css)).await.unwrap().len()
+    }
+
+    /// Saves a screenshot into `docs/` when `CONSOLE_SCREENSHOTS` is set.
+    async fn screenshot(&self, name: &str) {
+        if std::env::var_os("CONSOLE_SCREENSHOTS").is_none() {
+            return;
+        }
+        let png = self.client.screenshot().await.unwrap();
+        let path = format!("{}/../docs/{name}", env!("CARGO_MANIFEST_DIR"));
+        std::fs::create_dir_all(format!("{}/../docs", env!("CARGO_MANIFEST_DIR"))).unwrap();
+        std::fs::write(&path, png).unwrap();
+    }
+
+    async fn close(self) {
+        self.client.clone().close().await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn the_overview_shows_what_the_database_holds() {
+    let db = pg().await;
+    dead_mails(
+        &db,
+        &[
+            mail("ana@example.com", "mailbox full"),
+            mail("bo@example.com", "no such user"),
+        ],
+    )
+    .await;
+    dead_index(&db, 1).await;
+    // Ready messages of a topic no worker serves, and one mail scheduled for later.
+    let mut tx = db.pool.begin().await.unwrap();
+    enqueue_many(&mut *tx, &(0..4).map(|n| Audit { n }).collect::<Vec<_>>())
+        .await
+        .unwrap();
+    enqueue_with(
+        &mut *tx,
+        &mail("later@example.com", ""),
+        &EnqueueOptions::new().delay(Duration::from_secs(3600)),
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+
+    let addr = serve(&db, ConsoleConfig::new()).await;
+    let b = Browser::start().await;
+    b.client.goto(&format!("http://{addr}/")).await.unwrap();
+    let stats = Store::from(&db.pool).stats().await.unwrap();
+    assert_eq!(stats.topics.len(), 3);
+    for t in stats.topics.iter().chain([&stats.total]) {
+        let row = format!("tr[data-topic='{}']", t.topic);
+        for (class, want) in [
+            ("ready", t.ready),
+            ("scheduled", t.scheduled),
+            ("in-flight", t.in_flight),
+            ("stalled", t.stalled),
+            ("dead", t.dead),
+        ] {
+            let got = b.text(&format!("{row} td.{class}")).await;
+            assert_eq!(got, want.to_string(), "{} {class}", t.topic);
+        }
+    }
+    assert_eq!(b.text("#total-ready").await, "4");
+    assert_eq!(b.text("#total-scheduled").await, "1");
+    assert_eq!(b.text("#total-dead").await, "3");
+    let unserved = b.text("#unserved").await;
+    assert!(unserved.contains("console.audit (4 ready)"), "{unserved}");
+    assert!(!unserved.contains("console.mail"), "{unserved}");
+    b.screenshot("console-overview.png").await;
+    // The dead count leads to that topic's dead letters.
+    b.click("tr[data-topic='console.mail'] td.dead a").await;
+    b.text("#filters").await;
+    assert_eq!(b.count("#dead tbody tr").await, 2);
+    b.close().await;
+    db.drop_db().await;
+}
+
+#[tokio::test]
+async fn open_a_dead_letter_retry_it_and_see_it_leave_the_list() {
+    let db = pg().await;
+    let ids = dead_mails(
+        &db,
+        &[
+            mail("ana@example.com", "mailbox full"),
+            mail("bo@example.com", "no such user"),
+            mail("cy@example.com", "greylisted"),
+        ],
+    )
+    .await;
+    let addr = serve(&db, ConsoleConfig::new()).await;
+    let b = Browser::start().await;
+    b.client.goto(&format!("http://{addr}/dead")).await.unwrap();
+    assert_eq!(b.count("#dead tbody tr").await, 3);
+
+    b.click(&format!("tr[data-id='{}'] a", ids[0])).await;
+    assert_eq!(b.text("#message-id").await, ids[0].to_string());
+    assert_eq!(b.text("#status").await, "dead");
+    assert_eq!(b.text("#topic").await, "console.mail");
+    assert_eq!(b.text("#attempts").await, "1");
+    assert_eq!(
+        b.text("#last-error").await,
+        "handler `bounce`: 550 mailbox ana@example.com unavailable: mailbox full"
+    );
+    let payload = b.text("#payload").await;
+    assert!(payload.starts_with("{\n  \""), "pretty-printed: {payload}");
+    assert!(
+        payload.contains("\n  \"to\": \"ana@example.com\""),
+        "{payload}"
+    );
+    assert!(
+        payload.contains("\n  \"note\": \"mailbox full\""),
+        "{payload}"
+    );
+    b.screenshot("console-dead-letter.png").await;
+
+    b.click("#retry").await;
+    assert_eq!(b.text("#confirm-title").await, "Retry 1 dead letter?");
+    assert_eq!(
+        status(&db, ids[0]).await.as_deref(),
+        Some("dead"),
+        "not before confirming"
+    );
+    b.click("#confirm").await;
+    assert_eq!(
+        b.text("#flash").await,
+        "1 dead letter sent back to pending."
+    );
+    assert_eq!(b.count(&format!("tr[data-id='{}']", ids[0])).await, 0);
+    assert_eq!(b.count("#dead tbody tr").await, 2);
+    assert_eq!(status(&db, ids[0]).await.as_deref(), Some("pending"));
+
+    // Select the rest with "select all" and retry the selection.
+    b.click("#select-all").await;
+    assert_eq!(b.text("#retry-selected").await, "Retry selected (2)");
+    b.click("#retry-selected").await;
+    assert_eq!(b.text("#confirm-title").await, "Retry 2 dead letters?");
+    b.click("#confirm").await;
+    assert_eq!(
+        b.text("#flash").await,
+        "2 dead letters sent back to pending."
+    );
+    assert_eq!(b.text("#no-dead").await, "No dead letters here.");
+    for id in &ids {
+        assert_eq!(status(&db, *id).await.as_deref(), Some("pending"));
+    }
+    b.close().await;
+    db.drop_db().await;
+}
+
+#[tokio::test]
+async fn discard_a_topics_dead_letters_through_the_confirmation() {
+    let db = pg().await;
+    let mails = dead_mails(
+        &db,
+        &[
+            mail("a@example.com", "1"),
+            mail("b@example.com", "2"),
+            mail("c@example.com", "3"),
+        ],
+    )
+    .await;
+    let docs = dead_index(&db, 2).await;
+    let addr = serve(&db, ConsoleConfig::new()).await;
+    let b = Browser::start().await;
+    b.client
+        .goto(&format!("http://{addr}/dead?topic=console.mail"))
+        .await
+        .unwrap();
+    assert_eq!(b.count("#dead tbody tr").await, 3);
+    b.click("#discard-topic").await;
+    assert_eq!(b.text("#confirm-title").await, "Discard 3 dead letters?");
+    let says = b.text("#confirm-box").await;
+    assert!(
+        says.contains("Every dead letter of topic console.mail"),
+        "{says}"
+    );
+    assert!(says.contains("cannot be undone"), "{says}");
+
+    // Cancel first: nothing happens.
+    b.click("#cancel").await;
+    b.text("#filters").await;
+    assert_eq!(b.count("#dead tbody tr").await, 3);
+    b.click("#discard-topic").await;
+    b.click("#confirm").await;
+    assert_eq!(b.text("#flash").await, "3 dead letters discarded.");
+    assert_eq!(b.text("#no-dead").await, "No dead letters here.");
+
+    for id in mails {
+        assert_eq!(status(&db, id).await, None);
+    }
+    for id in docs {
+        assert_eq!(
+            status(&db, id).await.as_deref(),
+            Some("dead"),
+            "other topics stay"
+        );
+    }
+    b.close().await;
+    db.drop_db().await;
+}
+
+#[tokio::test]
+async fn a_script_in_a_payload_shows_as_text() {
+    let db = pg().await;
+    let evil = "<script>window.pwned=1;alert('pwned')</script><img src=x onerror=window.pwned=2>";
+    let ids = dead_mails(&db, &[mail("<b>x</b>@example.com", evil)]).await;
+    let addr = serve(&db, ConsoleConfig::new()).await;
+    let b = Browser::start().await;
+    for page in [format!("/messages/{}", ids[0]), "/dead".to_string()] {
+        b.client
+            .goto(&format!("http://{addr}{page}"))
+            .await
+            .unwrap();
+        b.text("main h1").await;
+        assert!(
+            b.client.get_alert_text().await.is_err(),
+            "no alert opened on {page}"
+        );
+        let pwned = b
+            .client
+            .execute("return typeof window.pwned", vec![])
+            .await
+            .unwrap();
+        assert_eq!(pwned, "undefined", "nothing ran on {page}");
+        assert_eq!(b.count("main script, main img, main b").await, 0, "{page}");
+    }
+    // The literal text is on the page.
+    b.client
+        .goto(&format!("http://{addr}/messages/{}", ids[0]))
+        .await
+        .unwrap();
+    let payload = b.text("#payload").await;
+    assert!(payload.contains(evil), "{payload}");
+    assert!(payload.contains("<b>x</b>@example.com"), "{payload}");
+    let error = b.text("#last-error").await;
+    assert!(error.contains(evil), "{error}");
+    b.close().await;
+    db.drop_db().await;
+}
+
+#[tokio::test]
+async fn read_only_shows_no_buttons() {
+    let db = pg().await;
+    let ids = dead_mails(&db, &[mail("a@example.com", "x")]).await;
+    let addr = serve(&db, ConsoleConfig::new().read_only(true)).await;
+    let b = Browser::start().await;
+    for page in [
+        "/".to_string(),
+        "/dead".to_string(),
+        format!("/messages/{}", ids[0]),
+        "/workers".to_string(),
+    ] {
+        b.client
+            .goto(&format!("http://{addr}{page}"))
+            .await
+            .unwrap();
+        assert_eq!(b.text("#read-only").await, "read-only", "{page}");
+        // Only the filter's own button (a GET) is left.
+        assert_eq!(b.count("button:not(#filter)").await, 0, "{page}");
+        let text = b.text("main").await;
+        assert!(
+            !text.contains("Retry") && !text.contains("Discard"),
+            "{page}: {text}"
+        );
+        assert_eq!(b.count("form[method=post]").await, 0, "{page}");
+        assert_eq!(b.count("input[type=checkbox]").await, 0, "{page}");
+    }
+    b.client.goto(&format!("http://{addr}/dead")).await.unwrap();
+    assert_eq!(
+        b.count("#dead tbody tr").await,
+        1,
+        "the list is still there"
+    );
+    b.close().await;
+    db.drop_db().await;
+}
