@@ -42,7 +42,7 @@ const EXIT_CODES: &str = "Exit codes:
   6  the database refused a write that breaks a constraint
   7  the database refused a value as invalid or out of range";
 
-#[derive(Debug, Parser)]
+#[derive(Parser)]
 #[command(
     name = "outbox",
     about = "Operate a transactional outbox: migrate, stats, dead letters, purge",
@@ -50,10 +50,22 @@ const EXIT_CODES: &str = "Exit codes:
 )]
 struct Cli {
     /// The database URL (postgres://... or sqlite:...).
-    #[arg(long, env = "DATABASE_URL", global = true)]
+    #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
     database_url: Option<String>,
     #[command(subcommand)]
     command: Command,
+}
+
+impl std::fmt::Debug for Cli {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cli")
+            .field(
+                "database_url",
+                &self.database_url.as_deref().map(super::redact_url),
+            )
+            .field("command", &self.command)
+            .finish()
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -272,4 +284,23 @@ async fn run(command: Command, store: Store) -> crate::Result<u8> {
         }
     }
     Ok(exit::OK)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_redacts_the_database_url() {
+        let cli = Cli::try_parse_from([
+            "outbox",
+            "stats",
+            "--database-url",
+            "postgres://ops:hunter2-ops@db/app",
+        ])
+        .unwrap();
+        let dbg = format!("{cli:?}");
+        assert!(!dbg.contains("hunter2-ops"), "{dbg}");
+        assert!(dbg.contains("postgres://ops:***@db/app"), "{dbg}");
+    }
 }
