@@ -30,7 +30,8 @@ pub enum Applied {
 enum Auth {
     None,
     ApiKey(Secret, HeaderValue),
-    Basic(String, Secret),
+    /// The user, the password and `user:password` in base64, as the header carries it.
+    Basic(String, Secret, Secret),
 }
 
 /// A client of an Elasticsearch- or OpenSearch-compatible document API, with optional API-key
@@ -68,7 +69,7 @@ impl fmt::Debug for SearchClient {
         let auth = match &self.auth {
             Auth::None => "none".to_string(),
             Auth::ApiKey(..) => "api key [redacted]".to_string(),
-            Auth::Basic(user, _) => format!("basic {user}:[redacted]"),
+            Auth::Basic(user, ..) => format!("basic {user}:[redacted]"),
         };
         f.debug_struct("SearchClient")
             .field("base_url", &self.base.as_str())
@@ -139,7 +140,7 @@ impl SearchClient {
         let request = match &self.auth {
             Auth::None => request,
             Auth::ApiKey(_, header) => request.header(AUTHORIZATION, header.clone()),
-            Auth::Basic(user, password) => request.basic_auth(user, Some(password.expose())),
+            Auth::Basic(user, password, _) => request.basic_auth(user, Some(password.expose())),
         };
         let secrets = self.secrets();
         let response = request
@@ -170,7 +171,8 @@ impl SearchClient {
         match &self.auth {
             Auth::None => Vec::new(),
             Auth::ApiKey(key, _) => vec![key.expose()],
-            Auth::Basic(_, password) => vec![password.expose()],
+            // The header's form too, for a service that echoes the request's headers.
+            Auth::Basic(_, password, encoded) => vec![password.expose(), encoded.expose()],
         }
     }
 }
@@ -301,7 +303,10 @@ impl SearchClientBuilder {
                         &user,
                     ));
                 }
-                Auth::Basic(user, password)
+                let encoded = Secret::new(crate::http::base64(
+                    format!("{user}:{}", password.expose()).as_bytes(),
+                ));
+                Auth::Basic(user, password, encoded)
             }
             (None, Some(_), None) => return Err(ConfigError::missing(
                 "search.password",
