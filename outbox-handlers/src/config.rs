@@ -437,6 +437,28 @@ pub(crate) fn base_url(key: &str, raw: &str) -> Result<reqwest::Url, ConfigError
     Ok(url)
 }
 
+/// A base URL as given, for `Debug`: any user information (`user:password@`) is replaced by
+/// `[redacted]@`. Such a URL is refused when the client is built, but a configuration holding
+/// it can still be printed before that.
+#[cfg(feature = "http")]
+pub(crate) fn redact_userinfo(raw: &str) -> String {
+    let Some((scheme, rest)) = raw.split_once("://") else {
+        return raw.to_string();
+    };
+    // The user information ends at the last `@`: a password may hold `/`, `?`, `#` or `@`
+    // unencoded, and hiding too much of a URL that is refused anyway costs nothing.
+    match rest.rfind('@') {
+        None => raw.to_string(),
+        Some(at) => format!("{scheme}://[redacted]@{}", &rest[at + 1..]),
+    }
+}
+
+/// `Option<String>` of a base URL, for `Debug`, through [`redact_userinfo`].
+#[cfg(feature = "http")]
+pub(crate) fn debug_base_url(raw: &Option<String>) -> Option<String> {
+    raw.as_deref().map(redact_userinfo)
+}
+
 /// Refuses to send credentials over plain `http://` to a host that is not this machine, unless
 /// `allowed` (the builder's `allow_insecure_http(true)`, `allow_insecure_http = true`).
 ///
@@ -645,6 +667,24 @@ mod tests {
             .to_string();
         assert!(!e.contains("hunter2"), "{e}");
         assert!(base_url("k", "https://api.example.com/v1/").is_ok());
+    }
+
+    #[cfg(feature = "http")]
+    #[test]
+    fn userinfo_is_redacted_for_debug() {
+        assert_eq!(
+            redact_userinfo("https://u:hunter2@x.example/v1"),
+            "https://[redacted]@x.example/v1"
+        );
+        assert_eq!(
+            redact_userinfo("https://u:p@ss/w?rd@x.example"),
+            "https://[redacted]@x.example"
+        );
+        assert_eq!(
+            redact_userinfo("https://x.example/v1"),
+            "https://x.example/v1"
+        );
+        assert_eq!(redact_userinfo("foo"), "foo");
     }
 
     #[cfg(feature = "http")]

@@ -238,16 +238,10 @@ pub fn redact_url(url: &str) -> String {
         // `sqlite:...` and the like: no user information, maybe a query.
         return redact_query(url);
     };
-    // The user information ends at the last `@` of the authority; a password with an unencoded
-    // `/`, `?` or `#` before that `@` still counts as part of it.
-    let (userinfo, after) = match rest.find('@') {
-        Some(first_at) => {
-            let end = rest[first_at..]
-                .find(['/', '?', '#'])
-                .map_or(rest.len(), |i| first_at + i);
-            let at = rest[..end].rfind('@').unwrap_or(first_at);
-            (Some(&rest[..at]), &rest[at + 1..])
-        }
+    // The user information ends at the last `@`: a password may hold `/`, `?`, `#` or `@`
+    // unencoded. (A later `@`, in the path or the query, hides more than needed, never less.)
+    let (userinfo, after) = match rest.rfind('@') {
+        Some(at) => (Some(&rest[..at]), &rest[at + 1..]),
         None => (None, rest),
     };
     let mut out = format!("{scheme}://");
@@ -689,6 +683,10 @@ mod tests {
                 "postgresql://app:***@db/app",
             ),
             ("postgres://app:pa/ss?@db/app", "postgres://app:***@db/app"),
+            (
+                "postgres://app:p@ss/w?rd@db/app",
+                "postgres://app:***@db/app",
+            ),
             (
                 "postgres://db/app?password=s3cret&user=app",
                 "postgres://db/app?password=***&user=app",

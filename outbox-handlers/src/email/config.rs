@@ -52,7 +52,7 @@ const KEYS: &[&str] = &[
 /// assert_eq!(err.to_string(), "email.base_url: not a valid URL (got `foo`)");
 /// # Ok::<(), outbox_handlers::ConfigError>(())
 /// ```
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 #[non_exhaustive]
 pub struct EmailConfig {
@@ -72,6 +72,32 @@ pub struct EmailConfig {
     pub dir: Option<String>,
     /// Allow a plain `http://` base URL on a host other than this machine.
     pub allow_insecure_http: Option<bool>,
+}
+
+impl std::fmt::Debug for EmailConfig {
+    /// The secrets print as `[redacted]`, and so does any user information in `base_url`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let EmailConfig {
+            transport,
+            base_url,
+            path,
+            api_key,
+            from,
+            timeout_secs,
+            dir,
+            allow_insecure_http,
+        } = self;
+        f.debug_struct("EmailConfig")
+            .field("transport", transport)
+            .field("base_url", &config::debug_base_url(base_url))
+            .field("path", path)
+            .field("api_key", api_key)
+            .field("from", from)
+            .field("timeout_secs", timeout_secs)
+            .field("dir", dir)
+            .field("allow_insecure_http", allow_insecure_http)
+            .finish()
+    }
 }
 
 config::loaders!(EmailConfig, "email", "OUTBOX_EMAIL_");

@@ -169,7 +169,7 @@ pub struct HttpTransportBuilder {
 impl fmt::Debug for HttpTransportBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("HttpTransportBuilder")
-            .field("base_url", &self.base_url)
+            .field("base_url", &config::debug_base_url(&self.base_url))
             .field("path", &self.path)
             .field("api_key", &self.api_key)
             .field("from", &self.from)

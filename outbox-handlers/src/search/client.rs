@@ -197,7 +197,7 @@ pub struct SearchClientBuilder {
 impl fmt::Debug for SearchClientBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SearchClientBuilder")
-            .field("base_url", &self.base_url)
+            .field("base_url", &config::debug_base_url(&self.base_url))
             .field("index", &self.index)
             .field("api_key", &self.api_key)
             .field("username", &self.username)

@@ -44,7 +44,7 @@ const KEYS: &[&str] = &[
 /// assert_eq!(err.key(), Some("search.index"));
 /// # Ok::<(), outbox_handlers::ConfigError>(())
 /// ```
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 #[non_exhaustive]
 pub struct SearchConfig {
@@ -62,6 +62,30 @@ pub struct SearchConfig {
     pub timeout_secs: Option<f64>,
     /// Allow credentials over a plain `http://` base URL on a host other than this machine.
     pub allow_insecure_http: Option<bool>,
+}
+
+impl std::fmt::Debug for SearchConfig {
+    /// The secrets print as `[redacted]`, and so does any user information in `base_url`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let SearchConfig {
+            base_url,
+            index,
+            api_key,
+            username,
+            password,
+            timeout_secs,
+            allow_insecure_http,
+        } = self;
+        f.debug_struct("SearchConfig")
+            .field("base_url", &config::debug_base_url(base_url))
+            .field("index", index)
+            .field("api_key", api_key)
+            .field("username", username)
+            .field("password", password)
+            .field("timeout_secs", timeout_secs)
+            .field("allow_insecure_http", allow_insecure_http)
+            .finish()
+    }
 }
 
 config::loaders!(SearchConfig, "search", "OUTBOX_SEARCH_");
@@ -138,6 +162,13 @@ mod tests {
         })
         .unwrap();
         assert!(!format!("{c:?}").contains("pw-secret"));
+        let with_userinfo = SearchConfig::from_toml_str(
+            "[search]\nbase_url = 'https://indexer:url-secret@search.example'",
+        )
+        .unwrap();
+        let dbg = format!("{with_userinfo:?}");
+        assert!(!dbg.contains("url-secret"), "{dbg}");
+        assert!(dbg.contains("https://[redacted]@search.example"), "{dbg}");
         assert_eq!(c.client().unwrap().index(), Some("hotels"));
 
         let c =
