@@ -226,6 +226,7 @@ pub(crate) fn scrub(text: &str, secrets: &[&str]) -> String {
 
 /// Standard base64 with padding, as in an `Authorization: Basic` header: a service that echoes
 /// that header back must not get the credentials into an error in that form either.
+#[cfg_attr(not(feature = "search"), allow(dead_code))] // only search has basic auth
 pub(crate) fn base64(bytes: &[u8]) -> String {
     const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);

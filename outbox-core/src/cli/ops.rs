@@ -13,7 +13,7 @@
 //! The database comes from `--database-url` or `DATABASE_URL` (`postgres://...` or
 //! `sqlite:...`). Durations are refused over 100 years, before any SQL.
 //!
-//! Exit codes (the table in [`exit`](super::exit)):
+//! Exit codes (the table in [`exit`]):
 //!
 //! | code | meaning |
 //! |---|---|
