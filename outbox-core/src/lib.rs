@@ -61,6 +61,8 @@
 //! | `prometheus` | yes   | a Prometheus `/metrics` and a `/health` endpoint ([`observe`]) |
 //! | `console`  | no      | an operator's console in the browser (`console`), and `outbox console` |
 
+// On docs.rs (`--cfg docsrs`, nightly), items are marked with the features they need.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 // Without a backend feature the backend seam has no implementation to use its types.
 #![cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]

@@ -18,7 +18,7 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 
 /// The longest timeout a handler accepts: anything longer is a typo.
 const MAX_TIMEOUT: Duration = Duration::from_secs(3600);
@@ -127,6 +127,10 @@ impl ConfigError {
 /// A secret string (an API key, a password): its `Debug` prints `[redacted]`, it is never logged,
 /// and the handlers scrub it from every error.
 ///
+/// It has no `Display` and is not `Serialize`, so it cannot end up in a log line, a JSON dump
+/// of a configuration or an error message by accident: [`expose`](Self::expose) is the one way
+/// to the value. It is `Deserialize`, to be read from configuration.
+///
 /// ```
 /// use outbox_handlers::Secret;
 ///
@@ -134,7 +138,17 @@ impl ConfigError {
 /// assert_eq!(format!("{key:?}"), "Secret([redacted])");
 /// assert_eq!(key.expose(), "sk_live_123");
 /// ```
-#[derive(Clone, PartialEq, Eq, Deserialize, Serialize)]
+///
+/// ```compile_fail
+/// // Not Serialize: a configuration holding it cannot be dumped with its secrets.
+/// let _ = serde_json::to_string(&outbox_handlers::Secret::new("sk_live_123"));
+/// ```
+///
+/// ```compile_fail
+/// // No Display.
+/// let _ = format!("{}", outbox_handlers::Secret::new("sk_live_123"));
+/// ```
+#[derive(Clone, PartialEq, Eq, Deserialize)]
 #[serde(transparent)]
 pub struct Secret(String);
 
@@ -294,6 +308,34 @@ impl<'a> Fields<'a> {
         }
     }
 
+    /// A boolean: `true` or `false` in TOML; `true`/`false`/`1`/`0`/`yes`/`no` in the environment.
+    #[cfg_attr(not(feature = "http"), allow(dead_code))] // only the HTTP handlers have flags
+    pub(crate) fn boolean(&mut self, name: &str) -> Result<Option<bool>, ConfigError> {
+        match &mut self.source {
+            Source::Env { .. } => match self.string(name)? {
+                None => Ok(None),
+                Some(s) => match s.trim().to_ascii_lowercase().as_str() {
+                    "true" | "1" | "yes" => Ok(Some(true)),
+                    "false" | "0" | "no" => Ok(Some(false)),
+                    _ => Err(ConfigError::invalid(
+                        self.key(name),
+                        "not a boolean: use true or false",
+                        &s,
+                    )),
+                },
+            },
+            Source::Toml(t) => match t.remove(name) {
+                None => Ok(None),
+                Some(toml::Value::Boolean(b)) => Ok(Some(b)),
+                Some(other) => Err(ConfigError::invalid(
+                    self.key(name),
+                    "not a boolean: use true or false",
+                    &other.to_string(),
+                )),
+            },
+        }
+    }
+
     /// A whole number of zero or more.
     #[cfg_attr(not(feature = "dedup"), allow(dead_code))] // only dedup has counts
     pub(crate) fn count(&mut self, name: &str) -> Result<Option<u64>, ConfigError> {
@@ -393,6 +435,67 @@ pub(crate) fn base_url(key: &str, raw: &str) -> Result<reqwest::Url, ConfigError
         ));
     }
     Ok(url)
+}
+
+/// A base URL as given, for `Debug`: any user information (`user:password@`) is replaced by
+/// `[redacted]@`. Such a URL is refused when the client is built, but a configuration holding
+/// it can still be printed before that.
+#[cfg(feature = "http")]
+pub(crate) fn redact_userinfo(raw: &str) -> String {
+    let Some((scheme, rest)) = raw.split_once("://") else {
+        return raw.to_string();
+    };
+    // The user information ends at the last `@`: a password may hold `/`, `?`, `#` or `@`
+    // unencoded, and hiding too much of a URL that is refused anyway costs nothing.
+    match rest.rfind('@') {
+        None => raw.to_string(),
+        Some(at) => format!("{scheme}://[redacted]@{}", &rest[at + 1..]),
+    }
+}
+
+/// `Option<String>` of a base URL, for `Debug`, through [`redact_userinfo`].
+#[cfg(feature = "http")]
+pub(crate) fn debug_base_url(raw: &Option<String>) -> Option<String> {
+    raw.as_deref().map(redact_userinfo)
+}
+
+/// Refuses to send credentials over plain `http://` to a host that is not this machine, unless
+/// `allowed` (the builder's `allow_insecure_http(true)`, `allow_insecure_http = true`).
+///
+/// Loopback hosts (`127.0.0.0/8`, `::1`, `localhost`) are allowed: their traffic never leaves the
+/// machine, and local test servers and sidecars speak plain HTTP there.
+#[cfg(feature = "http")]
+pub(crate) fn check_credentials_over_http(
+    section: &str,
+    url: &reqwest::Url,
+    credential: &str,
+    allowed: bool,
+) -> Result<(), ConfigError> {
+    if url.scheme() != "http" || allowed || is_loopback(url) {
+        return Ok(());
+    }
+    // The URL holds no credentials (base_url refused those), so it may be shown.
+    Err(ConfigError::invalid(
+        format!("{section}.base_url"),
+        format!(
+            "plain http:// would send the {credential} unencrypted to a host that is not this              machine; use https://, or set allow_insecure_http (`allow_insecure_http = true` in              [{section}], OUTBOX_{}_ALLOW_INSECURE_HTTP=true, or the builder's              allow_insecure_http(true)) if the network in between is trusted",
+            section.to_ascii_uppercase()
+        ),
+        url.as_str(),
+    ))
+}
+
+/// Whether the URL's host is this machine: a loopback address or `localhost`.
+#[cfg(feature = "http")]
+fn is_loopback(url: &reqwest::Url) -> bool {
+    let Some(host) = url.host_str() else {
+        return false;
+    };
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    match bare.parse::<std::net::IpAddr>() {
+        Ok(ip) => ip.is_loopback(),
+        Err(_) => host.eq_ignore_ascii_case("localhost") || host.eq_ignore_ascii_case("localhost."),
+    }
 }
 
 /// Writes the loaders every configuration section shares: `from_env`, `from_env_prefixed`,
@@ -564,5 +667,63 @@ mod tests {
             .to_string();
         assert!(!e.contains("hunter2"), "{e}");
         assert!(base_url("k", "https://api.example.com/v1/").is_ok());
+    }
+
+    #[cfg(feature = "http")]
+    #[test]
+    fn userinfo_is_redacted_for_debug() {
+        assert_eq!(
+            redact_userinfo("https://u:hunter2@x.example/v1"),
+            "https://[redacted]@x.example/v1"
+        );
+        assert_eq!(
+            redact_userinfo("https://u:p@ss/w?rd@x.example"),
+            "https://[redacted]@x.example"
+        );
+        assert_eq!(
+            redact_userinfo("https://x.example/v1"),
+            "https://x.example/v1"
+        );
+        assert_eq!(redact_userinfo("foo"), "foo");
+    }
+
+    #[cfg(feature = "http")]
+    #[test]
+    fn credentials_over_plain_http_need_a_loopback_host_or_an_explicit_allowance() {
+        let check = |raw: &str, allowed: bool| {
+            check_credentials_over_http("search", &base_url("k", raw).unwrap(), "API key", allowed)
+        };
+        let e = check("http://search.internal:9200", false).unwrap_err();
+        assert_eq!(e.key(), Some("search.base_url"));
+        let text = e.to_string();
+        assert!(text.contains("allow_insecure_http"), "{text}");
+        assert!(text.contains("OUTBOX_SEARCH_ALLOW_INSECURE_HTTP"), "{text}");
+        assert!(check("http://10.0.0.7", false).is_err());
+        assert!(check("http://127.0.0.2.example", false).is_err());
+        assert!(check("http://search.internal:9200", true).is_ok());
+        assert!(check("https://search.internal:9200", false).is_ok());
+        for local in [
+            "http://127.0.0.1:9200",
+            "http://127.1.2.3",
+            "http://[::1]:9200",
+            "http://localhost:9200",
+            "http://LOCALHOST",
+        ] {
+            assert!(check(local, false).is_ok(), "{local}");
+        }
+    }
+
+    #[test]
+    fn booleans_are_read_from_both_sources() {
+        let vars = [("P_A", "true"), ("P_B", "0"), ("P_C", "maybe")];
+        let lookup = env(&vars);
+        let mut f = Fields::env("email", &[], "P_", &lookup);
+        assert_eq!(f.boolean("a").unwrap(), Some(true));
+        assert_eq!(f.boolean("b").unwrap(), Some(false));
+        assert_eq!(f.boolean("d").unwrap(), None);
+        assert_eq!(f.boolean("c").unwrap_err().key(), Some("email.c"));
+        let mut f = Fields::toml("email", &[], "[email]\na = true\nb = 'yes'\n").unwrap();
+        assert_eq!(f.boolean("a").unwrap(), Some(true));
+        assert_eq!(f.boolean("b").unwrap_err().key(), Some("email.b"));
     }
 }

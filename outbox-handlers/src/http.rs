@@ -224,6 +224,30 @@ pub(crate) fn scrub(text: &str, secrets: &[&str]) -> String {
     out
 }
 
+/// Standard base64 with padding, as in an `Authorization: Basic` header: a service that echoes
+/// that header back must not get the credentials into an error in that form either.
+#[cfg_attr(not(feature = "search"), allow(dead_code))] // only search has basic auth
+pub(crate) fn base64(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for chunk in bytes.chunks(3) {
+        let b = [
+            chunk[0],
+            chunk.get(1).copied().unwrap_or(0),
+            chunk.get(2).copied().unwrap_or(0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for (i, shift) in [18u32, 12, 6, 0].into_iter().enumerate() {
+            if i <= chunk.len() {
+                out.push(char::from(ALPHABET[((n >> shift) & 63) as usize]));
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -260,6 +284,21 @@ mod tests {
         }
         for s in [400, 401, 403, 404, 409, 422] {
             assert!(!is_retryable(StatusCode::from_u16(s).unwrap()), "{s}");
+        }
+    }
+
+    #[test]
+    fn base64_matches_the_standard_alphabet_and_padding() {
+        for (raw, encoded) in [
+            ("", ""),
+            ("f", "Zg=="),
+            ("fo", "Zm8="),
+            ("foo", "Zm9v"),
+            ("foob", "Zm9vYg=="),
+            ("indexer:s3cret-pw", "aW5kZXhlcjpzM2NyZXQtcHc="),
+            ("\u{ff}\u{fe}", "w7/Dvg=="),
+        ] {
+            assert_eq!(base64(raw.as_bytes()), encoded, "{raw:?}");
         }
     }
 

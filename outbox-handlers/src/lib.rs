@@ -34,7 +34,10 @@
 //! - Answers are classified once for all: 2xx is done, 408/429/5xx/timeouts/connection errors
 //!   retry (honouring `Retry-After`), other 4xx dead-letter now with the service's message.
 //! - Secrets (API keys, passwords) are [`Secret`]s: never logged, never in `last_error`,
-//!   redacted by `Debug`.
+//!   redacted by `Debug`, with no `Display` and no `Serialize`. They are sent over `https://`,
+//!   or plain `http://` only to this machine (a loopback address or `localhost`); another
+//!   `http://` host with credentials is refused at construction unless `allow_insecure_http`
+//!   is set.
 //! - Everything is constructible in code (builders that validate and return `Result`) and from
 //!   configuration: environment variables with a prefix (`OUTBOX_EMAIL_*`, `OUTBOX_SEARCH_*`,
 //!   `OUTBOX_DEDUP_*`) or a TOML table (`[email]`, `[search]`, `[dedup]`). Errors name the key:

@@ -90,11 +90,14 @@ pub mod exit {
 }
 
 /// The command line of a worker binary.
-#[derive(Debug, Clone, Parser)]
+///
+/// Its `Debug` prints the database URL with its password replaced by `***` (see
+/// [`redact_url`]), and `--help` names the environment variables without their values.
+#[derive(Clone, Parser)]
 #[command(about = "Runs outbox handlers until stopped")]
 pub struct WorkerArgs {
     /// The database URL.
-    #[arg(long, env = "DATABASE_URL")]
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     pub database_url: String,
     /// Claim one batch, run it, write the outcomes and exit.
     #[arg(long)]
@@ -110,7 +113,8 @@ pub struct WorkerArgs {
         long,
         value_name = "TOPIC",
         value_delimiter = ',',
-        env = "OUTBOX_SERVED_ELSEWHERE"
+        env = "OUTBOX_SERVED_ELSEWHERE",
+        hide_env_values = true
     )]
     pub served_elsewhere: Vec<String>,
     /// Do not apply the outbox migrations at start-up.
@@ -160,6 +164,114 @@ pub struct WorkerArgs {
     #[cfg(feature = "prometheus")]
     #[arg(long)]
     pub metrics_addr: Option<std::net::SocketAddr>,
+}
+
+impl std::fmt::Debug for WorkerArgs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Every field, by name, so that a new one is not forgotten: only the URL is redacted.
+        let WorkerArgs {
+            database_url,
+            once,
+            list_topics,
+            served_elsewhere,
+            no_migrate,
+            concurrency,
+            batch_size,
+            lease,
+            poll_interval,
+            claim_interval,
+            handler_timeout,
+            shutdown_timeout,
+            max_attempts,
+            retry_base,
+            retry_max,
+            no_jitter,
+            poll_only,
+            stats,
+            #[cfg(feature = "prometheus")]
+            metrics_addr,
+        } = self;
+        let mut d = f.debug_struct("WorkerArgs");
+        d.field("database_url", &redact_url(database_url))
+            .field("once", once)
+            .field("list_topics", list_topics)
+            .field("served_elsewhere", served_elsewhere)
+            .field("no_migrate", no_migrate)
+            .field("concurrency", concurrency)
+            .field("batch_size", batch_size)
+            .field("lease", lease)
+            .field("poll_interval", poll_interval)
+            .field("claim_interval", claim_interval)
+            .field("handler_timeout", handler_timeout)
+            .field("shutdown_timeout", shutdown_timeout)
+            .field("max_attempts", max_attempts)
+            .field("retry_base", retry_base)
+            .field("retry_max", retry_max)
+            .field("no_jitter", no_jitter)
+            .field("poll_only", poll_only)
+            .field("stats", stats);
+        #[cfg(feature = "prometheus")]
+        d.field("metrics_addr", metrics_addr);
+        d.finish()
+    }
+}
+
+/// `url` with the password replaced by `***`, for logs and `Debug`: the one in the user
+/// information (`postgres://user:***@host/db`) and a `password` query parameter
+/// (`?password=***`). Everything else is kept, so the host and database stay readable.
+///
+/// ```
+/// use outbox::cli::redact_url;
+///
+/// assert_eq!(
+///     redact_url("postgres://app:s3cret@db.internal:5432/app"),
+///     "postgres://app:***@db.internal:5432/app"
+/// );
+/// assert_eq!(
+///     redact_url("postgres://db/app?user=app&password=s3cret&sslmode=require"),
+///     "postgres://db/app?user=app&password=***&sslmode=require"
+/// );
+/// assert_eq!(redact_url("sqlite:outbox.db"), "sqlite:outbox.db");
+/// ```
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        // `sqlite:...` and the like: no user information, maybe a query.
+        return redact_query(url);
+    };
+    // The user information ends at the last `@`: a password may hold `/`, `?`, `#` or `@`
+    // unencoded. (A later `@`, in the path or the query, hides more than needed, never less.)
+    let (userinfo, after) = match rest.rfind('@') {
+        Some(at) => (Some(&rest[..at]), &rest[at + 1..]),
+        None => (None, rest),
+    };
+    let mut out = format!("{scheme}://");
+    if let Some(userinfo) = userinfo {
+        match userinfo.split_once(':') {
+            Some((user, _password)) => {
+                out.push_str(user);
+                out.push_str(":***");
+            }
+            None => out.push_str(userinfo),
+        }
+        out.push('@');
+    }
+    out.push_str(&redact_query(after));
+    out
+}
+
+/// `rest` with the value of every `password` query parameter replaced by `***`.
+fn redact_query(rest: &str) -> String {
+    let Some((head, query)) = rest.split_once('?') else {
+        return rest.to_string();
+    };
+    let pairs: Vec<String> = query
+        .split('&')
+        .map(|pair| match pair.split_once('=') {
+            Some((name, _)) if name.eq_ignore_ascii_case("password") => format!("{name}=***"),
+            _ => pair.to_string(),
+        })
+        .collect();
+    format!("{head}?{}", pairs.join("&"))
 }
 
 /// The longest duration any flag takes: 100 years (of 365.25 days, as `100y` is read), far
@@ -550,5 +662,63 @@ pub fn print_stats(stats: &crate::Stats, registry: Option<&Registry>, json: bool
     if !unhandled.is_empty() {
         println!("\npending topics with no handler in this binary (they stay pending):");
         unhandled.iter().for_each(|t| line(t));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redact_url_hides_passwords_wherever_they_are() {
+        for (url, want) in [
+            (
+                "postgres://app:s3cret@db:5432/app",
+                "postgres://app:***@db:5432/app",
+            ),
+            ("postgres://app@db/app", "postgres://app@db/app"),
+            ("postgres://db/app", "postgres://db/app"),
+            (
+                "postgresql://app:p@ss@db/app",
+                "postgresql://app:***@db/app",
+            ),
+            ("postgres://app:pa/ss?@db/app", "postgres://app:***@db/app"),
+            (
+                "postgres://app:p@ss/w?rd@db/app",
+                "postgres://app:***@db/app",
+            ),
+            (
+                "postgres://db/app?password=s3cret&user=app",
+                "postgres://db/app?password=***&user=app",
+            ),
+            (
+                "postgres://app:s3cret@db/app?PASSWORD=other",
+                "postgres://app:***@db/app?PASSWORD=***",
+            ),
+            ("sqlite:outbox.db?mode=rwc", "sqlite:outbox.db?mode=rwc"),
+            ("sqlite::memory:", "sqlite::memory:"),
+        ] {
+            assert_eq!(redact_url(url), want, "{url}");
+        }
+    }
+
+    #[test]
+    fn worker_args_debug_redacts_the_database_url() {
+        let args = WorkerArgs::try_parse_from([
+            "worker",
+            "--database-url",
+            "postgres://app:hunter2-db@db.internal/app",
+            "--concurrency",
+            "4",
+        ])
+        .unwrap();
+        let dbg = format!("{args:?}");
+        assert!(!dbg.contains("hunter2-db"), "{dbg}");
+        assert!(dbg.contains("postgres://app:***@db.internal/app"), "{dbg}");
+        assert!(dbg.contains("concurrency: Some(4)"), "{dbg}");
+        assert_eq!(
+            args.database_url,
+            "postgres://app:hunter2-db@db.internal/app"
+        );
     }
 }

@@ -14,7 +14,7 @@
 //! The database comes from `--database-url` or `DATABASE_URL` (`postgres://...` or
 //! `sqlite:...`). Durations are refused over 100 years, before any SQL.
 //!
-//! Exit codes (the table in [`exit`](super::exit)):
+//! Exit codes (the table in [`exit`]):
 //!
 //! | code | meaning |
 //! |---|---|
@@ -43,7 +43,7 @@ const EXIT_CODES: &str = "Exit codes:
   6  the database refused a write that breaks a constraint
   7  the database refused a value as invalid or out of range";
 
-#[derive(Debug, Parser)]
+#[derive(Parser)]
 #[command(
     name = "outbox",
     about = "Operate a transactional outbox: migrate, stats, dead letters, purge",
@@ -51,10 +51,22 @@ const EXIT_CODES: &str = "Exit codes:
 )]
 struct Cli {
     /// The database URL (postgres://... or sqlite:...).
-    #[arg(long, env = "DATABASE_URL", global = true)]
+    #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
     database_url: Option<String>,
     #[command(subcommand)]
     command: Command,
+}
+
+impl std::fmt::Debug for Cli {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cli")
+            .field(
+                "database_url",
+                &self.database_url.as_deref().map(super::redact_url),
+            )
+            .field("command", &self.command)
+            .finish()
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -357,4 +369,23 @@ async fn run(command: Command, store: Store) -> crate::Result<u8> {
         Command::Console(args) => return console(&args, store).await,
     }
     Ok(exit::OK)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_redacts_the_database_url() {
+        let cli = Cli::try_parse_from([
+            "outbox",
+            "stats",
+            "--database-url",
+            "postgres://ops:hunter2-ops@db/app",
+        ])
+        .unwrap();
+        let dbg = format!("{cli:?}");
+        assert!(!dbg.contains("hunter2-ops"), "{dbg}");
+        assert!(dbg.contains("postgres://ops:***@db/app"), "{dbg}");
+    }
 }

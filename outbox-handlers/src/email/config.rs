@@ -16,6 +16,7 @@ const KEYS: &[&str] = &[
     "from",
     "timeout_secs",
     "dir",
+    "allow_insecure_http",
 ];
 
 /// The email transport's settings, read from environment variables or a TOML `[email]` table;
@@ -30,6 +31,7 @@ const KEYS: &[&str] = &[
 /// | `timeout_secs` | `OUTBOX_EMAIL_TIMEOUT_SECS` | request timeout in seconds, default 10 (http) |
 /// | `from` | `OUTBOX_EMAIL_FROM` | the default sender |
 /// | `dir` | `OUTBOX_EMAIL_DIR` | the directory of email files (file) |
+/// | `allow_insecure_http` | `OUTBOX_EMAIL_ALLOW_INSECURE_HTTP` | `true` to send the API key over plain `http://` to a host other than this machine; default `false` (http) |
 ///
 /// The struct also derives `Deserialize`, to sit inside your own configuration type.
 ///
@@ -50,7 +52,7 @@ const KEYS: &[&str] = &[
 /// assert_eq!(err.to_string(), "email.base_url: not a valid URL (got `foo`)");
 /// # Ok::<(), outbox_handlers::ConfigError>(())
 /// ```
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 #[non_exhaustive]
 pub struct EmailConfig {
@@ -68,6 +70,34 @@ pub struct EmailConfig {
     pub timeout_secs: Option<f64>,
     /// The directory of the file transport.
     pub dir: Option<String>,
+    /// Allow a plain `http://` base URL on a host other than this machine.
+    pub allow_insecure_http: Option<bool>,
+}
+
+impl std::fmt::Debug for EmailConfig {
+    /// The secrets print as `[redacted]`, and so does any user information in `base_url`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let EmailConfig {
+            transport,
+            base_url,
+            path,
+            api_key,
+            from,
+            timeout_secs,
+            dir,
+            allow_insecure_http,
+        } = self;
+        f.debug_struct("EmailConfig")
+            .field("transport", transport)
+            .field("base_url", &config::debug_base_url(base_url))
+            .field("path", path)
+            .field("api_key", api_key)
+            .field("from", from)
+            .field("timeout_secs", timeout_secs)
+            .field("dir", dir)
+            .field("allow_insecure_http", allow_insecure_http)
+            .finish()
+    }
 }
 
 config::loaders!(EmailConfig, "email", "OUTBOX_EMAIL_");
@@ -82,6 +112,7 @@ impl EmailConfig {
             from: f.string("from")?,
             timeout_secs: f.number("timeout_secs")?,
             dir: f.string("dir")?,
+            allow_insecure_http: f.boolean("allow_insecure_http")?,
         };
         f.finish()?;
         Ok(config)
@@ -125,6 +156,9 @@ impl EmailConfig {
         }
         if let Some(secs) = self.timeout_secs {
             b = b.timeout(config::timeout_from_secs("email.timeout_secs", secs)?);
+        }
+        if let Some(allow) = self.allow_insecure_http {
+            b = b.allow_insecure_http(allow);
         }
         b.build()
     }
@@ -199,12 +233,12 @@ mod tests {
             c.transport().unwrap_err().to_string(),
             "email.base_url: not a valid URL (got `foo`)"
         );
-        let c = EmailConfig::from_lookup("X_", lookup(&[("X_BASE_URL", "http://x")])).unwrap();
+        let c = EmailConfig::from_lookup("X_", lookup(&[("X_BASE_URL", "https://x")])).unwrap();
         assert_eq!(c.transport().unwrap_err().key(), Some("email.api_key"));
         let c = EmailConfig::from_lookup(
             "X_",
             lookup(&[
-                ("X_BASE_URL", "http://x"),
+                ("X_BASE_URL", "https://x"),
                 ("X_API_KEY", "k"),
                 ("X_TIMEOUT_SECS", "0"),
             ]),
@@ -223,6 +257,31 @@ mod tests {
         );
         let c = EmailConfig::from_lookup("X_", lookup(&[("X_TRANSPORT", "file")])).unwrap();
         assert_eq!(c.transport().unwrap_err().key(), Some("email.dir"));
+    }
+
+    #[test]
+    fn plain_http_to_another_host_needs_allow_insecure_http() {
+        let c = EmailConfig::from_lookup(
+            "X_",
+            lookup(&[("X_BASE_URL", "http://mail.internal"), ("X_API_KEY", "k")]),
+        )
+        .unwrap();
+        assert_eq!(c.transport().unwrap_err().key(), Some("email.base_url"));
+        let c = EmailConfig::from_lookup(
+            "X_",
+            lookup(&[
+                ("X_BASE_URL", "http://mail.internal"),
+                ("X_API_KEY", "k"),
+                ("X_ALLOW_INSECURE_HTTP", "true"),
+            ]),
+        )
+        .unwrap();
+        c.transport().unwrap();
+        let c = EmailConfig::from_toml_str(
+            "[email]\nbase_url = 'http://mail.internal'\napi_key = 'k'\nallow_insecure_http = true",
+        )
+        .unwrap();
+        c.transport().unwrap();
     }
 
     #[test]

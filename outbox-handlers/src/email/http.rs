@@ -29,6 +29,12 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 /// (`html` is left out when the email has none.) The API key is never logged, never part of an
 /// error, and `Debug` prints `[redacted]` in its place.
 ///
+/// The key is only sent over `https://`, or plain `http://` to this machine (a loopback address
+/// or `localhost`, where the traffic never leaves the host): any other `http://` base URL is
+/// refused by [`build`](HttpTransportBuilder::build) unless
+/// [`allow_insecure_http(true)`](HttpTransportBuilder::allow_insecure_http) says the network in
+/// between is trusted.
+///
 /// ```
 /// use outbox_handlers::email::HttpTransport;
 /// use std::time::Duration;
@@ -156,17 +162,19 @@ pub struct HttpTransportBuilder {
     api_key: Option<Secret>,
     from: Option<String>,
     timeout: Option<Duration>,
+    allow_insecure_http: bool,
     client: Option<reqwest::Client>,
 }
 
 impl fmt::Debug for HttpTransportBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("HttpTransportBuilder")
-            .field("base_url", &self.base_url)
+            .field("base_url", &config::debug_base_url(&self.base_url))
             .field("path", &self.path)
             .field("api_key", &self.api_key)
             .field("from", &self.from)
             .field("timeout", &self.timeout)
+            .field("allow_insecure_http", &self.allow_insecure_http)
             .finish_non_exhaustive()
     }
 }
@@ -203,6 +211,14 @@ impl HttpTransportBuilder {
         self
     }
 
+    /// Allows a plain `http://` base URL on a host other than this machine, over which the API
+    /// key travels unencrypted (default: refused; `http://` to a loopback address or
+    /// `localhost` is always allowed). Configuration key `allow_insecure_http`.
+    pub fn allow_insecure_http(mut self, allow: bool) -> Self {
+        self.allow_insecure_http = allow;
+        self
+    }
+
     /// Uses this client (connection pool, proxy, TLS settings) instead of a new one. The
     /// transport's timeout is still applied to each request.
     pub fn client(mut self, client: reqwest::Client) -> Self {
@@ -215,7 +231,9 @@ impl HttpTransportBuilder {
     /// # Errors
     ///
     /// A [`ConfigError`] naming the key (`email.base_url`, `email.api_key`, `email.path`,
-    /// `email.from`, `email.timeout_secs`) when a setting is missing or invalid.
+    /// `email.from`, `email.timeout_secs`) when a setting is missing or invalid, and for
+    /// `email.base_url` when it is plain `http://` to another host without
+    /// [`allow_insecure_http`](Self::allow_insecure_http).
     pub fn build(self) -> Result<HttpTransport, ConfigError> {
         let raw = self.base_url.ok_or_else(|| {
             ConfigError::missing(
@@ -253,6 +271,7 @@ impl HttpTransportBuilder {
                 )
             })?;
         authorization.set_sensitive(true);
+        config::check_credentials_over_http("email", &base, "API key", self.allow_insecure_http)?;
         if let Some(from) = &self.from {
             if from.trim().is_empty() || !from.contains('@') || from.contains(['\r', '\n']) {
                 return Err(ConfigError::invalid(
@@ -316,7 +335,7 @@ mod tests {
         let e = HttpTransport::builder().api_key("k").build().unwrap_err();
         assert_eq!(e.key(), Some("email.base_url"));
         let e = HttpTransport::builder()
-            .base_url("http://x")
+            .base_url("https://x")
             .build()
             .unwrap_err();
         assert_eq!(e.key(), Some("email.api_key"));
@@ -332,6 +351,24 @@ mod tests {
         assert_eq!(e.key(), Some("email.path"));
         let e = builder().timeout(Duration::ZERO).build().unwrap_err();
         assert_eq!(e.key(), Some("email.timeout_secs"));
+    }
+
+    #[test]
+    fn the_key_goes_over_plain_http_only_to_this_machine_unless_allowed() {
+        let e = builder()
+            .base_url("http://mail.internal")
+            .build()
+            .unwrap_err();
+        assert_eq!(e.key(), Some("email.base_url"));
+        assert!(e.to_string().contains("allow_insecure_http"), "{e}");
+        assert!(!e.to_string().contains("sk_test_123"), "{e}");
+        builder()
+            .base_url("http://mail.internal")
+            .allow_insecure_http(true)
+            .build()
+            .unwrap();
+        builder().base_url("http://localhost:8025").build().unwrap();
+        builder().base_url("https://mail.internal").build().unwrap();
     }
 
     #[test]

@@ -30,12 +30,19 @@ pub enum Applied {
 enum Auth {
     None,
     ApiKey(Secret, HeaderValue),
-    Basic(String, Secret),
+    /// The user, the password and `user:password` in base64, as the header carries it.
+    Basic(String, Secret, Secret),
 }
 
 /// A client of an Elasticsearch- or OpenSearch-compatible document API, with optional API-key
 /// (`Authorization: ApiKey <key>`) or basic authentication. Secrets are never logged, never in an
 /// error, and `Debug` prints `[redacted]` in their place.
+///
+/// Credentials are only sent over `https://`, or plain `http://` to this machine (a loopback
+/// address or `localhost`): with an API key or basic authentication, any other `http://` base
+/// URL is refused by [`build`](SearchClientBuilder::build) unless
+/// [`allow_insecure_http(true)`](SearchClientBuilder::allow_insecure_http). Without credentials
+/// any `http://` URL is accepted.
 ///
 /// ```
 /// use outbox_handlers::search::SearchClient;
@@ -62,7 +69,7 @@ impl fmt::Debug for SearchClient {
         let auth = match &self.auth {
             Auth::None => "none".to_string(),
             Auth::ApiKey(..) => "api key [redacted]".to_string(),
-            Auth::Basic(user, _) => format!("basic {user}:[redacted]"),
+            Auth::Basic(user, ..) => format!("basic {user}:[redacted]"),
         };
         f.debug_struct("SearchClient")
             .field("base_url", &self.base.as_str())
@@ -107,14 +114,16 @@ impl SearchClient {
     ///
     /// A [`HandlerError`] whose kind follows the table in the [module docs](super): retry for
     /// 408, 429, 5xx, timeouts and connection errors (after `Retry-After` when given), permanent
-    /// for other 4xx, an empty id or a version above `i64::MAX`.
+    /// for other 4xx, an empty id, an id of `.` or `..` (which a URL would read as a path step),
+    /// an invalid index name or a version above `i64::MAX`.
     ///
     /// # Cancellation safety
     ///
     /// Dropping the future may leave the operation applied or not; applying it again is safe.
     pub async fn apply(&self, index: &str, op: &IndexOp) -> Result<Applied, HandlerError> {
-        if op.id().is_empty() {
-            return Err(HandlerError::permanent("the document id is empty"));
+        check_id(op.id())?;
+        if let Err(e) = check_index(index) {
+            return Err(HandlerError::permanent(e.to_string()));
         }
         if i64::try_from(op.version()).is_err() {
             return Err(HandlerError::permanent(format!(
@@ -131,7 +140,7 @@ impl SearchClient {
         let request = match &self.auth {
             Auth::None => request,
             Auth::ApiKey(_, header) => request.header(AUTHORIZATION, header.clone()),
-            Auth::Basic(user, password) => request.basic_auth(user, Some(password.expose())),
+            Auth::Basic(user, password, _) => request.basic_auth(user, Some(password.expose())),
         };
         let secrets = self.secrets();
         let response = request
@@ -162,7 +171,8 @@ impl SearchClient {
         match &self.auth {
             Auth::None => Vec::new(),
             Auth::ApiKey(key, _) => vec![key.expose()],
-            Auth::Basic(_, password) => vec![password.expose()],
+            // The header's form too, for a service that echoes the request's headers.
+            Auth::Basic(_, password, encoded) => vec![password.expose(), encoded.expose()],
         }
     }
 }
@@ -180,18 +190,20 @@ pub struct SearchClientBuilder {
     username: Option<String>,
     password: Option<Secret>,
     timeout: Option<Duration>,
+    allow_insecure_http: bool,
     client: Option<reqwest::Client>,
 }
 
 impl fmt::Debug for SearchClientBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SearchClientBuilder")
-            .field("base_url", &self.base_url)
+            .field("base_url", &config::debug_base_url(&self.base_url))
             .field("index", &self.index)
             .field("api_key", &self.api_key)
             .field("username", &self.username)
             .field("password", &self.password)
             .field("timeout", &self.timeout)
+            .field("allow_insecure_http", &self.allow_insecure_http)
             .finish_non_exhaustive()
     }
 }
@@ -228,6 +240,15 @@ impl SearchClientBuilder {
         self
     }
 
+    /// Allows a plain `http://` base URL on a host other than this machine together with an API
+    /// key or basic authentication, which then travel unencrypted (default: refused; `http://`
+    /// to a loopback address or `localhost` is always allowed). Configuration key
+    /// `allow_insecure_http`.
+    pub fn allow_insecure_http(mut self, allow: bool) -> Self {
+        self.allow_insecure_http = allow;
+        self
+    }
+
     /// Uses this client instead of a new one; the timeout is still applied to each request.
     pub fn client(mut self, client: reqwest::Client) -> Self {
         self.client = Some(client);
@@ -240,7 +261,8 @@ impl SearchClientBuilder {
     ///
     /// A [`ConfigError`] naming the key (`search.base_url`, `search.index`, `search.api_key`,
     /// `search.username`, `search.password`, `search.timeout_secs`) when a setting is missing,
-    /// invalid, or contradicts another.
+    /// invalid, or contradicts another, and for `search.base_url` when it is plain `http://` to
+    /// another host with credentials but without [`allow_insecure_http`](Self::allow_insecure_http).
     pub fn build(self) -> Result<SearchClient, ConfigError> {
         let raw = self.base_url.ok_or_else(|| {
             ConfigError::missing(
@@ -281,7 +303,10 @@ impl SearchClientBuilder {
                         &user,
                     ));
                 }
-                Auth::Basic(user, password)
+                let encoded = Secret::new(crate::http::base64(
+                    format!("{user}:{}", password.expose()).as_bytes(),
+                ));
+                Auth::Basic(user, password, encoded)
             }
             (None, Some(_), None) => return Err(ConfigError::missing(
                 "search.password",
@@ -293,6 +318,19 @@ impl SearchClientBuilder {
             )),
             (None, None, None) => Auth::None,
         };
+        let credential = match &auth {
+            Auth::None => None,
+            Auth::ApiKey(..) => Some("API key"),
+            Auth::Basic(..) => Some("basic-auth password"),
+        };
+        if let Some(credential) = credential {
+            config::check_credentials_over_http(
+                "search",
+                &base,
+                credential,
+                self.allow_insecure_http,
+            )?;
+        }
         let timeout = config::check_timeout(
             "search.timeout_secs",
             self.timeout.unwrap_or(DEFAULT_TIMEOUT),
@@ -308,6 +346,19 @@ impl SearchClientBuilder {
             auth,
             timeout,
         })
+    }
+}
+
+/// Refuses the document ids a URL cannot carry as one path segment. Every other character,
+/// `/`, `?`, `#` and `%` included, is percent-encoded by [`SearchClient::document_url`].
+fn check_id(id: &str) -> Result<(), HandlerError> {
+    match id {
+        "" => Err(HandlerError::permanent("the document id is empty")),
+        "." | ".." => Err(HandlerError::permanent(format!(
+            "the document id `{id}` cannot be used: a URL reads it as a path step, so the \
+             request would go to another resource; map the event to another id"
+        ))),
+        _ => Ok(()),
     }
 }
 
@@ -349,6 +400,69 @@ mod tests {
             c.document_url("i", "1", 1).as_str(),
             "http://h/es/i/_doc/1?version=1&version_type=external"
         );
+    }
+
+    #[test]
+    fn document_ids_that_would_change_the_path_are_refused() {
+        let c = builder().build().unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        for id in ["", ".", ".."] {
+            let op = IndexOp::Delete {
+                id: id.into(),
+                version: 1,
+            };
+            let e = rt.block_on(c.apply("hotels", &op)).unwrap_err();
+            assert_eq!(e.kind(), outbox::FailureKind::Permanent, "{id:?}: {e}");
+        }
+        let op = IndexOp::Delete {
+            id: "1".into(),
+            version: 1,
+        };
+        let e = rt.block_on(c.apply("..", &op)).unwrap_err();
+        assert_eq!(e.kind(), outbox::FailureKind::Permanent, "{e}");
+        // The rest stays inside the id's own segment.
+        for (id, segment) in [
+            ("a/b", "a%2Fb"),
+            ("../x", "..%2Fx"),
+            ("%2e%2e", "%252e%252e"),
+            ("...", "..."),
+            ("a?b#c", "a%3Fb%23c"),
+            ("a\\b", "a%5Cb"),
+        ] {
+            let url = c.document_url("hotels", id, 1);
+            assert_eq!(
+                url.path(),
+                format!("/hotels/_doc/{segment}"),
+                "{id:?} gave {url}"
+            );
+        }
+    }
+
+    #[test]
+    fn credentials_go_over_plain_http_only_to_this_machine_unless_allowed() {
+        for b in [
+            SearchClient::builder().api_key("ak-1"),
+            SearchClient::builder().basic_auth("u", "pw-1"),
+        ] {
+            let b = b.base_url("http://search.internal:9200");
+            let dbg = format!("{b:?}");
+            let e = b.build().unwrap_err();
+            assert_eq!(e.key(), Some("search.base_url"), "{dbg}");
+            assert!(!e.to_string().contains("ak-1") && !e.to_string().contains("pw-1"));
+        }
+        SearchClient::builder()
+            .base_url("http://search.internal:9200")
+            .api_key("ak-1")
+            .allow_insecure_http(true)
+            .build()
+            .unwrap();
+        SearchClient::builder()
+            .base_url("http://search.internal:9200")
+            .build()
+            .unwrap();
+        builder().basic_auth("u", "pw-1").build().unwrap();
     }
 
     #[test]

@@ -12,6 +12,7 @@ const KEYS: &[&str] = &[
     "username",
     "password",
     "timeout_secs",
+    "allow_insecure_http",
 ];
 
 /// The search client's settings, read from environment variables or a TOML `[search]` table;
@@ -25,6 +26,7 @@ const KEYS: &[&str] = &[
 /// | `username` | `OUTBOX_SEARCH_USERNAME` | basic-auth user |
 /// | `password` | `OUTBOX_SEARCH_PASSWORD` | basic-auth password |
 /// | `timeout_secs` | `OUTBOX_SEARCH_TIMEOUT_SECS` | request timeout in seconds, default 10 |
+/// | `allow_insecure_http` | `OUTBOX_SEARCH_ALLOW_INSECURE_HTTP` | `true` to send credentials over plain `http://` to a host other than this machine; default `false` |
 ///
 /// ```
 /// use outbox_handlers::search::SearchConfig;
@@ -42,7 +44,7 @@ const KEYS: &[&str] = &[
 /// assert_eq!(err.key(), Some("search.index"));
 /// # Ok::<(), outbox_handlers::ConfigError>(())
 /// ```
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 #[non_exhaustive]
 pub struct SearchConfig {
@@ -58,6 +60,32 @@ pub struct SearchConfig {
     pub password: Option<Secret>,
     /// The request timeout in seconds.
     pub timeout_secs: Option<f64>,
+    /// Allow credentials over a plain `http://` base URL on a host other than this machine.
+    pub allow_insecure_http: Option<bool>,
+}
+
+impl std::fmt::Debug for SearchConfig {
+    /// The secrets print as `[redacted]`, and so does any user information in `base_url`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let SearchConfig {
+            base_url,
+            index,
+            api_key,
+            username,
+            password,
+            timeout_secs,
+            allow_insecure_http,
+        } = self;
+        f.debug_struct("SearchConfig")
+            .field("base_url", &config::debug_base_url(base_url))
+            .field("index", index)
+            .field("api_key", api_key)
+            .field("username", username)
+            .field("password", password)
+            .field("timeout_secs", timeout_secs)
+            .field("allow_insecure_http", allow_insecure_http)
+            .finish()
+    }
 }
 
 config::loaders!(SearchConfig, "search", "OUTBOX_SEARCH_");
@@ -71,6 +99,7 @@ impl SearchConfig {
             username: f.string("username")?,
             password: f.secret("password")?,
             timeout_secs: f.number("timeout_secs")?,
+            allow_insecure_http: f.boolean("allow_insecure_http")?,
         };
         f.finish()?;
         Ok(config)
@@ -107,6 +136,9 @@ impl SearchConfig {
         if let Some(secs) = self.timeout_secs {
             b = b.timeout(config::timeout_from_secs("search.timeout_secs", secs)?);
         }
+        if let Some(allow) = self.allow_insecure_http {
+            b = b.allow_insecure_http(allow);
+        }
         b.build()
     }
 }
@@ -130,6 +162,13 @@ mod tests {
         })
         .unwrap();
         assert!(!format!("{c:?}").contains("pw-secret"));
+        let with_userinfo = SearchConfig::from_toml_str(
+            "[search]\nbase_url = 'https://indexer:url-secret@search.example'",
+        )
+        .unwrap();
+        let dbg = format!("{with_userinfo:?}");
+        assert!(!dbg.contains("url-secret"), "{dbg}");
+        assert!(dbg.contains("https://[redacted]@search.example"), "{dbg}");
         assert_eq!(c.client().unwrap().index(), Some("hotels"));
 
         let c =
@@ -145,5 +184,16 @@ mod tests {
         );
         let e = SearchConfig::from_toml_str("[search]\nindx = 'x'").unwrap_err();
         assert_eq!(e.key(), Some("search.indx"));
+
+        let remote = "[search]\nbase_url = 'http://search.internal:9200'\napi_key = 'ak-1'\n";
+        let e = SearchConfig::from_toml_str(remote)
+            .unwrap()
+            .client()
+            .unwrap_err();
+        assert_eq!(e.key(), Some("search.base_url"));
+        SearchConfig::from_toml_str(&format!("{remote}allow_insecure_http = true"))
+            .unwrap()
+            .client()
+            .unwrap();
     }
 }
