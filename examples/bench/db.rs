@@ -108,12 +108,13 @@ impl Db {
     pub(crate) async fn create(kind: Kind, database_url: &str) -> Result<Db> {
         match kind {
             Kind::Postgres => {
+                let shown = outbox::cli::redact_url(database_url);
                 let opts: PgConnectOptions = database_url
                     .parse()
-                    .with_context(|| format!("DATABASE_URL `{database_url}` does not parse"))?;
+                    .with_context(|| format!("DATABASE_URL `{shown}` does not parse"))?;
                 let mut admin = PgConnection::connect_with(&opts)
                     .await
-                    .with_context(|| format!("cannot connect to PostgreSQL at {database_url}"))?;
+                    .with_context(|| format!("cannot connect to PostgreSQL at {shown}"))?;
                 drop_stale(&mut admin).await;
                 let name = format!(
                     "outbox_bench_{}_{}_{}",

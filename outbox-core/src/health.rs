@@ -34,6 +34,7 @@ struct HealthInner {
     last_tick_ms: AtomicI64,
     oldest_ready_ms: AtomicI64,
     oldest_stalled_ms: AtomicI64,
+    oldest_queued_ms: AtomicI64,
     unserved: std::sync::Mutex<Vec<(String, Duration)>>,
     max_tick_age: Duration,
     max_oldest_ready: Duration,
@@ -46,6 +47,7 @@ impl Health {
                 last_tick_ms: AtomicI64::new(now_ms()),
                 oldest_ready_ms: AtomicI64::new(0),
                 oldest_stalled_ms: AtomicI64::new(0),
+                oldest_queued_ms: AtomicI64::new(0),
                 unserved: std::sync::Mutex::new(Vec::new()),
                 max_tick_age,
                 max_oldest_ready,
@@ -79,6 +81,12 @@ impl Health {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone()
+    }
+
+    pub(crate) fn set_oldest_queued(&self, age: Option<Duration>) {
+        self.inner
+            .oldest_queued_ms
+            .store(millis(age), Ordering::Relaxed);
     }
 
     pub(crate) fn set_oldest_stalled(&self, age: Option<Duration>) {
@@ -124,6 +132,14 @@ impl Health {
                 "messages held by a worker that stopped renewing their lease have not been taken \
                  over for {stalled} ms (limit {} ms): is any worker of their topic running?",
                 STALLED_LIMIT.as_millis()
+            ));
+        }
+        let limit = i64::try_from(self.inner.max_oldest_ready.as_millis()).unwrap_or(i64::MAX);
+        let queued = self.inner.oldest_queued_ms.load(Ordering::Relaxed);
+        if queued > limit {
+            return Err(format!(
+                "the oldest message claimed by this worker has waited {queued} ms for a free handler \
+                 (limit {limit} ms): its handlers are all busy"
             ));
         }
         let oldest = self.inner.oldest_ready_ms.load(Ordering::Relaxed);

@@ -45,6 +45,8 @@ struct Flight {
     had_attempts: bool,
     /// When the lease was last taken or renewed.
     leased_at: Instant,
+    /// When it was claimed: a message that has not started waits for a free handler.
+    claimed_at: Instant,
     /// The engine fails the message as timed out at this instant, yielding or not.
     deadline: Instant,
     watch: Arc<Watch>,
@@ -226,7 +228,7 @@ async fn claim_loop(shared: &Arc<Shared>, wake: &Arc<Wakeups>, stop: &Cancellati
         if free == 0 {
             tokio::select! {
                 () = stop.cancelled() => break,
-                p = shared.permits.clone().acquire_owned() => drop(p),
+                p = shared.permit() => drop(p),
             }
             continue;
         }
@@ -376,6 +378,7 @@ impl Shared {
                         topic: handlers[0].topic(),
                         had_attempts: msg.attempts > 1,
                         leased_at: now,
+                        claimed_at: now,
                         deadline: now + super::config::MAX_DURATION,
                         watch: Arc::new(Watch::new(self.epoch)),
                         abort: None,
@@ -388,7 +391,7 @@ impl Shared {
             let Some(handlers) = inner.topics.get(msg.topic.as_str()) else {
                 continue;
             };
-            let Ok(permit) = self.permits.clone().acquire_owned().await else {
+            let Some(permit) = self.permit().await else {
                 return;
             };
             let done = completed.remove(&msg.id).unwrap_or_default();
@@ -432,6 +435,17 @@ impl Shared {
                 // The handler's own timeout fires first when it yields; this one catches a
                 // handler that does not.
                 f.deadline = now + budget.saturating_add(CHORE_TICK * 2);
+            }
+        }
+    }
+
+    /// Waits for a free handler slot, telling health the loop is alive meanwhile: a worker
+    /// whose handlers are all busy is working, not stuck.
+    async fn permit(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        loop {
+            tokio::select! {
+                p = self.permits.clone().acquire_owned() => return p.ok(),
+                () = tokio::time::sleep(CHORE_TICK) => self.worker.inner.health.tick(),
             }
         }
     }
@@ -546,6 +560,12 @@ async fn chores(shared: Arc<Shared>, stop: CancellationToken) {
         let mut renew = Vec::new();
         {
             let mut flights = lock(&shared.flights);
+            let queued = flights
+                .values()
+                .filter(|f| f.abort.is_none())
+                .map(|f| now.duration_since(f.claimed_at))
+                .max();
+            shared.worker.inner.health.set_oldest_queued(queued);
             for f in flights.values_mut() {
                 if let Some(held) = f.watch.holding(now) {
                     if held >= BLOCKING_AFTER && !f.warned_blocking {
