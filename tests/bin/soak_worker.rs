@@ -17,9 +17,10 @@
 //!   failures and a few kills cannot exhaust, and every healthy message ends DONE;
 //! - `poison` messages fail on every attempt and end DEAD;
 //! - `laggard` messages (topic `soak.billing`) stage a stale outcome: on the first attempt each
-//!   handler waits for a newer claim (see [`pace`]), the two together longer than the lease;
-//!   another worker claims the message again, and the laggard, seeing the newer claim, fails
-//!   permanently: a dead-letter order from a stale claim. The fence must drop it, and the newer
+//!   handler lets its lease lapse, as a worker cut off from the database sees it lapse while its
+//!   renewals fail, and waits for a newer claim (see [`pace`]); another worker claims the
+//!   message again, and the laggard, seeing the newer claim, fails permanently: a dead-letter
+//!   order from a stale claim. The fence must drop it, and the newer
 //!   claim (each handler sleeping [`LIVE_SLEEP`]) ends the message DONE. Without the fence the
 //!   message ends DEAD, which the soak reports.
 
@@ -122,9 +123,9 @@ fn injected(body: &Body, ctx: &Context) -> Option<HandlerError> {
     None
 }
 
-/// The laggard's pacing, before the handler's own work. On the first attempt it waits up to
-/// [`LAG_WAIT`] for a newer claim of the message (two handlers waiting outlast the lease), and
-/// when one comes, fails permanently: a dead-letter order from a stale claim, which the fence
+/// The laggard's pacing, before the handler's own work. On the first attempt it lets its lease
+/// lapse and waits up to [`LAG_WAIT`] for a newer claim of the message, and when one comes,
+/// fails permanently: a dead-letter order from a stale claim, which the fence
 /// must drop. On later attempts it sleeps [`LIVE_SLEEP`], so the newer claim is still running
 /// when the stale outcome is written.
 async fn pace(body: &Body, ctx: &Context, pool: &PgPool) -> Result<(), HandlerError> {
@@ -137,6 +138,19 @@ async fn pace(body: &Body, ctx: &Context, pool: &PgPool) -> Result<(), HandlerEr
     }
     let until = Instant::now() + LAG_WAIT;
     loop {
+        // The injected fault: this claim's lease lapses (its worker renews it every half
+        // second, so lapse it again on every look until another worker takes the message).
+        let _ = tokio::time::timeout(
+            Duration::from_millis(300),
+            sqlx::query(
+                "UPDATE outbox_messages SET locked_until = now() - interval '1 millisecond' \
+                 WHERE id = $1 AND attempts = $2",
+            )
+            .bind(ctx.message_id())
+            .bind(attempt_i32(ctx))
+            .execute(pool),
+        )
+        .await;
         let current = tokio::time::timeout(
             Duration::from_millis(300),
             sqlx::query_scalar::<_, i32>("SELECT attempts FROM outbox_messages WHERE id = $1")
