@@ -403,3 +403,51 @@ async fn producers_notify_only_a_live_waiting_worker_of_their_topic() {
     );
     db.drop_db().await;
 }
+
+#[outbox_event(topic = "deploy.later")]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Later {
+    n: i64,
+}
+
+struct AskForever;
+
+#[outbox::async_trait]
+impl Handler for AskForever {
+    type Event = Later;
+    const NAME: &'static str = "ask-forever";
+
+    async fn handle(&self, _: Later, _: &Context) -> Result<(), HandlerError> {
+        Err(HandlerError::retry_after(
+            Duration::MAX,
+            "come back at the end of time",
+        ))
+    }
+}
+
+/// Point 6: a huge `retry_after` is capped in core (a week), so the outcome is written instead
+/// of failing until the lease runs out.
+#[tokio::test]
+async fn a_huge_retry_after_is_capped_and_written() {
+    let db = pg().await;
+    let mut tx = db.pool.begin().await.expect("begin");
+    let id = enqueue(&mut *tx, &Later { n: 1 }).await.expect("enqueue");
+    tx.commit().await.expect("commit");
+    let worker = Worker::builder(&db.pool)
+        .handler(AskForever)
+        .build()
+        .expect("worker");
+    let report = worker.run_once().await.expect("the outcome is written");
+    assert_eq!(report.retried, 1);
+    let (secs, error): (f64, String) = sqlx::query_as(
+        "SELECT extract(epoch FROM available_at - now())::float8, last_error FROM outbox_messages WHERE id = $1",
+    )
+    .bind(id)
+    .fetch_one(&db.pool)
+    .await
+    .expect("the message waits");
+    let week = 7.0 * 24.0 * 3600.0;
+    assert!(secs > week - 60.0 && secs <= week + 1.0, "due in {secs} s");
+    assert!(error.contains("come back at the end of time"), "{error}");
+    db.drop_db().await;
+}

@@ -27,6 +27,8 @@ use super::wake::{
 use super::{lock, Worker};
 use crate::backend::{Backend, Beat, ClaimParams, ClaimedMessage, Done, Fence};
 
+/// The longest claim interval that sharing it among a topic's workers makes.
+const MAX_SHARED_INTERVAL: Duration = Duration::from_millis(50);
 /// How often the chores run: deadlines and the blocking watch.
 const CHORE_TICK: Duration = Duration::from_millis(100);
 /// A handler whose poll has not returned for this long holds its thread: it is named in the
@@ -253,9 +255,16 @@ async fn claim_loop(shared: &Arc<Shared>, wake: &Arc<Wakeups>, stop: &Cancellati
         };
         let got = claimed.len();
         rate.add(got);
+        let peers = shared.peers.load(Ordering::Relaxed).max(1);
         // Messages of this worker's topics arrive fast: poll, never ask producers to notify.
-        let fast =
-            rate.per_sec() * shared.peers.load(Ordering::Relaxed).max(1) as f64 >= STREAM_RATE;
+        let fast = rate.per_sec() * peers as f64 >= STREAM_RATE;
+        // The live workers of a topic share one claim interval between them: each claims that
+        // many times less often, so the topic is still looked at every interval, and the
+        // database sees as many claims with eight workers as with one.
+        let shared_interval = cfg
+            .claim_interval
+            .saturating_mul(u32::try_from(peers).unwrap_or(u32::MAX))
+            .min(MAX_SHARED_INTERVAL);
         if got > 0 {
             woken = false;
             // Handlers first: the flag write below must not delay them.
@@ -276,7 +285,7 @@ async fn claim_loop(shared: &Arc<Shared>, wake: &Arc<Wakeups>, stop: &Cancellati
             if !cfg.claim_interval.is_zero() {
                 tokio::select! {
                     () = stop.cancelled() => break,
-                    () = tokio::time::sleep(cfg.claim_interval) => {}
+                    () = tokio::time::sleep(shared_interval) => {}
                 }
             }
             continue;
@@ -290,7 +299,7 @@ async fn claim_loop(shared: &Arc<Shared>, wake: &Arc<Wakeups>, stop: &Cancellati
         // poll interval.
         let now = Instant::now();
         let nap = if listening && fast {
-            cfg.claim_interval.max(HOT_POLL)
+            shared_interval.max(HOT_POLL)
         } else if listening {
             if waiting.is_none() {
                 waiting = Some(now);
