@@ -41,6 +41,11 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         description: "live rows only: UUID keys, HOT claims, deleted when done, dead letters apart",
         sql: include_str!("../../migrations/postgres/0004_live_rows.sql"),
     },
+    Migration {
+        version: 5,
+        description: "dead letters counted per topic",
+        sql: include_str!("../../migrations/postgres/0005_dead_counts.sql"),
+    },
 ];
 
 /// Columns of [`MessageInfo`], from either the live or the dead table (`status` and the
@@ -390,7 +395,7 @@ impl Backend for PgBackend {
                        extract(epoch FROM now() - min(locked_until) FILTER (WHERE locked_until < now()))::float8 AS stalled_for \
                 FROM outbox_messages GROUP BY topic \
              ), dead AS ( \
-                SELECT topic, count(*) AS dead FROM outbox_dead GROUP BY topic \
+                SELECT topic, n AS dead FROM outbox_dead_counts \
              ), done AS ( \
                 SELECT topic, sum(done)::bigint AS done FROM outbox_done_counts \
                 WHERE minute > now() - interval '5 minutes' GROUP BY topic \

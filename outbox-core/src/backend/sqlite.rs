@@ -45,6 +45,11 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         description: "live rows only: UUID keys, deleted when done, dead letters apart, workers",
         sql: include_str!("../../migrations/sqlite/0004_live_rows.sql"),
     },
+    Migration {
+        version: 5,
+        description: "dead letters counted per topic",
+        sql: include_str!("../../migrations/sqlite/0005_dead_counts.sql"),
+    },
 ];
 
 const DEAD_COLUMNS: &str =
@@ -548,7 +553,7 @@ impl Backend for SqliteBackend {
                        min(CASE WHEN locked_until < ?1 THEN locked_until END) AS stalled_since \
                 FROM outbox_messages GROUP BY topic \
              ), dead AS ( \
-                SELECT topic, count(*) AS dead FROM outbox_dead GROUP BY topic \
+                SELECT topic, n AS dead FROM outbox_dead_counts \
              ), done AS ( \
                 SELECT topic, sum(done) AS done FROM outbox_done_counts WHERE minute > ?1 - 300000 GROUP BY topic \
              ), served AS ( \
