@@ -601,7 +601,7 @@ async fn chores(shared: Arc<Shared>, stop: CancellationToken) {
             let expired: Vec<Flight> = expired.iter().filter_map(|id| flights.remove(id)).collect();
             drop(flights);
             for f in expired {
-                let attempt = shared.worker.attempt_of(&f);
+                let attempt = f.watch.attempt();
                 let (retry_in, error) = timed_out(
                     &shared.worker.inner.topics[f.topic],
                     f.watch.handler(),
@@ -679,11 +679,6 @@ async fn periodic(shared: Arc<Shared>, stop: CancellationToken) {
 }
 
 impl Worker {
-    /// The attempt number of a running message (for a timeout written by the engine).
-    fn attempt_of(&self, f: &Flight) -> u32 {
-        f.watch.attempt()
-    }
-
     /// Per-handler progress of claimed messages that ran before and have several handlers.
     pub(super) async fn completed_handlers(
         &self,
