@@ -556,9 +556,13 @@ impl Browser {
         }
     }
 
+    /// Clicks the element once it is on the page: a click that navigates returns before the
+    /// next page has loaded, so the next click waits for its element instead of failing.
     async fn click(&self, css: &str) {
         self.client
-            .find(Locator::Css(css))
+            .wait()
+            .at_most(Duration::from_secs(10))
+            .for_element(Locator::Css(css))
             .await
             .unwrap_or_else(|e| panic!("{css}: {e}"))
             .click()
