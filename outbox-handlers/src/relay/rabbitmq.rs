@@ -129,14 +129,14 @@ impl RabbitPublisher {
         if let Some(channel) = link.channel.as_ref().filter(|c| c.status().connected()) {
             return Ok(channel.clone());
         }
-        if !link.conn.as_ref().is_some_and(|c| c.status().connected()) {
-            link.channel = None;
-            link.conn =
-                Some(Connection::connect(&self.inner.uri, ConnectionProperties::default()).await?);
-        }
-        let Some(conn) = link.conn.as_ref() else {
-            unreachable!("connected above")
+        let conn = match link.conn.take().filter(|c| c.status().connected()) {
+            Some(conn) => conn,
+            None => {
+                link.channel = None;
+                Connection::connect(&self.inner.uri, ConnectionProperties::default()).await?
+            }
         };
+        let conn = link.conn.insert(conn);
         let channel = conn.create_channel().await?;
         channel
             .confirm_select(ConfirmSelectOptions::default())
