@@ -168,6 +168,80 @@ async fn an_enqueued_event_lands_in_the_stream_with_its_subject_and_headers() {
     db.drop_db().await;
 }
 
+#[outbox_event(topic = "relay.booking.cancelled")]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct BookingCancelled {
+    booking_id: i64,
+}
+
+#[tokio::test]
+async fn one_line_relays_every_declared_event_with_its_payload_as_stored() {
+    let js = jetstream().await;
+    let stream = TestStream::new(&js, -1).await;
+    let db = pg().await;
+    let nats = NatsPublisher::builder(js.clone())
+        .prefix(stream.prefix.clone())
+        .build()
+        .unwrap();
+
+    let mut tx = db.pool.begin().await.unwrap();
+    let created = enqueue(
+        &mut *tx,
+        &BookingCreated {
+            booking_id: 1,
+            note: "late arrival".into(),
+        },
+    )
+    .await
+    .unwrap();
+    let cancelled = enqueue(&mut *tx, &BookingCancelled { booking_id: 1 })
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    // A producer of a newer version wrote a field this binary's types do not know: a raw relay
+    // passes it on.
+    sqlx::query(
+        "UPDATE outbox_messages SET payload = '{\"booking_id\":1,\"reason\":\"guest\"}' WHERE id = $1",
+    )
+    .bind(cancelled)
+    .execute(&db.pool)
+    .await
+    .unwrap();
+
+    let worker = Worker::builder(&db.pool)
+        .raw_handler_for_declared_events(std::sync::Arc::new(nats))
+        .build()
+        .expect("every declared event has a handler: the relay");
+    let report = worker.run_once().await.unwrap();
+    assert_eq!(report.done, 2, "{report:?}");
+    assert_eq!(stream.count().await, 2);
+
+    let (first, second) = (stream.message(1).await, stream.message(2).await);
+    let (c, x) = if header(&first, headers::MESSAGE_ID) == created.to_string() {
+        (first, second)
+    } else {
+        (second, first)
+    };
+    assert_eq!(
+        c.subject.as_str(),
+        format!("{}.relay.booking.created", stream.prefix)
+    );
+    assert_eq!(header(&c, "Nats-Msg-Id"), format!("{created}:nats-relay"));
+    let payload: BookingCreated = serde_json::from_slice(&c.payload).unwrap();
+    assert_eq!(payload.note, "late arrival");
+    assert_eq!(
+        x.subject.as_str(),
+        format!("{}.relay.booking.cancelled", stream.prefix)
+    );
+    assert_eq!(header(&x, headers::MESSAGE_ID), cancelled.to_string());
+    assert_eq!(header(&x, headers::TOPIC), "relay.booking.cancelled");
+    let raw: serde_json::Value = serde_json::from_slice(&x.payload).unwrap();
+    assert_eq!(raw, serde_json::json!({"booking_id": 1, "reason": "guest"}));
+
+    stream.delete().await;
+    db.drop_db().await;
+}
+
 #[tokio::test]
 async fn a_redelivery_leaves_one_message_in_the_stream() {
     let js = jetstream().await;

@@ -97,6 +97,58 @@ pub trait Handler: Send + Sync + 'static {
     }
 }
 
+/// A handler of a topic's payload as stored, the JSON written at enqueue, without decoding it
+/// into an event type: for handlers that pass messages on unchanged (a relay to a broker, an
+/// archive), so that one handler can serve topics whose types it does not know.
+///
+/// Added to a worker per topic with [`WorkerBuilder::raw_handler`](crate::WorkerBuilder::raw_handler),
+/// or for every event declared in the binary with
+/// [`WorkerBuilder::raw_handler_for_declared_events`](crate::WorkerBuilder::raw_handler_for_declared_events).
+/// Retries, timeouts, dead letters and per-handler progress are those of any handler.
+///
+/// # Example
+///
+/// ```
+/// use outbox::{async_trait, Context, HandlerError, RawHandler};
+///
+/// /// Appends every message to a log, whatever its type.
+/// struct Archive;
+///
+/// #[async_trait]
+/// impl RawHandler for Archive {
+///     const NAME: &'static str = "archive";
+///
+///     async fn handle_raw(&self, payload: &str, ctx: &Context) -> Result<(), HandlerError> {
+///         println!("{} {}: {payload}", ctx.topic(), ctx.message_id());
+///         Ok(())
+///     }
+/// }
+/// ```
+#[async_trait]
+pub trait RawHandler: Send + Sync + 'static {
+    /// The handler's stable name, unique among the handlers of each topic it serves.
+    const NAME: &'static str;
+
+    /// Handles one delivery of a message whose stored payload (JSON) is `payload`.
+    async fn handle_raw(&self, payload: &str, ctx: &Context) -> Result<(), HandlerError>;
+
+    /// As [`Handler::max_attempts`].
+    fn max_attempts(&self) -> Option<u32> {
+        None
+    }
+
+    /// As [`Handler::timeout`].
+    fn timeout(&self) -> Option<Duration> {
+        None
+    }
+
+    /// As [`Handler::backoff`].
+    fn backoff(&self, attempt: u32) -> Option<Duration> {
+        let _ = attempt;
+        None
+    }
+}
+
 /// What a failed handler call asks the worker to do next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
@@ -345,6 +397,41 @@ pub struct PayloadError {
 
 pub(crate) fn erase<H: Handler>(h: H) -> Arc<dyn ErasedHandler> {
     Arc::new(Typed(h))
+}
+
+/// A [`RawHandler`] serving one topic.
+struct Raw<H> {
+    topic: &'static str,
+    handler: Arc<H>,
+}
+
+#[async_trait]
+impl<H: RawHandler> ErasedHandler for Raw<H> {
+    fn topic(&self) -> &'static str {
+        self.topic
+    }
+    fn name(&self) -> &'static str {
+        H::NAME
+    }
+    fn type_name(&self) -> &'static str {
+        std::any::type_name::<H>()
+    }
+    fn max_attempts(&self) -> Option<u32> {
+        self.handler.max_attempts()
+    }
+    fn timeout(&self) -> Option<Duration> {
+        self.handler.timeout()
+    }
+    fn backoff(&self, attempt: u32) -> Option<Duration> {
+        self.handler.backoff(attempt)
+    }
+    async fn call(&self, payload: &str, ctx: &Context) -> Result<(), HandlerError> {
+        self.handler.handle_raw(payload, ctx).await
+    }
+}
+
+pub(crate) fn erase_raw<H: RawHandler>(topic: &'static str, h: Arc<H>) -> Arc<dyn ErasedHandler> {
+    Arc::new(Raw { topic, handler: h })
 }
 
 #[allow(dead_code)]

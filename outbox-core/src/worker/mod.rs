@@ -27,7 +27,7 @@ pub use config::{RetryPolicy, Wakeup, WorkerConfig};
 
 use crate::backend::{Backend, Done, Fence};
 use crate::error::{Error, Result};
-use crate::handler::{erase, ErasedHandler, Handler};
+use crate::handler::{erase, erase_raw, ErasedHandler, Handler, RawHandler};
 use crate::health::Health;
 use crate::registry::{duplicate_names, Registry, RegistryError};
 use crate::resources::Resources;
@@ -84,6 +84,56 @@ impl WorkerBuilder {
     /// Adds a handler instance, beside those of the registry.
     pub fn handler<H: Handler>(mut self, handler: H) -> Self {
         self.explicit.push(erase(handler));
+        self
+    }
+
+    /// Adds a [`RawHandler`] for the messages of `topic`, beside the other handlers: it gets
+    /// each payload as stored, undecoded. Call it once per topic for a chosen set.
+    ///
+    /// ```no_run
+    /// # use outbox::{async_trait, Context, HandlerError, RawHandler, Worker};
+    /// # struct Archive;
+    /// # #[async_trait]
+    /// # impl RawHandler for Archive {
+    /// #     const NAME: &'static str = "archive";
+    /// #     async fn handle_raw(&self, _: &str, _: &Context) -> Result<(), HandlerError> { Ok(()) }
+    /// # }
+    /// # fn run(pool: sqlx::PgPool) -> Result<(), outbox::Error> {
+    /// let archive = std::sync::Arc::new(Archive);
+    /// let worker = Worker::builder(&pool)
+    ///     .raw_handler("booking.created", archive.clone())
+    ///     .raw_handler("booking.cancelled", archive)
+    ///     .build()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn raw_handler<H: RawHandler>(mut self, topic: &'static str, handler: Arc<H>) -> Self {
+        self.explicit.push(erase_raw(topic, handler));
+        self
+    }
+
+    /// Adds a [`RawHandler`] for every event declared in this binary: each type marked
+    /// `#[outbox_event]` in the crates linked into it ([`Registry::linked`]'s events), whether
+    /// or not another handler serves it too. The one line that relays every event to a broker.
+    ///
+    /// ```no_run
+    /// # use outbox::{async_trait, Context, HandlerError, RawHandler, Worker};
+    /// # struct Archive;
+    /// # #[async_trait]
+    /// # impl RawHandler for Archive {
+    /// #     const NAME: &'static str = "archive";
+    /// #     async fn handle_raw(&self, _: &str, _: &Context) -> Result<(), HandlerError> { Ok(()) }
+    /// # }
+    /// # fn run(pool: sqlx::PgPool) -> Result<(), outbox::Error> {
+    /// let worker = Worker::builder(&pool)
+    ///     .raw_handler_for_declared_events(std::sync::Arc::new(Archive))
+    ///     .build()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn raw_handler_for_declared_events<H: RawHandler>(mut self, handler: Arc<H>) -> Self {
+        for event in Registry::linked().events() {
+            self.explicit
+                .push(erase_raw(event.topic(), handler.clone()));
+        }
         self
     }
 

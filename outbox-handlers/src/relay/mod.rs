@@ -17,13 +17,28 @@
 //! Both put the same metadata beside the payload (the JSON of the event), under the names in
 //! [`headers`]; the [`inbox`](crate::inbox) reads them back.
 //!
-//! # One event type per relay
+//! # Every event, or one type at a time
 //!
-//! Handlers are typed by their event, so a relay is too: `NatsRelay<BookingCreated>` relays
-//! `booking.created`. Add one per event type you publish (`.handler(nats.relay::<A>())`), or
-//! register them at link time with `register_handler!(NatsRelay<A>)`. The payload the broker
-//! receives is the event serialized again from its type: fields the type does not know are not
-//! carried over.
+//! The publishers are [`RawHandler`](outbox::RawHandler)s: one line relays every event declared
+//! in the binary, each payload exactly as the producer stored it (fields this binary's types do
+//! not know included):
+//!
+//! ```no_run
+//! # #[cfg(feature = "nats")]
+//! # async fn run(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+//! use outbox_handlers::relay::nats::NatsPublisher;
+//! let js = async_nats::jetstream::new(async_nats::connect("127.0.0.1:4222").await?);
+//! let nats = std::sync::Arc::new(NatsPublisher::builder(js).prefix("outbox").build()?);
+//! let worker = outbox::Worker::builder(&pool)
+//!     .raw_handler_for_declared_events(nats) // or .raw_handler("booking.created", nats) per topic
+//!     .build()?;
+//! # Ok(()) }
+//! ```
+//!
+//! Typed relays serve one event type each: `NatsRelay<BookingCreated>` relays
+//! `booking.created`, its payload serialized again from the type. Add one per event type you
+//! publish (`.handler(nats.relay::<A>())`), or register them at link time with
+//! `register_handler!(NatsRelay<A>)`. A topic has one relay or the other: both are named alike.
 
 #[cfg(feature = "nats")]
 pub mod nats;

@@ -63,7 +63,9 @@ use async_nats::jetstream::publish::PublishAck;
 use async_nats::jetstream::{self, ErrorCode};
 use async_nats::HeaderMap;
 use async_trait::async_trait;
-use outbox::{Context, Event, FromResources, Handler, HandlerError, ResourceError, Resources};
+use outbox::{
+    Context, Event, FromResources, Handler, HandlerError, RawHandler, ResourceError, Resources,
+};
 
 use super::headers;
 use crate::ConfigError;
@@ -155,6 +157,21 @@ impl NatsPublisher {
         ctx: &Context,
     ) -> Result<PublishAck, HandlerError> {
         let payload = serde_json::to_vec(event).map_err(HandlerError::permanent)?;
+        self.publish_payload(payload, ctx).await
+    }
+
+    /// Publishes a payload as stored (the JSON written at enqueue) as the delivery `ctx`
+    /// describes, and waits for the stream's acknowledgement: what the publisher does as a
+    /// [`RawHandler`].
+    ///
+    /// # Errors
+    ///
+    /// A [`HandlerError`] classified as the [module](self) describes.
+    pub async fn publish_payload(
+        &self,
+        payload: Vec<u8>,
+        ctx: &Context,
+    ) -> Result<PublishAck, HandlerError> {
         let subject = self.subject(ctx.topic());
         let ack = self
             .js
@@ -362,6 +379,22 @@ impl<E: Event> Handler for NatsRelay<E> {
 
     async fn handle(&self, event: E, ctx: &Context) -> Result<(), HandlerError> {
         self.publisher.publish(&event, ctx).await.map(|_| ())
+    }
+}
+
+/// The publisher itself relays any topic, payload as stored: add it for every declared event
+/// with [`WorkerBuilder::raw_handler_for_declared_events`](outbox::WorkerBuilder::raw_handler_for_declared_events)
+/// (the JSON the producer wrote reaches the stream unchanged, fields no type knows included),
+/// or per topic with [`WorkerBuilder::raw_handler`](outbox::WorkerBuilder::raw_handler).
+/// Named `nats-relay`, as the typed relay: one topic has one or the other.
+#[async_trait]
+impl RawHandler for NatsPublisher {
+    const NAME: &'static str = "nats-relay";
+
+    async fn handle_raw(&self, payload: &str, ctx: &Context) -> Result<(), HandlerError> {
+        self.publish_payload(payload.as_bytes().to_vec(), ctx)
+            .await
+            .map(drop)
     }
 }
 

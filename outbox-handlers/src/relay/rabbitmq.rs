@@ -53,7 +53,9 @@ use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ErrorKind};
-use outbox::{Context, Event, FromResources, Handler, HandlerError, ResourceError, Resources};
+use outbox::{
+    Context, Event, FromResources, Handler, HandlerError, RawHandler, ResourceError, Resources,
+};
 use tokio::sync::Mutex;
 
 use super::headers;
@@ -155,6 +157,17 @@ impl RabbitPublisher {
     /// A [`HandlerError`] classified as the [module](self) describes.
     pub async fn publish<E: Event>(&self, event: &E, ctx: &Context) -> Result<(), HandlerError> {
         let payload = serde_json::to_vec(event).map_err(HandlerError::permanent)?;
+        self.publish_payload(&payload, ctx).await
+    }
+
+    /// Publishes a payload as stored (the JSON written at enqueue) as the delivery `ctx`
+    /// describes, and waits for the broker's confirm: what the publisher does as a
+    /// [`RawHandler`].
+    ///
+    /// # Errors
+    ///
+    /// A [`HandlerError`] classified as the [module](self) describes.
+    pub async fn publish_payload(&self, payload: &[u8], ctx: &Context) -> Result<(), HandlerError> {
         let (exchange, key) = self.route(ctx.topic());
         let channel = self
             .channel()
@@ -168,7 +181,7 @@ impl RabbitPublisher {
                     mandatory: true,
                     ..BasicPublishOptions::default()
                 },
-                &payload,
+                payload,
                 properties(ctx),
             )
             .await;
@@ -384,6 +397,19 @@ impl<E: Event> Handler for RabbitRelay<E> {
 
     async fn handle(&self, event: E, ctx: &Context) -> Result<(), HandlerError> {
         self.publisher.publish(&event, ctx).await
+    }
+}
+
+/// The publisher itself relays any topic, payload as stored: add it for every declared event
+/// with [`WorkerBuilder::raw_handler_for_declared_events`](outbox::WorkerBuilder::raw_handler_for_declared_events),
+/// or per topic with [`WorkerBuilder::raw_handler`](outbox::WorkerBuilder::raw_handler).
+/// Named `rabbitmq-relay`, as the typed relay: one topic has one or the other.
+#[async_trait]
+impl RawHandler for RabbitPublisher {
+    const NAME: &'static str = "rabbitmq-relay";
+
+    async fn handle_raw(&self, payload: &str, ctx: &Context) -> Result<(), HandlerError> {
+        self.publish_payload(payload.as_bytes(), ctx).await
     }
 }
 
