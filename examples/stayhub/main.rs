@@ -11,7 +11,10 @@
 //!   the idempotency key, so a redelivery rewrites the same file) and keeps a search index of
 //!   properties; one email fails once on purpose and succeeds on its retry;
 //! - where the outbox does not reach: a property edit updates the index inline after the
-//!   commit, and only when that fails enqueues `property.changed` in a second transaction.
+//!   commit, and only when that fails enqueues `property.changed` in a second transaction;
+//! - with `NATS_URL` set (e.g. `127.0.0.1:4222`, JetStream enabled), `booking.created` is also
+//!   relayed to the JetStream stream `STAYHUB` (subject `stayhub.booking.created`), where the
+//!   `stayhub_consumer` example consumes it through an inbox, as another service would.
 
 mod db;
 mod events;
@@ -23,7 +26,9 @@ use std::time::{Duration, Instant};
 
 use chrono::NaiveDate;
 use outbox::{Context, HandlerError, RetryPolicy, Worker, WorkerConfig};
+use outbox_handlers::async_nats::{self, jetstream};
 use outbox_handlers::email::{Email, EmailHandler, EmailMapping, FileTransport};
+use outbox_handlers::relay::nats::NatsPublisher;
 use outbox_handlers::search::{Applied, IndexOp, SearchClient, SearchHandler, SearchMapping};
 
 use db::{Booked, Db, NewBooking, Property};
@@ -139,8 +144,18 @@ async fn main() -> anyhow::Result<()> {
         properties.push(p);
     }
 
+    // With NATS_URL, booking.created also goes to JetStream for other services.
+    let nats = match std::env::var("NATS_URL") {
+        Ok(url) => Some(relay_to(&url).await?),
+        Err(_) => None,
+    };
+
     // The worker, inside this process here; a real service runs it as its own binary too.
-    let worker = Worker::builder(db.store())
+    let mut worker = Worker::builder(db.store());
+    if let Some(nats) = &nats {
+        worker = worker.handler(nats.relay::<BookingCreated>());
+    }
+    let worker = worker
         .handler(EmailHandler::new(
             FileTransport::new(&notifications)?.from("bookings@stayhub.example"),
             ConfirmationEmail,
@@ -283,6 +298,17 @@ async fn main() -> anyhow::Result<()> {
         "  retries          {} (the confirmation email that failed once on purpose)",
         RETRIES.load(Ordering::Relaxed)
     );
+    match &nats {
+        Some(_) => println!(
+            "  relay            {made} booking.created published to JetStream stream {STREAM} \
+             (subject stayhub.booking.created); consume them as another service would with\n\
+             \x20                  DATABASE_URL=postgres://... cargo run -p outbox-examples --example stayhub_consumer"
+        ),
+        None => println!(
+            "  relay            off: with NATS_URL=127.0.0.1:4222 (JetStream enabled) booking.created is also \
+             published to JetStream"
+        ),
+    }
     println!("  dead letters     {}", stats.total.dead);
     println!("\nqueue:");
     outbox::cli::print_stats(&stats, None, false);
@@ -306,4 +332,26 @@ fn count_files(dir: &Path) -> std::io::Result<usize> {
         .filter_map(Result::ok)
         .filter(|e| e.path().extension().is_some_and(|x| x == "json"))
         .count())
+}
+
+/// The JetStream stream StayHub relays `booking.created` into.
+const STREAM: &str = "STAYHUB";
+
+/// Connects to NATS at `url` and makes sure the stream exists; the relay publishes to
+/// `stayhub.{topic}`.
+async fn relay_to(url: &str) -> anyhow::Result<NatsPublisher> {
+    let client = async_nats::connect(url)
+        .await
+        .map_err(|e| anyhow::anyhow!("NATS_URL={url}: cannot connect ({e})"))?;
+    let js = jetstream::new(client);
+    js.get_or_create_stream(jetstream::stream::Config {
+        name: STREAM.into(),
+        subjects: vec!["stayhub.>".into()],
+        ..Default::default()
+    })
+    .await
+    .map_err(|e| {
+        anyhow::anyhow!("NATS_URL={url}: cannot create stream {STREAM} (is JetStream on?): {e}")
+    })?;
+    Ok(NatsPublisher::builder(js).prefix("stayhub").build()?)
 }
