@@ -45,8 +45,15 @@ impl TxHandler for Record {
         tx: &mut PgConnection,
     ) -> Result<(), HandlerError> {
         let origin = InboxMessage::of(ctx).expect("inbox metadata").message_id;
+        if ctx.message_id() != origin {
+            return Err(HandlerError::permanent(format!(
+                "the context names message {}, the relay sent {origin}",
+                ctx.message_id()
+            )));
+        }
+        // The context's message id is the producer's: the effects below are checked by it.
         sqlx::query("INSERT INTO effects (message_id, n) VALUES ($1, $2)")
-            .bind(origin)
+            .bind(ctx.message_id())
             .bind(e.n)
             .execute(&mut *tx)
             .await?;

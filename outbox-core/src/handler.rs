@@ -319,7 +319,28 @@ impl Context {
     /// assert_eq!(ctx.attempt(), 1);
     /// ```
     pub fn for_test(topic: &str, handler: &'static str, resources: Resources) -> Self {
-        let message_id = crate::new_message_id();
+        Self::for_delivery(crate::new_message_id(), topic, handler, resources)
+    }
+
+    /// A context for a delivery of message `message_id` that does not come from this outbox's
+    /// worker: a message another service's outbox relayed through a broker and an inbox runs
+    /// handlers for, or a handler your own code calls. Attempt 1 of 1, enqueued now and keyed
+    /// `"{message_id}:{handler}"` unless the `with_` methods say otherwise.
+    ///
+    /// ```
+    /// use outbox::{Context, Resources};
+    /// let id = outbox::new_message_id();
+    /// let ctx = Context::for_delivery(id, "booking.created", "count-booking", Resources::new())
+    ///     .with_attempt(2, 8);
+    /// assert_eq!(ctx.message_id(), id);
+    /// assert_eq!(ctx.idempotency_key(), format!("{id}:count-booking"));
+    /// ```
+    pub fn for_delivery(
+        message_id: Uuid,
+        topic: &str,
+        handler: &'static str,
+        resources: Resources,
+    ) -> Self {
         Self {
             message_id,
             topic: Arc::from(topic),
@@ -330,6 +351,18 @@ impl Context {
             idempotency_key: format!("{message_id}:{handler}"),
             resources: Arc::new(resources),
         }
+    }
+
+    /// Returns the context with the time the message was enqueued.
+    pub fn with_created_at(mut self, created_at: DateTime<Utc>) -> Self {
+        self.created_at = created_at;
+        self
+    }
+
+    /// Returns the context with another idempotency key.
+    pub fn with_idempotency_key(mut self, key: impl Into<String>) -> Self {
+        self.idempotency_key = key.into();
+        self
     }
 
     /// Returns the context with another attempt number, for tests of retry behaviour.

@@ -26,13 +26,14 @@
 //!
 //! # The context handlers see
 //!
-//! Handlers get a [`Context`] whose [`topic`](Context::topic), [`attempt`](Context::attempt),
-//! [`max_attempts`](Context::max_attempts) and [`resources`](Context::resources) are those of
-//! the delivery. `outbox` has no public way yet to build a `Context` with another service's
-//! message id, so [`Context::message_id`], [`Context::idempotency_key`] and
-//! [`Context::created_at`] are **not** the original message's: read them from the
-//! [`InboxMessage`] among the resources (`InboxMessage::of(ctx)`). The dedup record itself uses
-//! the original message id.
+//! Handlers get a [`Context`] that describes the original outbox message:
+//! [`message_id`](Context::message_id) and [`created_at`](Context::created_at) are the
+//! producer's (from the relay's headers), [`topic`](Context::topic), [`attempt`](Context::attempt)
+//! (JetStream's delivery count), [`max_attempts`](Context::max_attempts) and
+//! [`resources`](Context::resources) those of the delivery, and the
+//! [`idempotency_key`](Context::idempotency_key) is `"{message_id}:{handler name}"`, stable
+//! across redeliveries. The rest of what the relay sent (subject, stream sequence, the
+//! producer's key) is in the [`InboxMessage`] among the resources (`InboxMessage::of(ctx)`).
 //!
 //! # Example
 //!
@@ -247,8 +248,11 @@ impl<H: TxHandler> Route for Typed<H> {
         }
         let mut resources = resources.clone();
         resources.insert(message.clone());
-        let ctx = Context::for_test(&message.topic, H::NAME, resources)
+        let mut ctx = Context::for_delivery(message.message_id, &message.topic, H::NAME, resources)
             .with_attempt(message.delivered, max_attempts);
+        if let Some(created_at) = message.created_at {
+            ctx = ctx.with_created_at(created_at);
+        }
         let call = self.0.handle(event, &ctx, &mut tx);
         let result = match self.0.timeout() {
             Some(limit) => tokio::time::timeout(limit, call).await.unwrap_or_else(|_| {
