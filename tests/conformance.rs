@@ -428,6 +428,15 @@ conformance! {
         let listed = store.dead_letters(&outbox::DeadLetterFilter::default()).await.unwrap();
         assert_eq!(listed.len(), 2);
         assert!(listed.iter().all(|m| m.status == "dead" && m.last_error.as_deref().unwrap().contains("recipient rejected")));
+        // Keyset paging: one at a time from the newest, each page after the last row of the one before.
+        let first = outbox::DeadLetterFilter { limit: Some(1), ..Default::default() };
+        let page1 = store.dead_letters(&first).await.unwrap();
+        let after = outbox::DeadCursor::of(&page1[0]).expect("a dead letter has a place");
+        let page2 = store.dead_letters(&outbox::DeadLetterFilter { after: Some(after), ..first.clone() }).await.unwrap();
+        assert_eq!(page2.len(), 1);
+        assert_eq!(vec![page1[0].id, page2[0].id], listed.iter().map(|m| m.id).collect::<Vec<_>>(), "the pages are the listing in order");
+        let after = outbox::DeadCursor::of(&page2[0]).unwrap();
+        assert!(store.dead_letters(&outbox::DeadLetterFilter { after: Some(after), ..first }).await.unwrap().is_empty());
         let filtered = outbox::DeadLetterFilter { topic: Some("other".into()), ..Default::default() };
         assert!(store.dead_letters(&filtered).await.unwrap().is_empty());
         let old = outbox::DeadLetterFilter { older_than: Some(Duration::from_secs(3600)), ..Default::default() };

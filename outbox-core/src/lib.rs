@@ -110,7 +110,7 @@ pub use health::Health;
 pub use message_id::{message_sequence, new_message_id};
 pub use migrate::migrate;
 pub use ops::{
-    DeadLetterFilter, DeadSelection, MessageInfo, Stats, TopicStats, WorkerInfo,
+    DeadCursor, DeadLetterFilter, DeadSelection, MessageInfo, Stats, TopicStats, WorkerInfo,
     DEFAULT_PURGE_BATCH,
 };
 pub use registry::{

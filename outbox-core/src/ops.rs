@@ -148,6 +148,37 @@ pub struct DeadLetterFilter {
     pub older_than: Option<Duration>,
     /// At most this many, newest first (default 100).
     pub limit: Option<u32>,
+    /// Only those listed after this one: the next page of a listing, read through the index
+    /// however deep it is (keyset paging, no offset).
+    pub after: Option<DeadCursor>,
+}
+
+/// A place in the dead-letter listing, which runs newest first: the dead letter a page ended
+/// with. [`DeadLetterFilter::after`] continues from it.
+///
+/// ```
+/// use outbox::{DeadCursor, DeadLetterFilter};
+/// # fn next_page(last: &outbox::MessageInfo) -> Option<DeadLetterFilter> {
+/// let after = DeadCursor::of(last)?; // the last row of the page shown
+/// Some(DeadLetterFilter { after: Some(after), limit: Some(50), ..Default::default() })
+/// # }
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeadCursor {
+    /// When that dead letter died.
+    pub dead_at: DateTime<Utc>,
+    /// Its id (dead letters that died in the same instant are listed by id, descending).
+    pub id: Uuid,
+}
+
+impl DeadCursor {
+    /// The place of `m`, a dead letter of a listing; `None` for a message that is not dead.
+    pub fn of(m: &MessageInfo) -> Option<DeadCursor> {
+        Some(DeadCursor {
+            dead_at: m.processed_at?,
+            id: m.id,
+        })
+    }
 }
 
 /// Which dead letters to retry or discard.

@@ -457,12 +457,15 @@ impl Backend for PgBackend {
             "SELECT {DEAD_COLUMNS} FROM outbox_dead \
              WHERE ($1::text IS NULL OR topic = $1) \
                AND ($2::float8 IS NULL OR dead_at <= now() - make_interval(secs => $2)) \
-             ORDER BY dead_at DESC LIMIT $3"
+               AND ($4::timestamptz IS NULL OR (dead_at, id) < ($4, $5)) \
+             ORDER BY dead_at DESC, id DESC LIMIT $3"
         ));
         let rows = sqlx::query(sql)
             .bind(f.topic.as_deref())
             .bind(f.older_than.map(secs))
             .bind(i64::from(f.limit.unwrap_or(100)))
+            .bind(f.after.map(|c| c.dead_at))
+            .bind(f.after.map(|c| c.id))
             .fetch_all(&self.pool)
             .await?;
         Ok(rows.iter().map(message_info).collect::<Result<_, _>>()?)

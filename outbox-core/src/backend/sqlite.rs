@@ -615,12 +615,15 @@ impl Backend for SqliteBackend {
         let sql = sqlx::AssertSqlSafe(format!(
             "SELECT {DEAD_COLUMNS} FROM outbox_dead \
              WHERE (?1 IS NULL OR topic = ?1) AND (?2 IS NULL OR dead_at <= ?2) \
-             ORDER BY dead_at DESC LIMIT ?3"
+               AND (?4 IS NULL OR (dead_at, id) < (?4, ?5)) \
+             ORDER BY dead_at DESC, id DESC LIMIT ?3"
         ));
         let rows = sqlx::query(sql)
             .bind(f.topic.as_deref())
             .bind(f.older_than.map(|d| now_ms().saturating_sub(ms(d))))
             .bind(i64::from(f.limit.unwrap_or(100)))
+            .bind(f.after.map(|c| c.dead_at.timestamp_millis()))
+            .bind(f.after.map(|c| c.id.to_string()))
             .fetch_all(&self.pool)
             .await?;
         Ok(rows.iter().map(message_info).collect::<Result<_, _>>()?)

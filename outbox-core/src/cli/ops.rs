@@ -292,6 +292,7 @@ async fn run(command: Command, store: Store) -> crate::Result<u8> {
                 topic,
                 older_than,
                 limit: Some(limit),
+                after: None,
             };
             let dead = store.dead_letters(&filter).await?;
             if dead.is_empty() {

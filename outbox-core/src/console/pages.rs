@@ -18,12 +18,21 @@ use super::{
     body_bytes, csrf_ok, csrf_refused, field, form, same_secret, session_cookie, Base, Console,
     Credentials, Shared,
 };
-use crate::ops::{DeadLetterFilter, DeadSelection, Stats, TopicStats};
+use crate::ops::{DeadCursor, DeadLetterFilter, DeadSelection, Stats, TopicStats};
 use crate::store::Store;
 
-/// The most dead letters a listing reads to reach its page (the store lists newest first,
-/// without an offset).
-const MAX_SCAN: u32 = 10_000;
+/// A place in the dead-letter listing as a link carries it: `{dead_at in µs}.{id}`.
+fn cursor_text(c: &DeadCursor) -> String {
+    format!("{}.{}", c.dead_at.timestamp_micros(), c.id)
+}
+
+fn parse_cursor(text: &str) -> Option<DeadCursor> {
+    let (micros, id) = text.split_once('.')?;
+    Some(DeadCursor {
+        dead_at: DateTime::from_timestamp_micros(micros.parse().ok()?)?,
+        id: id.parse().ok()?,
+    })
+}
 
 fn frame<'a>(c: &'a Console, base: &'a str) -> Frame<'a> {
     Frame {
@@ -276,7 +285,10 @@ fn topic_row(b: &mut String, f: &Frame<'_>, t: &TopicStats, total: bool) {
 pub(super) struct DeadQuery {
     topic: Option<String>,
     older_than: Option<String>,
-    page: Option<u32>,
+    /// The page starts after this dead letter ([`cursor_text`]).
+    after: Option<String>,
+    /// How many rows came before this page (for the "41–60" it shows).
+    skip: Option<u64>,
     done: Option<String>,
     n: Option<u64>,
 }
@@ -299,19 +311,25 @@ pub(super) async fn dead_letters(
         }
     };
     let size = c.config.page_size;
-    let page = q.page.unwrap_or(0).min(MAX_SCAN / size);
+    // A page is read through the index from where the last one ended, however deep.
+    let after = q.after.as_deref().and_then(parse_cursor);
+    let skip = if after.is_some() {
+        q.skip.unwrap_or(0)
+    } else {
+        0
+    };
     let filter = DeadLetterFilter {
         topic: topic.clone(),
         older_than,
-        limit: Some(((page + 1) * size + 1).min(MAX_SCAN + 1)),
+        limit: Some(size + 1),
+        after,
     };
-    let (rows, stats) = match tokio::try_join!(c.store.dead_letters(&filter), c.store.stats()) {
+    let (mut rows, stats) = match tokio::try_join!(c.store.dead_letters(&filter), c.store.stats()) {
         Ok(r) => r,
         Err(e) => return failure(&f, &e),
     };
-    let start = (page * size) as usize;
-    let more = rows.len() > start + size as usize;
-    let rows: Vec<_> = rows.into_iter().skip(start).take(size as usize).collect();
+    let more = rows.len() > size as usize;
+    rows.truncate(size as usize);
     let now = Utc::now();
 
     let mut b = String::from("<div class=\"title\"><h1>Dead letters</h1>");
@@ -481,34 +499,37 @@ pub(super) async fn dead_letters(
         b.push_str("</form>");
     }
 
-    // The pager.
-    if page > 0 || more {
-        let link = |p: u32| {
-            let p = p.to_string();
+    // The pager: on to older ones from the last row, or back to the newest.
+    if after.is_some() || more {
+        let link = |after: &str, skip: &str| {
             format!(
                 "{}{}",
                 f.link("/dead"),
                 query(&[
                     ("topic", topic.as_deref().unwrap_or("")),
                     ("older_than", &age_text),
-                    ("page", if p == "0" { "" } else { &p }),
+                    ("after", after),
+                    ("skip", skip),
                 ])
             )
         };
         b.push_str("<nav class=\"pager\">");
-        if page > 0 {
-            let _ = write!(b, "<a href=\"{}\" id=\"prev\">← Newer</a>", link(page - 1));
+        if after.is_some() {
+            let _ = write!(b, "<a href=\"{}\" id=\"prev\">← Newest</a>", link("", ""));
         }
+        let shown = rows.len() as u64;
         let _ = write!(
             b,
             "<span>{}–{}</span>",
-            num(i64::from(page * size + 1)),
-            num(i64::from(page * size) + rows.len() as i64)
+            num(i64::try_from(skip + 1).unwrap_or(i64::MAX)),
+            num(i64::try_from(skip + shown).unwrap_or(i64::MAX))
         );
-        if more && (page + 1) * size < MAX_SCAN {
-            let _ = write!(b, "<a href=\"{}\" id=\"next\">Older →</a>", link(page + 1));
-        } else if more {
-            b.push_str("<span class=\"muted\">narrow the filter to see older ones</span>");
+        if let Some(last) = more.then(|| rows.last().and_then(DeadCursor::of)).flatten() {
+            let _ = write!(
+                b,
+                "<a href=\"{}\" id=\"next\">Older →</a>",
+                link(&cursor_text(&last), &(skip + shown).to_string())
+            );
         }
         b.push_str("</nav>");
     }
