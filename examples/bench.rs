@@ -14,6 +14,8 @@
 //! | W4  | W1 (best setting) with 2,000,000 done rows in the table (a second database); ratio to W1 runs paired with it |
 //! | W5  | W1 (best setting) with 10,000 pending messages of an unhandled topic due earlier; ratio to W1 runs paired with it |
 //! | W6  | `enqueue_many` of 100,000 messages in batches of 1,000 |
+//! | W7  | PostgreSQL and NATS: 20,000 pending messages relayed into a file-backed JetStream stream by a default worker (the publisher as a raw handler), timed from worker start until none is live; beside raw async-nats publishing of the same payloads, as many awaiting their acknowledgement at once as the worker's concurrency, alternating (`--repeat` rounds); and their ratio |
+//! | W8  | the inbox consuming the 20,000 messages W7's relay left in the stream, each in a transaction with its processed-id record, until all are acknowledged |
 //! | W10 | PostgreSQL: 8 producers, 2,000 transactions each (business `INSERT` + `enqueue`), against 1, 4 and 8 default workers (a pool each) and against 4 beside an idle worker of another topic; `Wakeup::Listen` alternating with `Wakeup::Poll` (`--repeat` pairs, at most 3): producer tx/s, the ratio listen/poll and the share of transactions that sent a NOTIFY (counted by a LISTENer on the wake-up channel) |
 //! | RSS | peak RSS (VmHWM) of a worker process draining a 100,000-message backlog |
 //!
@@ -27,6 +29,8 @@
 //! is reported, not failed; the exit status is non-zero only when a workload could not run.
 //! The pgbench scripts of the SQL reference figures are in `examples/bench/pgbench/`.
 
+#[path = "bench/broker.rs"]
+mod broker;
 #[path = "bench/cpu.rs"]
 mod cpu;
 #[path = "bench/db.rs"]
@@ -75,13 +79,17 @@ struct Args {
         default_value = "32x100,64x100,128x200,256x500,512x500,1000x1000"
     )]
     settings: Vec<Setting>,
-    /// Only these workloads (w1..w6, w10, rss); all by default.
+    /// Only these workloads (w1..w8, w10, rss); all by default.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// A graphile-worker 0.17 bench folder prepared with `npm ci`: its W1 drain runs (with
     /// `node`) alternating with ours on PostgreSQL, and the report compares them.
     #[arg(long, value_name = "DIR")]
     peer: Option<PathBuf>,
+    /// The NATS server (JetStream enabled) of W7 and W8; they are skipped, saying so, when it
+    /// does not answer.
+    #[arg(long, env = "NATS_URL", default_value = "127.0.0.1:4222")]
+    nats_url: String,
     /// The PostgreSQL server to create the bench database on.
     #[arg(
         long,
@@ -372,6 +380,74 @@ const W10_MAX_PAIRS: usize = 3;
 /// W10: 8 producers against 1, 4 and 8 workers of their topic, and 4 beside an idle worker of
 /// another; each case in (listen, poll) pairs, `--repeat` of them up to [`W10_MAX_PAIRS`] (one
 /// below scale 0.1, where the figures only show that the workload runs).
+/// W7 (relay beside raw publishing, alternating) and W8 (the inbox on what the relay left).
+async fn w7_w8(args: &Args, db: &mut Db, report: &mut Report) -> Result<()> {
+    if !broker::reachable(&args.nats_url).await {
+        eprintln!(
+            "  W7/W8 skipped: no NATS server answers at {} (--nats-url)",
+            args.nats_url
+        );
+        report.push(
+            "W7",
+            "relay to JetStream",
+            Err(anyhow::anyhow!("no NATS server at {}", args.nats_url)),
+            "msgs/s",
+            None,
+        );
+        return Ok(());
+    }
+    let n = args.scaled(20_000);
+    // As many publishes awaiting their acknowledgement as the default worker runs handlers.
+    let in_flight = 32;
+    let stream = broker::BenchStream::create(&args.nats_url).await?;
+    let (mut relay, mut raw, mut inbox) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..args.repeat.max(1) {
+        db.reset().await?;
+        raw.push(broker::w7_raw(db, &stream, n, in_flight).await);
+        let r = broker::w7_relay(db, &stream, n).await;
+        let relayed = r.is_ok();
+        relay.push(r);
+        if relayed && args.wants("w8") {
+            inbox.push(broker::w8_inbox(db, &stream, n).await);
+        }
+    }
+    stream.delete().await;
+    let rl = report.push_runs(
+        "W7",
+        format!("relay {n} to JetStream (default worker)"),
+        relay,
+        "msgs/s",
+        None,
+        true,
+    );
+    let rw = report.push_runs(
+        "W7",
+        format!("raw async-nats publish of {n}, {in_flight} in flight"),
+        raw,
+        "msgs/s",
+        None,
+        false,
+    );
+    report.push(
+        "W7",
+        "ratio relay/raw",
+        ratio(&rl, &rw),
+        "x",
+        Target::at_least(0.8),
+    );
+    if args.wants("w8") {
+        let _ = report.push_runs(
+            "W8",
+            format!("inbox consuming {n} with dedup, 32 at once"),
+            inbox,
+            "msgs/s",
+            None,
+            false,
+        );
+    }
+    Ok(())
+}
+
 async fn w10(args: &Args, db: &mut Db, report: &mut Report) -> Result<()> {
     let producers = 8u32;
     let total = u64::from(producers) * args.scaled(W10_PER_PRODUCER);
@@ -664,6 +740,11 @@ async fn run(args: &Args, db: &mut Db, report: &mut Report) -> Result<()> {
     // W10: producers at full speed against workers in listen and in poll mode, alternating.
     if args.wants("w10") && db.kind == Kind::Postgres {
         w10(args, db, report).await?;
+    }
+
+    // W7 and W8: the JetStream relay and the inbox.
+    if (args.wants("w7") || args.wants("w8")) && db.kind == Kind::Postgres {
+        w7_w8(args, db, report).await?;
     }
 
     // W6: bulk enqueue.
