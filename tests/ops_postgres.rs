@@ -56,33 +56,16 @@ async fn put(db: &TestDb, tasks: &[Task]) -> Vec<uuid::Uuid> {
     ids
 }
 
-/// Sequential scans of each table so far: `(outbox_messages, outbox_dead, outbox_done_counts)`,
-/// with the statistics of `ops` (a pool of one connection) flushed first.
+/// Sequential scans of the three history tables so far, counting those of `ops` (a pool of one
+/// connection that ran the operations).
 async fn seq_scans(db: &TestDb, ops: &sqlx::PgPool) -> (i64, i64, i64) {
-    // A backend reports its statistics when it goes idle, but at most once a second and
-    // otherwise up to 10 s later: force the report of the one connection that ran operations.
-    sqlx::query("SELECT pg_stat_force_next_flush()")
-        .execute(ops)
-        .await
-        .unwrap();
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let mut conn = db.pool.acquire().await.unwrap();
-    sqlx::query("SELECT pg_stat_clear_snapshot()")
-        .execute(&mut *conn)
-        .await
-        .unwrap();
-    let scans = async |conn: &mut sqlx::PgConnection, table: &str| -> i64 {
-        sqlx::query_scalar("SELECT seq_scan FROM pg_stat_user_tables WHERE relname = $1")
-            .bind(table)
-            .fetch_one(conn)
-            .await
-            .unwrap()
-    };
-    (
-        scans(&mut conn, "outbox_messages").await,
-        scans(&mut conn, "outbox_dead").await,
-        scans(&mut conn, "outbox_done_counts").await,
-    )
+    let scans = db
+        .seq_scans(
+            ops,
+            &["outbox_messages", "outbox_dead", "outbox_done_counts"],
+        )
+        .await;
+    (scans[0], scans[1], scans[2])
 }
 
 async fn plan(db: &TestDb, sql: &'static str) -> Vec<String> {

@@ -118,6 +118,33 @@ impl TestDb {
         }
     }
 
+    /// How many sequential scans `tables` have had, in order, counting those of every
+    /// connection of `watched` (a pool of one connection that ran the statements under test):
+    /// its statistics are flushed first, which a backend otherwise reports up to 10 s later.
+    pub async fn seq_scans(&self, watched: &PgPool, tables: &[&str]) -> Vec<i64> {
+        sqlx::query("SELECT pg_stat_force_next_flush()")
+            .execute(watched)
+            .await
+            .expect("flush the statistics");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let mut conn = self.pool.acquire().await.expect("a connection");
+        sqlx::query("SELECT pg_stat_clear_snapshot()")
+            .execute(&mut *conn)
+            .await
+            .expect("a fresh snapshot");
+        let mut scans = Vec::new();
+        for table in tables {
+            scans.push(
+                sqlx::query_scalar("SELECT seq_scan FROM pg_stat_user_tables WHERE relname = $1")
+                    .bind(table)
+                    .fetch_one(&mut *conn)
+                    .await
+                    .expect("the table's statistics"),
+            );
+        }
+        scans
+    }
+
     /// The number of stored messages: live (pending or running) and dead. A done message is
     /// deleted, so it is not counted.
     pub async fn count(&self) -> i64 {
