@@ -17,13 +17,10 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 use outbox::{enqueue_many, outbox_event};
 use outbox_handlers::async_nats::{self, jetstream};
-use outbox_handlers::lapin::options::{
-    BasicConsumeOptions, ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions,
-    QueueDeclareOptions, QueueDeleteOptions,
-};
+use outbox_handlers::lapin::options::BasicConsumeOptions;
 use outbox_handlers::lapin::types::{AMQPValue, FieldTable};
-use outbox_handlers::lapin::{Connection, ConnectionProperties, ExchangeKind};
 use outbox_handlers::relay::headers;
+use outbox_tests::rabbitmq::{amqp_url, Topology};
 use outbox_tests::{pg, TestDb};
 use serde::{Deserialize, Serialize};
 use tokio::net::{TcpListener, TcpStream};
@@ -45,10 +42,6 @@ const LIMIT: Duration = Duration::from_secs(240);
 
 fn nats_url() -> String {
     std::env::var("NATS_URL").unwrap_or_else(|_| "127.0.0.1:4222".to_string())
-}
-
-fn amqp_url() -> String {
-    std::env::var("AMQP_URL").unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
 }
 
 /// `host:port` of a broker URL (`amqp://user:pw@host:port/vhost` or `host:port`).
@@ -118,9 +111,7 @@ struct Brokers {
     js: jetstream::Context,
     stream: String,
     prefix: String,
-    amqp: Connection,
-    exchange: String,
-    queue: String,
+    rabbit: Topology,
 }
 
 impl Brokers {
@@ -146,45 +137,12 @@ impl Brokers {
         .await
         .expect("create the stream");
 
-        let amqp = Connection::connect(&amqp_url(), ConnectionProperties::default())
-            .await
-            .unwrap_or_else(|e| panic!("cannot connect to RabbitMQ at {}: {e}", amqp_url()));
-        let channel = amqp.create_channel().await.unwrap();
-        let (exchange, queue) = (format!("chaos-x-{id}"), format!("chaos-q-{id}"));
-        channel
-            .exchange_declare(
-                exchange.as_str().into(),
-                ExchangeKind::Topic,
-                ExchangeDeclareOptions::default(),
-                FieldTable::default(),
-            )
-            .await
-            .unwrap();
-        channel
-            .queue_declare(
-                queue.as_str().into(),
-                QueueDeclareOptions::default(),
-                FieldTable::default(),
-            )
-            .await
-            .unwrap();
-        channel
-            .queue_bind(
-                queue.as_str().into(),
-                exchange.as_str().into(),
-                "chaos.relayed".into(),
-                QueueBindOptions::default(),
-                FieldTable::default(),
-            )
-            .await
-            .unwrap();
+        let rabbit = Topology::new("chaos.relayed").await;
         Brokers {
             js,
             stream,
             prefix,
-            amqp,
-            exchange,
-            queue,
+            rabbit,
         }
     }
 
@@ -219,10 +177,10 @@ impl Brokers {
 
     /// The `Outbox-Message-Id` of every message in the queue, with how often each occurs.
     async fn queue_ids(&self, at_least: usize) -> HashMap<Uuid, usize> {
-        let channel = self.amqp.create_channel().await.unwrap();
+        let channel = self.rabbit.conn.create_channel().await.unwrap();
         let mut consumer = channel
             .basic_consume(
-                self.queue.as_str().into(),
+                self.rabbit.queue.as_str().into(),
                 "chaos-check".into(),
                 BasicConsumeOptions {
                     no_ack: true,
@@ -254,17 +212,7 @@ impl Brokers {
 
     async fn delete(self) {
         let _ = self.js.delete_stream(&self.stream).await;
-        if let Ok(channel) = self.amqp.create_channel().await {
-            let _ = channel
-                .queue_delete(self.queue.as_str().into(), QueueDeleteOptions::default())
-                .await;
-            let _ = channel
-                .exchange_delete(
-                    self.exchange.as_str().into(),
-                    ExchangeDeleteOptions::default(),
-                )
-                .await;
-        }
+        self.rabbit.delete().await;
     }
 }
 
@@ -278,7 +226,7 @@ fn spawn_worker(db: &TestDb, brokers: &Brokers, nats: &Proxy, amqp: &Proxy) -> C
             "AMQP_URL",
             format!("amqp://guest:guest@127.0.0.1:{}/%2f", amqp.port),
         )
-        .env("RELAY_EXCHANGE", &brokers.exchange)
+        .env("RELAY_EXCHANGE", &brokers.rabbit.exchange)
         // Failed publishes and dropped connections are expected here by the thousand: only the
         // outbox's errors are shown.
         .env("RUST_LOG", "error,lapin=off")

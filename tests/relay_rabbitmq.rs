@@ -6,92 +6,18 @@
 //! Every test declares an exchange and a queue of its own and deletes them at the end.
 
 use outbox::{enqueue, outbox_event, Context, Event, FailureKind, Handler, Resources, Worker};
-use outbox_handlers::lapin::options::{
-    BasicGetOptions, ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions,
-    QueueDeclareOptions, QueueDeleteOptions,
-};
+use outbox_handlers::lapin::options::BasicGetOptions;
 use outbox_handlers::lapin::types::{AMQPValue, FieldTable};
-use outbox_handlers::lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
 use outbox_handlers::relay::headers;
 use outbox_handlers::relay::rabbitmq::RabbitPublisher;
 use outbox_tests::pg;
+use outbox_tests::rabbitmq::{amqp_url, Topology};
 use serde::{Deserialize, Serialize};
 
 #[outbox_event(topic = "relay.booking.created")]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 struct BookingCreated {
     booking_id: i64,
-}
-
-fn amqp_url() -> String {
-    std::env::var("AMQP_URL").unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
-}
-
-/// A topic exchange and a queue bound to it for `relay.booking.created`, unique to one test.
-struct Topology {
-    _conn: Connection,
-    channel: Channel,
-    exchange: String,
-    queue: String,
-}
-
-impl Topology {
-    async fn new() -> Topology {
-        let conn = Connection::connect(&amqp_url(), ConnectionProperties::default())
-            .await
-            .unwrap_or_else(|e| panic!("cannot connect to RabbitMQ at {}: {e}", amqp_url()));
-        let channel = conn.create_channel().await.unwrap();
-        let id = uuid::Uuid::now_v7().simple().to_string();
-        let exchange = format!("relay-x-{id}");
-        let queue = format!("relay-q-{id}");
-        channel
-            .exchange_declare(
-                exchange.as_str().into(),
-                ExchangeKind::Topic,
-                ExchangeDeclareOptions::default(),
-                FieldTable::default(),
-            )
-            .await
-            .unwrap();
-        channel
-            .queue_declare(
-                queue.as_str().into(),
-                QueueDeclareOptions::default(),
-                FieldTable::default(),
-            )
-            .await
-            .unwrap();
-        channel
-            .queue_bind(
-                queue.as_str().into(),
-                exchange.as_str().into(),
-                BookingCreated::TOPIC.into(),
-                QueueBindOptions::default(),
-                FieldTable::default(),
-            )
-            .await
-            .unwrap();
-        Topology {
-            _conn: conn,
-            channel,
-            exchange,
-            queue,
-        }
-    }
-
-    async fn delete(self) {
-        self.channel
-            .queue_delete(self.queue.as_str().into(), QueueDeleteOptions::default())
-            .await
-            .unwrap();
-        self.channel
-            .exchange_delete(
-                self.exchange.as_str().into(),
-                ExchangeDeleteOptions::default(),
-            )
-            .await
-            .unwrap();
-    }
 }
 
 fn header(table: &FieldTable, name: &str) -> String {
@@ -103,7 +29,7 @@ fn header(table: &FieldTable, name: &str) -> String {
 
 #[tokio::test]
 async fn a_bound_queue_receives_the_event_with_its_message_id() {
-    let topology = Topology::new().await;
+    let topology = Topology::new(BookingCreated::TOPIC).await;
     let db = pg().await;
     let rabbit = RabbitPublisher::builder(amqp_url())
         .exchange(topology.exchange.clone())
@@ -164,7 +90,7 @@ async fn a_bound_queue_receives_the_event_with_its_message_id() {
 
 #[tokio::test]
 async fn an_unroutable_message_is_a_permanent_error_naming_exchange_and_key() {
-    let topology = Topology::new().await;
+    let topology = Topology::new(BookingCreated::TOPIC).await;
     let rabbit = RabbitPublisher::builder(amqp_url())
         .map(
             BookingCreated::TOPIC,

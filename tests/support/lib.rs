@@ -769,3 +769,95 @@ pub mod jobs {
         (w, counts)
     }
 }
+
+/// RabbitMQ for the relay tests: the broker at `AMQP_URL`
+/// (default amqp://guest:guest@127.0.0.1:5672/%2f).
+pub mod rabbitmq {
+    use outbox_handlers::lapin::options::{
+        ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions, QueueDeclareOptions,
+        QueueDeleteOptions,
+    };
+    use outbox_handlers::lapin::types::FieldTable;
+    use outbox_handlers::lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
+
+    /// The broker's URL.
+    pub fn amqp_url() -> String {
+        std::env::var("AMQP_URL").unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
+    }
+
+    /// A topic exchange and a queue bound to it for one routing key, unique to one test.
+    pub struct Topology {
+        /// The connection the topology was declared on.
+        pub conn: Connection,
+        /// A channel on it.
+        pub channel: Channel,
+        /// The exchange's name.
+        pub exchange: String,
+        /// The queue's name.
+        pub queue: String,
+    }
+
+    impl Topology {
+        /// Declares the exchange and the queue, bound for `routing_key`.
+        ///
+        /// # Panics
+        ///
+        /// When RabbitMQ cannot be reached.
+        pub async fn new(routing_key: &str) -> Topology {
+            let conn = Connection::connect(&amqp_url(), ConnectionProperties::default())
+                .await
+                .unwrap_or_else(|e| panic!("cannot connect to RabbitMQ at {}: {e}", amqp_url()));
+            let channel = conn.create_channel().await.expect("a channel");
+            let id = uuid::Uuid::now_v7().simple().to_string();
+            let (exchange, queue) = (format!("test-x-{id}"), format!("test-q-{id}"));
+            channel
+                .exchange_declare(
+                    exchange.as_str().into(),
+                    ExchangeKind::Topic,
+                    ExchangeDeclareOptions::default(),
+                    FieldTable::default(),
+                )
+                .await
+                .expect("declare the exchange");
+            channel
+                .queue_declare(
+                    queue.as_str().into(),
+                    QueueDeclareOptions::default(),
+                    FieldTable::default(),
+                )
+                .await
+                .expect("declare the queue");
+            channel
+                .queue_bind(
+                    queue.as_str().into(),
+                    exchange.as_str().into(),
+                    routing_key.into(),
+                    QueueBindOptions::default(),
+                    FieldTable::default(),
+                )
+                .await
+                .expect("bind the queue");
+            Topology {
+                conn,
+                channel,
+                exchange,
+                queue,
+            }
+        }
+
+        /// Deletes the queue and the exchange.
+        pub async fn delete(self) {
+            let _ = self
+                .channel
+                .queue_delete(self.queue.as_str().into(), QueueDeleteOptions::default())
+                .await;
+            let _ = self
+                .channel
+                .exchange_delete(
+                    self.exchange.as_str().into(),
+                    ExchangeDeleteOptions::default(),
+                )
+                .await;
+        }
+    }
+}
