@@ -2,7 +2,8 @@
 //! plain HTTP for the rules a browser would hide (tokens, credentials, hosts, read-only).
 //!
 //! The browser tests need Debian's `chromium` and `chromium-driver`. With `CONSOLE_SCREENSHOTS`
-//! set they also rewrite `docs/console-overview.png` and `docs/console-dead-letter.png`.
+//! set, the StayHub test rewrites the README's `docs/console-overview.png` and
+//! `docs/console-dead-letter.png`.
 
 use std::net::SocketAddr;
 use std::process::Stdio;
@@ -667,7 +668,6 @@ async fn the_overview_shows_what_the_database_holds() {
     let unserved = b.text("#unserved").await;
     assert!(unserved.contains("console.audit (4 ready)"), "{unserved}");
     assert!(!unserved.contains("console.mail"), "{unserved}");
-    b.screenshot("console-overview.png").await;
     // The dead count leads to that topic's dead letters.
     b.click("tr[data-topic='console.mail'] td.dead a").await;
     b.text("#filters").await;
@@ -712,8 +712,6 @@ async fn open_a_dead_letter_retry_it_and_see_it_leave_the_list() {
         payload.contains("\n  \"note\": \"mailbox full\""),
         "{payload}"
     );
-    b.screenshot("console-dead-letter.png").await;
-
     b.click("#retry").await;
     assert_eq!(b.text("#confirm-title").await, "Retry 1 dead letter?");
     assert_eq!(
@@ -952,5 +950,192 @@ async fn big_tables_are_read_through_their_indexes() {
         "(outbox_dead, outbox_done_counts) sequential scans before and after the pages"
     );
     one.close().await;
+    db.drop_db().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// StayHub's data, for the README's screenshots
+
+/// StayHub's `booking.created` (see the stayhub example).
+#[outbox_event(topic = "booking.created")]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct BookingCreated {
+    booking_id: Uuid,
+    property_id: i64,
+    guest_email: String,
+    check_in: String,
+    check_out: String,
+}
+
+/// StayHub's `property.changed`.
+#[outbox_event(topic = "property.changed")]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct PropertyChanged {
+    property_id: i64,
+    version: i64,
+    name: String,
+    city: String,
+    nightly_price: i64,
+}
+
+/// StayHub's confirmation email, whose provider refuses one address for good.
+struct ConfirmationEmail;
+
+#[outbox::async_trait]
+impl Handler for ConfirmationEmail {
+    type Event = BookingCreated;
+    const NAME: &'static str = "confirmation-email";
+    async fn handle(&self, b: BookingCreated, _: &Context) -> Result<(), HandlerError> {
+        if b.guest_email.starts_with("frank") || b.guest_email.starts_with("grace") {
+            // A slow provider: these two are in flight while the screenshot is taken.
+            tokio::time::sleep(Duration::from_secs(60)).await;
+        }
+        if b.guest_email.starts_with("erin") {
+            return Err(HandlerError::permanent(format!(
+                "the mail provider answered 550: mailbox {} does not exist",
+                b.guest_email
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// StayHub's property index.
+struct PropertyIndexer;
+
+#[outbox::async_trait]
+impl Handler for PropertyIndexer {
+    type Event = PropertyChanged;
+    const NAME: &'static str = "property-index";
+    async fn handle(&self, _: PropertyChanged, _: &Context) -> Result<(), HandlerError> {
+        Ok(())
+    }
+}
+
+/// The console on StayHub's data: bookings and property edits handled, one confirmation email
+/// dead (its mailbox does not exist), bookings still to handle and one scheduled; the
+/// overview and that dead letter as the README shows them.
+#[tokio::test]
+async fn stayhub_in_the_console() {
+    let db = pg().await;
+    let booking = |n: u128, guest: &str, check_in: &str, check_out: &str| BookingCreated {
+        booking_id: Uuid::from_u128(0x0193_0000_0000_7000_8000_0000_0000_0000 + n),
+        property_id: 1 + (n % 3) as i64,
+        guest_email: format!("{guest}@example.com"),
+        check_in: check_in.into(),
+        check_out: check_out.into(),
+    };
+    let mut tx = db.pool.begin().await.unwrap();
+    let bookings = [
+        booking(1, "alice", "2027-06-01", "2027-06-04"),
+        booking(2, "bob", "2027-07-10", "2027-07-14"),
+        booking(3, "dave", "2027-06-04", "2027-06-06"),
+        booking(4, "erin", "2027-08-02", "2027-08-09"),
+    ];
+    let ids = enqueue_many(&mut *tx, &bookings).await.unwrap();
+    let erin = ids[3];
+    enqueue_many(
+        &mut *tx,
+        &[
+            PropertyChanged {
+                property_id: 2,
+                version: 2,
+                name: "Old Town Flat".into(),
+                city: "Porto".into(),
+                nightly_price: 95,
+            },
+            PropertyChanged {
+                property_id: 3,
+                version: 2,
+                name: "Garden Studio".into(),
+                city: "Braga".into(),
+                nightly_price: 75,
+            },
+        ],
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    let worker = Worker::builder(&db.pool)
+        .handler(ConfirmationEmail)
+        .handler(PropertyIndexer)
+        .config(outbox::WorkerConfig::default().shutdown_timeout(Duration::from_secs(1)))
+        .build()
+        .unwrap();
+    worker.run_once().await.unwrap();
+    // Bookings made since, not handled yet, and a reminder due tomorrow.
+    let mut tx = db.pool.begin().await.unwrap();
+    enqueue_many(
+        &mut *tx,
+        &[
+            booking(5, "frank", "2027-09-01", "2027-09-03"),
+            booking(6, "grace", "2027-09-12", "2027-09-19"),
+        ],
+    )
+    .await
+    .unwrap();
+    enqueue_with(
+        &mut *tx,
+        &booking(7, "heidi", "2027-10-01", "2027-10-05"),
+        &EnqueueOptions::new().delay(Duration::from_secs(86_400)),
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+
+    // A worker at work on the new bookings (its mail provider is slow today).
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(async move {
+        worker
+            .run_until(async {
+                let _ = stopped.await;
+            })
+            .await
+    });
+    let store = Store::from(&db.pool);
+    wait_until(
+        Duration::from_secs(10),
+        "the new bookings in flight",
+        async || {
+            let stats = store.stats().await.unwrap();
+            stats
+                .topics
+                .iter()
+                .any(|t| t.topic == "booking.created" && t.in_flight == 2 && t.live_workers == 1)
+        },
+    )
+    .await;
+
+    let addr = serve(&db, ConsoleConfig::new()).await;
+    let b = Browser::start().await;
+    b.client.goto(&format!("http://{addr}/")).await.unwrap();
+    assert_eq!(
+        b.text("tr[data-topic='booking.created'] td.in-flight")
+            .await,
+        "2"
+    );
+    assert_eq!(
+        b.text("tr[data-topic='booking.created'] td.scheduled")
+            .await,
+        "1"
+    );
+    assert_eq!(
+        b.text("tr[data-topic='booking.created'] td.dead").await,
+        "1"
+    );
+    b.screenshot("console-overview.png").await;
+    b.client
+        .goto(&format!("http://{addr}/messages/{erin}"))
+        .await
+        .unwrap();
+    assert_eq!(b.text("#topic").await, "booking.created");
+    assert!(b
+        .text("#last-error")
+        .await
+        .contains("erin@example.com does not exist"));
+    b.screenshot("console-dead-letter.png").await;
+    b.close().await;
+    let _ = stop.send(());
+    let _ = running.await;
     db.drop_db().await;
 }
