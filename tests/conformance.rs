@@ -425,6 +425,8 @@ conformance! {
         assert_eq!((stats.total.ready, stats.total.scheduled, stats.total.dead, stats.total.done_last_5m), (3, 1, 2, 5));
 
         let store = Store::from(&db.pool);
+        let per_minute = store.done_per_minute(60).await.unwrap();
+        assert_eq!(per_minute.iter().map(|(_, n)| n).sum::<i64>(), 5, "the done of the last hour, by minute: {per_minute:?}");
         let listed = store.dead_letters(&outbox::DeadLetterFilter::default()).await.unwrap();
         assert_eq!(listed.len(), 2);
         assert!(listed.iter().all(|m| m.status == "dead" && m.last_error.as_deref().unwrap().contains("recipient rejected")));

@@ -1083,6 +1083,17 @@ async fn stayhub_in_the_console() {
     .unwrap();
     tx.commit().await.unwrap();
 
+    // The hour before: the per-minute done counts earlier workers left (a morning rush).
+    sqlx::raw_sql(
+        "INSERT INTO outbox_done_counts (topic, minute, worker, done) \
+         SELECT t, date_trunc('minute', now()) - m * interval '1 minute', gen_random_uuid(), \
+                (CASE WHEN t = 'booking.created' THEN 40 ELSE 12 END) \
+                  + ((m * 37) % 23) + (60 - m) * (CASE WHEN t = 'booking.created' THEN 2 ELSE 0 END) \
+         FROM generate_series(1, 59) AS m, unnest(ARRAY['booking.created', 'property.changed']) AS t",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
     // A worker at work on the new bookings (its mail provider is slow today).
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let running = tokio::spawn(async move {
@@ -1123,6 +1134,8 @@ async fn stayhub_in_the_console() {
         b.text("tr[data-topic='booking.created'] td.dead").await,
         "1"
     );
+    let chart = b.text("#throughput .label").await;
+    assert!(chart.contains("peak"), "{chart}");
     b.screenshot("console-overview.png").await;
     b.client
         .goto(&format!("http://{addr}/messages/{erin}"))

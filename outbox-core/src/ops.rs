@@ -223,6 +223,18 @@ impl Store {
         self.backend().worker_list().await
     }
 
+    /// Messages done per minute over the last `minutes` minutes (the current one included),
+    /// oldest first, as `(minute start, count)`; minutes in which nothing was done are left
+    /// out. Read from the per-minute counts a worker keeps of done messages, through their
+    /// index.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Database`] when the query fails.
+    pub async fn done_per_minute(&self, minutes: u32) -> Result<Vec<(DateTime<Utc>, i64)>> {
+        self.backend().outbox_done_per_minute(minutes).await
+    }
+
     /// Dead letters, newest first.
     ///
     /// # Errors

@@ -101,6 +101,13 @@ pub(crate) trait Backend: Send + Sync + 'static {
     /// Per-topic counts for [`Store::stats`](crate::Store::stats).
     async fn outbox_stats(&self) -> Result<Vec<crate::ops::TopicStats>>;
 
+    /// Messages done per minute over the last `minutes` minutes, oldest first: `(minute start,
+    /// count)`, minutes without any left out.
+    async fn outbox_done_per_minute(
+        &self,
+        minutes: u32,
+    ) -> Result<Vec<(chrono::DateTime<chrono::Utc>, i64)>>;
+
     /// Dead letters, newest first.
     async fn outbox_dead_list(
         &self,

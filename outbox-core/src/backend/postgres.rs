@@ -452,6 +452,20 @@ impl Backend for PgBackend {
             .collect())
     }
 
+    async fn outbox_done_per_minute(
+        &self,
+        minutes: u32,
+    ) -> Result<Vec<(chrono::DateTime<chrono::Utc>, i64)>> {
+        Ok(sqlx::query_as(
+            "SELECT minute, sum(done)::bigint FROM outbox_done_counts \
+             WHERE minute >= date_trunc('minute', now()) - make_interval(mins => $1) \
+             GROUP BY minute ORDER BY minute",
+        )
+        .bind(i32::try_from(minutes).unwrap_or(i32::MAX))
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
     async fn outbox_dead_list(&self, f: &DeadLetterFilter) -> Result<Vec<MessageInfo>> {
         let sql = sqlx::AssertSqlSafe(format!(
             "SELECT {DEAD_COLUMNS} FROM outbox_dead \

@@ -611,6 +611,19 @@ impl Backend for SqliteBackend {
             .collect())
     }
 
+    async fn outbox_done_per_minute(&self, minutes: u32) -> Result<Vec<(DateTime<Utc>, i64)>> {
+        let now = now_ms();
+        let since = now - now.rem_euclid(60_000) - i64::from(minutes) * 60_000;
+        let rows: Vec<(i64, i64)> = sqlx::query_as(
+            "SELECT minute, sum(done) FROM outbox_done_counts WHERE minute >= ?1 \
+             GROUP BY minute ORDER BY minute",
+        )
+        .bind(since)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows.into_iter().map(|(m, n)| (time(m), n)).collect())
+    }
+
     async fn outbox_dead_list(&self, f: &DeadLetterFilter) -> Result<Vec<MessageInfo>> {
         let sql = sqlx::AssertSqlSafe(format!(
             "SELECT {DEAD_COLUMNS} FROM outbox_dead \

@@ -94,10 +94,11 @@ pub(super) async fn overview(
     Query(q): Query<OverviewQuery>,
 ) -> Response {
     let f = frame(&c, &base);
-    let stats = match c.store.stats().await {
-        Ok(s) => s,
-        Err(e) => return failure(&f, &e),
-    };
+    let (stats, per_minute) =
+        match tokio::try_join!(c.store.stats(), c.store.done_per_minute(CHART_MINUTES)) {
+            Ok(r) => r,
+            Err(e) => return failure(&f, &e),
+        };
     let paused = q.refresh.as_deref() == Some("off");
     let refresh = c
         .config
@@ -196,6 +197,7 @@ pub(super) async fn overview(
         "",
     );
     b.push_str("</div>");
+    throughput_chart(&mut b, &per_minute, Utc::now());
 
     if stats.topics.is_empty() {
         b.push_str(
@@ -219,6 +221,54 @@ pub(super) async fn overview(
         StatusCode::OK,
         f.page("Overview", Nav::Overview, refresh, &b),
     )
+}
+
+/// The minutes of the overview's throughput chart.
+const CHART_MINUTES: u32 = 60;
+
+/// Messages done per minute over the last hour, as an inline SVG bar chart (one bar a minute,
+/// the current one last; each bar's tooltip gives its minute and count).
+fn throughput_chart(b: &mut String, per_minute: &[(DateTime<Utc>, i64)], now: DateTime<Utc>) {
+    let minutes = CHART_MINUTES as i64 + 1;
+    let this_minute = now.timestamp().div_euclid(60);
+    let mut counts = vec![0i64; minutes as usize];
+    for (minute, n) in per_minute {
+        let back = this_minute - minute.timestamp().div_euclid(60);
+        if (0..minutes).contains(&back) {
+            counts[(minutes - 1 - back) as usize] += n;
+        }
+    }
+    let peak = counts.iter().copied().max().unwrap_or(0);
+    let total: i64 = counts.iter().sum();
+    let _ = write!(
+        b,
+        "<div class=\"chart\" id=\"throughput\"><div class=\"label\">Done per minute, last hour \
+         <span class=\"muted\">· {} in all · peak {}/min</span></div>\
+         <svg viewBox=\"0 0 {w} 60\" preserveAspectRatio=\"none\" role=\"img\" \
+         aria-label=\"messages done per minute over the last hour\">",
+        num(total),
+        num(peak),
+        w = minutes * 10
+    );
+    for (i, n) in counts.iter().enumerate() {
+        let h = if peak > 0 {
+            ((*n as f64 / peak as f64) * 56.0)
+                .round()
+                .max(if *n > 0 { 1.0 } else { 0.0 })
+        } else {
+            0.0
+        };
+        let at = now - chrono::Duration::minutes(minutes - 1 - i as i64);
+        let _ = write!(
+            b,
+            "<rect x=\"{}\" y=\"{}\" width=\"8\" height=\"{h}\"><title>{}: {} done</title></rect>",
+            i * 10 + 1,
+            60.0 - h,
+            at.format("%H:%M"),
+            num(*n)
+        );
+    }
+    b.push_str("</svg></div>");
 }
 
 fn topic_row(b: &mut String, f: &Frame<'_>, t: &TopicStats, total: bool) {
