@@ -224,7 +224,7 @@ impl DatabaseErrorKind {
 
 /// The (extended) result code of a SQLite error; `None` for other databases.
 fn sqlite_code(db: &dyn sqlx::error::DatabaseError) -> Option<u32> {
-    #[cfg(feature = "sqlite")]
+    #[cfg(any(feature = "sqlite", feature = "sqlite-unbundled"))]
     if db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some() {
         return db.code()?.parse().ok();
     }

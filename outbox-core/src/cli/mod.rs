@@ -590,7 +590,7 @@ pub async fn connect(url: &str) -> crate::Result<crate::Store> {
             .connect_lazy_with(options);
         return Ok(crate::Store::postgres(pool));
     }
-    #[cfg(feature = "sqlite")]
+    #[cfg(any(feature = "sqlite", feature = "sqlite-unbundled"))]
     if url.starts_with("sqlite:") {
         return Ok(crate::Store::sqlite(crate::sqlite_pool(url).await?));
     }
