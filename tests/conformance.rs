@@ -427,10 +427,10 @@ conformance! {
         let store = Store::from(&db.pool);
         let listed = store.dead_letters(&outbox::DeadLetterFilter::default()).await.unwrap();
         assert_eq!(listed.len(), 2);
-        assert!(listed.iter().all(|m| m.status == "dead" && m.last_error.as_deref().unwrap().contains("recipient rejected")));
-        let filtered = outbox::DeadLetterFilter { topic: Some("other".into()), ..Default::default() };
+        assert!(listed.iter().all(|m| m.status == outbox::MessageStatus::Dead && m.last_error.as_deref().unwrap().contains("recipient rejected")));
+        let filtered = outbox::DeadLetterFilter::new().topic("other");
         assert!(store.dead_letters(&filtered).await.unwrap().is_empty());
-        let old = outbox::DeadLetterFilter { older_than: Some(Duration::from_secs(3600)), ..Default::default() };
+        let old = outbox::DeadLetterFilter::new().older_than(Duration::from_secs(3600));
         assert!(store.dead_letters(&old).await.unwrap().is_empty(), "none has been dead for an hour");
         let shown = store.message(dead[0]).await.unwrap().unwrap();
         assert_eq!((shown.topic.as_str(), shown.attempts), ("test.job", 1));

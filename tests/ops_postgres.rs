@@ -148,10 +148,7 @@ async fn stats_dead_letters_and_purge_never_scan_the_history() {
     assert_eq!(counted.1, before.1, "stats did not scan the dead letters");
     let listed = store.dead_letters(&Default::default()).await.unwrap();
     assert_eq!(listed.len(), 100, "the newest hundred");
-    let task_dead = outbox::DeadLetterFilter {
-        topic: Some("ops.task".into()),
-        ..Default::default()
-    };
+    let task_dead = outbox::DeadLetterFilter::new().topic("ops.task");
     assert_eq!(store.dead_letters(&task_dead).await.unwrap().len(), 2);
     let listing = seq_scans(&db, &ops).await;
     assert_eq!(

@@ -118,8 +118,8 @@ pub use health::Health;
 pub use message_id::{message_sequence, new_message_id};
 pub use migrate::migrate;
 pub use ops::{
-    DeadLetterFilter, DeadSelection, MessageInfo, Stats, TopicStats, WorkerInfo,
-    DEFAULT_PURGE_BATCH,
+    DeadLetterFilter, DeadSelection, MessageInfo, MessageStatus, Stats, TopicStats, UnknownStatus,
+    WorkerInfo, DEFAULT_PURGE_BATCH,
 };
 pub use registry::{
     assert_all_events_handled, HandlerInfo, HandlerRegistration, Registry, RegistryError,
