@@ -50,6 +50,8 @@
 //!   [`sqlite_begin_immediate`]: a plain `pool.begin()` fails such a transaction with
 //!   "database is locked" while other connections write.
 //!
+#![doc = include_str!("docs/guide.md")]
+//!
 //! # Features
 //!
 //! | feature    | default | what it adds |
