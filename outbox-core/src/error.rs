@@ -7,6 +7,31 @@ use std::time::Duration;
 ///
 /// Handlers do not return this type; they return [`HandlerError`](crate::HandlerError), which
 /// says whether a failure should be retried.
+///
+/// Match on what a caller can act on, and keep a catch-all arm: the enum grows.
+///
+/// ```no_run
+/// use outbox::{enqueue, outbox_event, DatabaseErrorKind, Error};
+///
+/// #[outbox_event]
+/// #[derive(serde::Serialize, serde::Deserialize)]
+/// struct ReportRequested { pdf: Vec<u8> }
+///
+/// # async fn run(pool: sqlx::PgPool, event: ReportRequested) -> Result<(), Error> {
+/// let mut tx = pool.begin().await?;
+/// match enqueue(&mut *tx, &event).await {
+///     Ok(_) => tx.commit().await?,
+///     Err(e) if e.is_payload_too_large() => {
+///         // Store the PDF elsewhere and enqueue its id instead.
+///     }
+///     Err(e) if e.database_kind() == Some(DatabaseErrorKind::Connection) => {
+///         // Worth another try later.
+///         return Err(e);
+///     }
+///     Err(e) => return Err(e),
+/// }
+/// # Ok(()) }
+/// ```
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {

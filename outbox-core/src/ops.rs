@@ -263,6 +263,30 @@ impl DeadLetterFilter {
 /// The default batch of [`Store::purge_done`]: small enough that no lock is held for long.
 pub const DEFAULT_PURGE_BATCH: usize = 1000;
 
+/// Operations: what the `outbox` binary and the console do, callable from your own code.
+///
+/// ```no_run
+/// use outbox::{DeadLetterFilter, DeadSelection, Store, DEFAULT_PURGE_BATCH};
+/// use std::time::Duration;
+///
+/// # async fn run(pool: sqlx::PgPool) -> Result<(), outbox::Error> {
+/// let store = Store::from(&pool);
+///
+/// let stats = store.stats().await?;
+/// for t in &stats.topics {
+///     println!("{}: {} ready, {} dead, oldest {:?}", t.topic, t.ready, t.dead, t.oldest_ready_age);
+/// }
+///
+/// let dead = store.dead_letters(&DeadLetterFilter::new().topic("booking.created")).await?;
+/// for m in &dead {
+///     println!("{} {} after {} attempts: {:?}", m.id, m.status, m.attempts, m.last_error);
+/// }
+/// // The provider is fixed: send them all again.
+/// let retried = store.retry_dead(&DeadSelection::Topic("booking.created".into())).await?;
+///
+/// store.purge_done(Duration::from_secs(7 * 24 * 3600), DEFAULT_PURGE_BATCH).await?;
+/// # Ok(()) }
+/// ```
 impl Store {
     /// Per-topic and total counts: ready, scheduled, in flight, dead, done in the last five
     /// minutes, and the age of the oldest ready message.

@@ -205,6 +205,41 @@ struct Inner {
 ///
 /// Build it with [`Worker::builder`]; run it with [`run_until`](Worker::run_until) (a task in
 /// your service, or the `cli` module's binary), or [`run_once`](Worker::run_once) for one batch.
+///
+/// ```no_run
+/// use outbox::{outbox_event, Context, Handler, HandlerError, Worker, WorkerConfig};
+/// use std::time::Duration;
+///
+/// #[outbox_event]
+/// #[derive(serde::Serialize, serde::Deserialize)]
+/// struct BookingCreated { booking_id: i64 }
+///
+/// struct Log;
+///
+/// #[outbox::async_trait]
+/// impl Handler for Log {
+///     type Event = BookingCreated;
+///     const NAME: &'static str = "log";
+///     async fn handle(&self, e: BookingCreated, _: &Context) -> Result<(), HandlerError> {
+///         println!("booking {}", e.booking_id);
+///         Ok(())
+///     }
+/// }
+///
+/// # async fn run(pool: sqlx::PgPool) -> Result<(), outbox::Error> {
+/// let worker = Worker::builder(&pool)
+///     .handler(Log)
+///     .config(WorkerConfig::default().shutdown_timeout(Duration::from_secs(20)))
+///     .build()?;
+///
+/// // In a test: one batch, and what became of it.
+/// let report = worker.run_once().await?;
+/// println!("{} claimed, {} done", report.claimed, report.done);
+///
+/// // In a service: until Ctrl-C, then hand back what is still running.
+/// worker.run_until(async { let _ = tokio::signal::ctrl_c().await; }).await?;
+/// # Ok(()) }
+/// ```
 #[derive(Clone)]
 pub struct Worker {
     inner: Arc<Inner>,

@@ -78,6 +78,50 @@ pub use purge::{purge_processed, DedupConfig, Retention, DEFAULT_PURGE_BATCH, DE
 ///
 /// `Event` is the payload type, a type with `#[outbox_event]`; its topic decides which messages
 /// reach the handler.
+///
+/// # Example
+///
+/// ```no_run
+/// use outbox::{outbox_event, Context, HandlerError, Worker};
+/// use outbox_handlers::dedup::{Dedup, TxHandler};
+/// use serde::{Deserialize, Serialize};
+/// use sqlx::PgConnection;
+///
+/// #[outbox_event]
+/// #[derive(Serialize, Deserialize)]
+/// struct PaymentReceived { account_id: i64, cents: i64 }
+///
+/// struct CreditAccount;
+///
+/// #[outbox::async_trait]
+/// impl TxHandler for CreditAccount {
+///     type Event = PaymentReceived;
+///     const NAME: &'static str = "credit-account";
+///
+///     async fn handle(
+///         &self,
+///         e: PaymentReceived,
+///         _ctx: &Context,
+///         tx: &mut PgConnection,
+///     ) -> Result<(), HandlerError> {
+///         // Committed together with the processed-id record: a redelivery finds the record
+///         // and skips, so the account is credited once.
+///         sqlx::query("UPDATE accounts SET balance = balance + $1 WHERE id = $2")
+///             .bind(e.cents)
+///             .bind(e.account_id)
+///             .execute(&mut *tx)
+///             .await
+///             .map_err(HandlerError::retry)?;
+///         Ok(())
+///     }
+/// }
+///
+/// # async fn run(pool: sqlx::PgPool) -> Result<(), outbox::Error> {
+/// let worker = Worker::builder(&pool)
+///     .handler(Dedup::with_pool(CreditAccount, pool.clone()))
+///     .build()?;
+/// # Ok(()) }
+/// ```
 #[async_trait]
 pub trait TxHandler: Send + Sync + 'static {
     /// The event type this handler reacts to.
