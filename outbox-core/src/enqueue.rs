@@ -25,7 +25,7 @@ pub const MAX_IDEMPOTENCY_KEY_BYTES: usize = 255;
 ///     .delay(Duration::from_secs(60))
 ///     .idempotency_key("booking-created:42")
 ///     .max_payload_bytes(64 * 1024);
-/// assert_eq!(options.get_delay(), Duration::from_secs(60));
+/// assert_eq!(options.scheduled_delay(), Duration::from_secs(60));
 /// ```
 #[derive(Debug, Clone)]
 pub struct EnqueueOptions {
@@ -71,7 +71,7 @@ impl EnqueueOptions {
     }
 
     /// The delay set with [`delay`](EnqueueOptions::delay).
-    pub fn get_delay(&self) -> Duration {
+    pub fn scheduled_delay(&self) -> Duration {
         self.delay
     }
 }

@@ -100,10 +100,15 @@ pub enum Error {
     #[error("invalid configuration: {0}")]
     Config(String),
 
-    /// The worker itself failed: its thread could not start, or it ended by a panic (a bug;
-    /// the log has the panic message). Restart the process.
+    /// The worker could not start its own thread or runtime. Restart the process.
     #[error("the worker failed: {0}")]
     Worker(String),
+
+    /// The worker's own loop panicked: a bug in outbox, not a configuration error (a handler's
+    /// panic is only a failed attempt of its message). The messages it held are claimed again
+    /// once their leases run out. Restart the process, and report the panic message.
+    #[error("the worker's loop panicked: {0}")]
+    WorkerPanicked(String),
 }
 
 impl Error {
@@ -126,6 +131,11 @@ impl Error {
             Error::Database(e) => Some(DatabaseErrorKind::of(e)),
             _ => None,
         }
+    }
+
+    /// True when the worker's own loop panicked ([`Error::WorkerPanicked`]).
+    pub fn is_worker_panic(&self) -> bool {
+        matches!(self, Error::WorkerPanicked(_))
     }
 
     /// True when a payload was refused for its size.

@@ -116,7 +116,7 @@ pub use enqueue::{
 pub use error::{DatabaseErrorKind, Error, Result};
 pub use event::{Event, EventDescriptor};
 pub use handler::{BoxError, Context, FailureKind, Handler, HandlerError, PayloadError};
-pub use health::Health;
+pub use health::{Health, Unhealthy};
 pub use message_id::{message_sequence, new_message_id};
 pub use migrate::migrate;
 pub use ops::{

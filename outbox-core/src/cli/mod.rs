@@ -84,6 +84,8 @@ pub mod exit {
             Error::MigrationChanged { .. } | Error::MigrationUnknown { .. } => SCHEMA,
             Error::DelayOutOfRange(_) => USAGE,
             Error::Registry(_) | Error::Resource(_) | Error::Config(_) => CONFIG,
+            // A worker that failed by itself is not misconfigured: a plain failure.
+            Error::Worker(_) | Error::WorkerPanicked(_) => FAILURE,
             _ => FAILURE,
         }
     }

@@ -415,7 +415,9 @@ impl Worker {
     ///
     /// # Errors
     ///
-    /// [`Error::Worker`] when the worker's thread cannot be started or ends by a panic.
+    /// [`Error::Worker`] when the worker's thread cannot be started;
+    /// [`Error::WorkerPanicked`] when the worker's own loop panicked (a bug in outbox, not in
+    /// your configuration or handlers: a handler's panic is a failed attempt).
     ///
     /// # Cancellation safety
     ///
@@ -442,9 +444,11 @@ impl Worker {
                         return;
                     }
                 };
-                let left = rt.block_on(engine::run(worker, handlers_rt, engine_stop));
+                let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    rt.block_on(engine::run(worker, handlers_rt, engine_stop))
+                }));
                 rt.shutdown_timeout(Duration::from_millis(100));
-                let _ = tx.send(Ok(left));
+                let _ = tx.send(ran.map_err(|panic| Error::WorkerPanicked(panic_message(&*panic))));
             })
             .map_err(|e| Error::Worker(format!("could not start the worker's thread: {e}")))?;
         tokio::pin!(signal);
@@ -469,8 +473,10 @@ impl Worker {
                 Ok(())
             }
             Ok(Err(e)) => Err(e),
-            Err(_) => Err(Error::Worker(
-                "the worker's thread ended by a panic; see the log".into(),
+            // The thread ended without a word: a panic that even catch_unwind did not see
+            // (a panic while panicking aborts; this is the unwinding that escaped it).
+            Err(_) => Err(Error::WorkerPanicked(
+                "the worker's thread ended without reporting; see the log".into(),
             )),
         }
     }
@@ -556,4 +562,13 @@ impl Worker {
 
 pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The message of a panic payload (`&str` or `String`), or a placeholder.
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "non-string panic payload".to_string())
 }
