@@ -97,6 +97,7 @@ pub mod exit {
 /// [`redact_url`]), and `--help` names the environment variables without their values.
 #[derive(Clone, Parser)]
 #[command(about = "Runs outbox handlers until stopped")]
+#[non_exhaustive]
 pub struct WorkerArgs {
     /// The database URL.
     #[arg(long, env = "DATABASE_URL", hide_env_values = true)]

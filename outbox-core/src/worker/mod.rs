@@ -256,6 +256,7 @@ impl std::fmt::Debug for Worker {
 
 /// Counts of what one [`Worker::run_once`] did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct BatchReport {
     /// Messages claimed.
     pub claimed: usize,
