@@ -259,6 +259,16 @@ async fn metrics_and_health_of_a_running_worker() {
         .build()
         .unwrap();
     let health = w.health();
+    // The same pages mounted under a prefix in an app of the user's own.
+    let mounted = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let mounted_addr = mounted.local_addr().unwrap();
+    let app = axum::Router::new()
+        .route("/", axum::routing::get(|| async { "the user's app" }))
+        .nest(
+            "/outbox",
+            outbox::observe::router(prometheus.clone(), health.clone()),
+        );
+    let own_app = tokio::spawn(async move { axum::serve(mounted, app).await });
     let server = outbox::observe::serve("127.0.0.1:0".parse().unwrap(), prometheus, health)
         .await
         .unwrap();
@@ -310,6 +320,18 @@ async fn metrics_and_health_of_a_running_worker() {
         "{body}"
     );
     assert_eq!(http_get(addr, "/health").await, (200, "ok\n".to_string()));
+    assert_eq!(
+        http_get(mounted_addr, "/outbox/health").await,
+        (200, "ok\n".to_string())
+    );
+    let (status, mounted_body) = http_get(mounted_addr, "/outbox/metrics").await;
+    assert_eq!(status, 200);
+    assert!(
+        mounted_body.contains("outbox_claim_duration_seconds"),
+        "{mounted_body}"
+    );
+    assert_eq!(http_get(mounted_addr, "/").await.1, "the user's app");
+    own_app.abort();
 
     // A slow handler holds the only slot; the next message waits past the threshold.
     put(
