@@ -429,19 +429,19 @@ conformance! {
         assert_eq!(per_minute.iter().map(|(_, n)| n).sum::<i64>(), 5, "the done of the last hour, by minute: {per_minute:?}");
         let listed = store.dead_letters(&outbox::DeadLetterFilter::default()).await.unwrap();
         assert_eq!(listed.len(), 2);
-        assert!(listed.iter().all(|m| m.status == "dead" && m.last_error.as_deref().unwrap().contains("recipient rejected")));
+        assert!(listed.iter().all(|m| m.status == outbox::MessageStatus::Dead && m.last_error.as_deref().unwrap().contains("recipient rejected")));
         // Keyset paging: one at a time from the newest, each page after the last row of the one before.
-        let first = outbox::DeadLetterFilter { limit: Some(1), ..Default::default() };
+        let first = outbox::DeadLetterFilter::new().limit(1);
         let page1 = store.dead_letters(&first).await.unwrap();
         let after = outbox::DeadCursor::of(&page1[0]).expect("a dead letter has a place");
-        let page2 = store.dead_letters(&outbox::DeadLetterFilter { after: Some(after), ..first.clone() }).await.unwrap();
+        let page2 = store.dead_letters(&first.clone().after(after)).await.unwrap();
         assert_eq!(page2.len(), 1);
         assert_eq!(vec![page1[0].id, page2[0].id], listed.iter().map(|m| m.id).collect::<Vec<_>>(), "the pages are the listing in order");
         let after = outbox::DeadCursor::of(&page2[0]).unwrap();
-        assert!(store.dead_letters(&outbox::DeadLetterFilter { after: Some(after), ..first }).await.unwrap().is_empty());
-        let filtered = outbox::DeadLetterFilter { topic: Some("other".into()), ..Default::default() };
+        assert!(store.dead_letters(&first.after(after)).await.unwrap().is_empty());
+        let filtered = outbox::DeadLetterFilter::new().topic("other");
         assert!(store.dead_letters(&filtered).await.unwrap().is_empty());
-        let old = outbox::DeadLetterFilter { older_than: Some(Duration::from_secs(3600)), ..Default::default() };
+        let old = outbox::DeadLetterFilter::new().older_than(Duration::from_secs(3600));
         assert!(store.dead_letters(&old).await.unwrap().is_empty(), "none has been dead for an hour");
         let shown = store.message(dead[0]).await.unwrap().unwrap();
         assert_eq!((shown.topic.as_str(), shown.attempts), ("test.job", 1));

@@ -112,7 +112,7 @@ async fn status(db: &TestDb, id: Uuid) -> Option<String> {
         .message(id)
         .await
         .unwrap()
-        .map(|m| m.status)
+        .map(|m| m.status.to_string())
 }
 
 /// Serves the console (at `mount`, `""` for the root) on a free loopback port.

@@ -131,10 +131,7 @@ async fn stats_dead_letters_and_purge_never_scan_the_history() {
     assert_eq!(counted.1, before.1, "stats did not scan the dead letters");
     let listed = store.dead_letters(&Default::default()).await.unwrap();
     assert_eq!(listed.len(), 100, "the newest hundred");
-    let task_dead = outbox::DeadLetterFilter {
-        topic: Some("ops.task".into()),
-        ..Default::default()
-    };
+    let task_dead = outbox::DeadLetterFilter::new().topic("ops.task");
     assert_eq!(store.dead_letters(&task_dead).await.unwrap().len(), 2);
     let listing = seq_scans(&db, &ops).await;
     assert_eq!(
@@ -245,6 +242,16 @@ async fn metrics_and_health_of_a_running_worker() {
         .build()
         .unwrap();
     let health = w.health();
+    // The same pages mounted under a prefix in an app of the user's own.
+    let mounted = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let mounted_addr = mounted.local_addr().unwrap();
+    let app = axum::Router::new()
+        .route("/", axum::routing::get(|| async { "the user's app" }))
+        .nest(
+            "/outbox",
+            outbox::observe::router(prometheus.clone(), health.clone()),
+        );
+    let own_app = tokio::spawn(async move { axum::serve(mounted, app).await });
     let server = outbox::observe::serve("127.0.0.1:0".parse().unwrap(), prometheus, health)
         .await
         .unwrap();
@@ -296,6 +303,18 @@ async fn metrics_and_health_of_a_running_worker() {
         "{body}"
     );
     assert_eq!(http_get(addr, "/health").await, (200, "ok\n".to_string()));
+    assert_eq!(
+        http_get(mounted_addr, "/outbox/health").await,
+        (200, "ok\n".to_string())
+    );
+    let (status, mounted_body) = http_get(mounted_addr, "/outbox/metrics").await;
+    assert_eq!(status, 200);
+    assert!(
+        mounted_body.contains("outbox_claim_duration_seconds"),
+        "{mounted_body}"
+    );
+    assert_eq!(http_get(mounted_addr, "/").await.1, "the user's app");
+    own_app.abort();
 
     // A slow handler holds the only slot; the next message waits past the threshold.
     put(

@@ -25,7 +25,7 @@ pub const MAX_IDEMPOTENCY_KEY_BYTES: usize = 255;
 ///     .delay(Duration::from_secs(60))
 ///     .idempotency_key("booking-created:42")
 ///     .max_payload_bytes(64 * 1024);
-/// assert_eq!(options.get_delay(), Duration::from_secs(60));
+/// assert_eq!(options.scheduled_delay(), Duration::from_secs(60));
 /// ```
 #[derive(Debug, Clone)]
 pub struct EnqueueOptions {
@@ -71,7 +71,7 @@ impl EnqueueOptions {
     }
 
     /// The delay set with [`delay`](EnqueueOptions::delay).
-    pub fn get_delay(&self) -> Duration {
+    pub fn scheduled_delay(&self) -> Duration {
         self.delay
     }
 }
@@ -155,6 +155,25 @@ where
 /// # Cancellation safety
 ///
 /// As [`enqueue`].
+///
+/// # Example
+///
+/// ```no_run
+/// use outbox::{enqueue_many, outbox_event};
+///
+/// #[outbox_event]
+/// #[derive(serde::Serialize, serde::Deserialize)]
+/// struct NightBooked { booking_id: i64, night: String }
+///
+/// # async fn run(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+/// let nights = ["2026-12-24", "2026-12-25"]
+///     .map(|night| NightBooked { booking_id: 1, night: night.into() });
+/// let mut tx = pool.begin().await?;
+/// let ids = enqueue_many(&mut *tx, &nights).await?; // one INSERT, in your transaction
+/// tx.commit().await?;
+/// assert_eq!(ids.len(), 2);
+/// # Ok(()) }
+/// ```
 pub async fn enqueue_many<C, E>(conn: &mut C, events: &[E]) -> Result<Vec<Uuid>>
 where
     C: Connection + ?Sized,

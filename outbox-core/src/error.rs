@@ -7,6 +7,31 @@ use std::time::Duration;
 ///
 /// Handlers do not return this type; they return [`HandlerError`](crate::HandlerError), which
 /// says whether a failure should be retried.
+///
+/// Match on what a caller can act on, and keep a catch-all arm: the enum grows.
+///
+/// ```no_run
+/// use outbox::{enqueue, outbox_event, DatabaseErrorKind, Error};
+///
+/// #[outbox_event]
+/// #[derive(serde::Serialize, serde::Deserialize)]
+/// struct ReportRequested { pdf: Vec<u8> }
+///
+/// # async fn run(pool: sqlx::PgPool, event: ReportRequested) -> Result<(), Error> {
+/// let mut tx = pool.begin().await?;
+/// match enqueue(&mut *tx, &event).await {
+///     Ok(_) => tx.commit().await?,
+///     Err(e) if e.is_payload_too_large() => {
+///         // Store the PDF elsewhere and enqueue its id instead.
+///     }
+///     Err(e) if e.database_kind() == Some(DatabaseErrorKind::Connection) => {
+///         // Worth another try later.
+///         return Err(e);
+///     }
+///     Err(e) => return Err(e),
+/// }
+/// # Ok(()) }
+/// ```
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -75,10 +100,15 @@ pub enum Error {
     #[error("invalid configuration: {0}")]
     Config(String),
 
-    /// The worker itself failed: its thread could not start, or it ended by a panic (a bug;
-    /// the log has the panic message). Restart the process.
+    /// The worker could not start its own thread or runtime. Restart the process.
     #[error("the worker failed: {0}")]
     Worker(String),
+
+    /// The worker's own loop panicked: a bug in outbox, not a configuration error (a handler's
+    /// panic is only a failed attempt of its message). The messages it held are claimed again
+    /// once their leases run out. Restart the process, and report the panic message.
+    #[error("the worker's loop panicked: {0}")]
+    WorkerPanicked(String),
 }
 
 impl Error {
@@ -101,6 +131,11 @@ impl Error {
             Error::Database(e) => Some(DatabaseErrorKind::of(e)),
             _ => None,
         }
+    }
+
+    /// True when the worker's own loop panicked ([`Error::WorkerPanicked`]).
+    pub fn is_worker_panic(&self) -> bool {
+        matches!(self, Error::WorkerPanicked(_))
     }
 
     /// True when a payload was refused for its size.
@@ -224,7 +259,7 @@ impl DatabaseErrorKind {
 
 /// The (extended) result code of a SQLite error; `None` for other databases.
 fn sqlite_code(db: &dyn sqlx::error::DatabaseError) -> Option<u32> {
-    #[cfg(feature = "sqlite")]
+    #[cfg(any(feature = "sqlite", feature = "sqlite-unbundled"))]
     if db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some() {
         return db.code()?.parse().ok();
     }

@@ -250,6 +250,37 @@ impl fmt::Display for HandlerError {
 }
 
 /// What a handler knows about the delivery it is handling.
+///
+/// ```
+/// use outbox::{outbox_event, Context, Handler, HandlerError, Resources};
+///
+/// #[outbox_event]
+/// #[derive(serde::Serialize, serde::Deserialize)]
+/// struct InvoiceDue { invoice_id: i64 }
+///
+/// struct Remind;
+///
+/// #[outbox::async_trait]
+/// impl Handler for Remind {
+///     type Event = InvoiceDue;
+///     const NAME: &'static str = "remind";
+///     async fn handle(&self, e: InvoiceDue, ctx: &Context) -> Result<(), HandlerError> {
+///         // The same key on every retry: the mail provider sends once.
+///         let key = ctx.idempotency_key();
+///         if ctx.is_last_attempt() {
+///             eprintln!("last try for invoice {} (attempt {})", e.invoice_id, ctx.attempt());
+///         }
+///         assert!(key.ends_with(":remind"));
+///         Ok(())
+///     }
+/// }
+///
+/// // A handler can be called directly in a unit test with a made-up context.
+/// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+/// let ctx = Context::for_test("invoice.due", Remind::NAME, Resources::new()).with_attempt(8, 8);
+/// Remind.handle(InvoiceDue { invoice_id: 7 }, &ctx).await.unwrap();
+/// # });
+/// ```
 #[derive(Debug, Clone)]
 pub struct Context {
     pub(crate) message_id: Uuid,

@@ -95,60 +95,124 @@ impl Health {
             .store(millis(age), Ordering::Relaxed);
     }
 
-    /// `Ok(())` when healthy, else the reason: the worker loop has not ticked recently, ready
-    /// messages of a topic that no live worker serves have waited more than 60 s, the
-    /// oldest ready message has waited too long, or messages of this worker's topics are held
-    /// by a worker that stopped renewing their lease and nobody has taken them over for
-    /// 30 s.
+    /// `Ok(())` when healthy, else the first reason found, in the order of [`Unhealthy`]'s
+    /// variants.
+    ///
+    /// ```no_run
+    /// # async fn run(worker: outbox::Worker) {
+    /// match worker.health().check() {
+    ///     Ok(()) => {}
+    ///     Err(outbox::Unhealthy::UnservedTopics { topics, .. }) => {
+    ///         eprintln!("nobody serves {topics:?}: is a handler crate not linked?");
+    ///     }
+    ///     Err(other) => eprintln!("unhealthy: {other}"),
+    /// }
+    /// # }
+    /// ```
     ///
     /// # Errors
     ///
-    /// The reason the worker is unhealthy, one sentence.
-    pub fn check(&self) -> Result<(), String> {
+    /// The reason the worker is unhealthy; its `Display` is one sentence.
+    pub fn check(&self) -> Result<(), Unhealthy> {
+        let limit_ms = |d: Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
+        let ms = |v: i64| Duration::from_millis(u64::try_from(v).unwrap_or(0));
         let since_tick = now_ms().saturating_sub(self.inner.last_tick_ms.load(Ordering::Relaxed));
-        if since_tick > i64::try_from(self.inner.max_tick_age.as_millis()).unwrap_or(i64::MAX) {
-            return Err(format!(
-                "the worker loop has not ticked for {since_tick} ms (limit {} ms)",
-                self.inner.max_tick_age.as_millis()
-            ));
+        if since_tick > limit_ms(self.inner.max_tick_age) {
+            return Err(Unhealthy::LoopStalled {
+                since_tick: ms(since_tick),
+                limit: self.inner.max_tick_age,
+            });
         }
-        let late: Vec<String> = self
+        let late: Vec<(String, Duration)> = self
             .unserved_topics()
             .into_iter()
             .filter(|(_, age)| *age > UNSERVED_LIMIT)
-            .map(|(topic, age)| format!("`{topic}` ({} s)", age.as_secs()))
             .collect();
         if !late.is_empty() {
-            return Err(format!(
-                "ready messages of topics that no live worker serves: {} (limit {} s): is a handler \
-                 crate not linked into the worker binary, or its workers down?",
-                late.join(", "),
-                UNSERVED_LIMIT.as_secs()
-            ));
+            return Err(Unhealthy::UnservedTopics {
+                topics: late,
+                limit: UNSERVED_LIMIT,
+            });
         }
         let stalled = self.inner.oldest_stalled_ms.load(Ordering::Relaxed);
-        if stalled > i64::try_from(STALLED_LIMIT.as_millis()).unwrap_or(i64::MAX) {
-            return Err(format!(
-                "messages held by a worker that stopped renewing their lease have not been taken \
-                 over for {stalled} ms (limit {} ms): is any worker of their topic running?",
-                STALLED_LIMIT.as_millis()
-            ));
+        if stalled > limit_ms(STALLED_LIMIT) {
+            return Err(Unhealthy::StalledLeases {
+                oldest: ms(stalled),
+                limit: STALLED_LIMIT,
+            });
         }
-        let limit = i64::try_from(self.inner.max_oldest_ready.as_millis()).unwrap_or(i64::MAX);
+        let limit = self.inner.max_oldest_ready;
         let queued = self.inner.oldest_queued_ms.load(Ordering::Relaxed);
-        if queued > limit {
-            return Err(format!(
-                "the oldest message claimed by this worker has waited {queued} ms for a free handler \
-                 (limit {limit} ms): its handlers are all busy"
-            ));
+        if queued > limit_ms(limit) {
+            return Err(Unhealthy::HandlersBusy {
+                oldest_queued: ms(queued),
+                limit,
+            });
         }
         let oldest = self.inner.oldest_ready_ms.load(Ordering::Relaxed);
-        if oldest > i64::try_from(self.inner.max_oldest_ready.as_millis()).unwrap_or(i64::MAX) {
-            return Err(format!(
-                "the oldest ready message has waited {oldest} ms (limit {} ms)",
-                self.inner.max_oldest_ready.as_millis()
-            ));
+        if oldest > limit_ms(limit) {
+            return Err(Unhealthy::ReadyTooOld {
+                oldest: ms(oldest),
+                limit,
+            });
         }
         Ok(())
     }
+}
+
+/// Why a worker is unhealthy: what [`Health::check`] and the `/health` endpoint report.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Unhealthy {
+    /// The worker's own loop has not ticked for longer than its limit: it is stuck.
+    #[error("the worker loop has not ticked for {} ms (limit {} ms)", .since_tick.as_millis(), .limit.as_millis())]
+    LoopStalled {
+        /// Time since the last tick.
+        since_tick: Duration,
+        /// The limit ([`WorkerConfig::health_max_tick_age`](crate::WorkerConfig::health_max_tick_age)).
+        limit: Duration,
+    },
+    /// Ready messages of topics that no live worker serves have waited longer than 60 s.
+    #[error("ready messages of topics that no live worker serves: {} (limit {} s): is a handler \
+             crate not linked into the worker binary, or its workers down?", late(.topics), .limit.as_secs())]
+    UnservedTopics {
+        /// The topics, with the age of their oldest ready message.
+        topics: Vec<(String, Duration)>,
+        /// The limit.
+        limit: Duration,
+    },
+    /// Messages held by a worker that stopped renewing their lease have not been taken over.
+    #[error("messages held by a worker that stopped renewing their lease have not been taken \
+             over for {} ms (limit {} ms): is any worker of their topic running?", .oldest.as_millis(), .limit.as_millis())]
+    StalledLeases {
+        /// How long the oldest such message has waited since its lease ran out.
+        oldest: Duration,
+        /// The limit.
+        limit: Duration,
+    },
+    /// A message this worker claimed has waited too long for a free handler.
+    #[error("the oldest message claimed by this worker has waited {} ms for a free handler \
+             (limit {} ms): its handlers are all busy", .oldest_queued.as_millis(), .limit.as_millis())]
+    HandlersBusy {
+        /// How long the oldest claimed message has waited for a handler.
+        oldest_queued: Duration,
+        /// The limit ([`WorkerConfig::health_max_oldest_ready`](crate::WorkerConfig::health_max_oldest_ready)).
+        limit: Duration,
+    },
+    /// The oldest ready message has waited longer than the limit: the workers do not keep up.
+    #[error("the oldest ready message has waited {} ms (limit {} ms)", .oldest.as_millis(), .limit.as_millis())]
+    ReadyTooOld {
+        /// How long the oldest ready message has been due.
+        oldest: Duration,
+        /// The limit ([`WorkerConfig::health_max_oldest_ready`](crate::WorkerConfig::health_max_oldest_ready)).
+        limit: Duration,
+    },
+}
+
+fn late(topics: &[(String, Duration)]) -> String {
+    topics
+        .iter()
+        .map(|(topic, age)| format!("`{topic}` ({} s)", age.as_secs()))
+        .collect::<Vec<_>>()
+        .join(", ")
 }

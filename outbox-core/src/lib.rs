@@ -50,22 +50,34 @@
 //!   [`sqlite_begin_immediate`]: a plain `pool.begin()` fails such a transaction with
 //!   "database is locked" while other connections write.
 //!
+#![doc = include_str!("docs/guide.md")]
+//!
 //! # Features
 //!
 //! | feature    | default | what it adds |
 //! |------------|---------|--------------|
 //! | `macros`   | yes     | re-exports `#[outbox_event]` |
-//! | `sqlite`   | yes     | the SQLite backend (bundled SQLite), the embedded default |
-//! | `postgres` | yes     | the PostgreSQL backend |
-//! | `cli`      | yes     | the pieces of a worker binary (arguments, signals, logging) and the `outbox` operations binary |
-//! | `prometheus` | yes   | a Prometheus `/metrics` and a `/health` endpoint ([`observe`]) |
+//! | `postgres` | no      | the PostgreSQL backend |
+//! | `sqlite`   | no      | the SQLite backend, SQLite compiled in (bundled) |
+//! | `sqlite-unbundled` | no | the SQLite backend against the system's SQLite library |
+//! | `cli`      | no      | the pieces of a worker binary (arguments, signals, logging) and the `outbox` operations binary; the only feature that asks for tokio's multi-threaded runtime |
+//! | `prometheus` | no    | a Prometheus `/metrics` and a `/health` endpoint ([`observe`]) |
 //! | `console`  | no      | an operator's console in the browser (`console`), and `outbox console` |
+//! | `full`     | no      | all of the above but `sqlite-unbundled` |
+//!
+//! Choose at least one backend, as with sqlx. The README counts the crates each common choice
+//! builds.
 
+// The doc examples use a backend: run them with `cargo test -p outbox --doc --features full`
+// (`cargo test --workspace` turns those features on through the tests crate).
 // On docs.rs (`--cfg docsrs`, nightly), items are marked with the features they need.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 // Without a backend feature the backend seam has no implementation to use its types.
-#![cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
+#![cfg_attr(
+    not(any(feature = "postgres", feature = "sqlite", feature = "sqlite-unbundled")),
+    allow(dead_code)
+)]
 
 mod backend;
 #[cfg(feature = "cli")]
@@ -85,7 +97,7 @@ pub mod observe;
 mod ops;
 mod registry;
 mod resources;
-#[cfg(feature = "sqlite")]
+#[cfg(any(feature = "sqlite", feature = "sqlite-unbundled"))]
 mod sqlite_tx;
 mod store;
 mod worker;
@@ -94,7 +106,7 @@ mod worker;
 pub mod __private;
 
 pub use async_trait::async_trait;
-#[cfg(feature = "sqlite")]
+#[cfg(any(feature = "sqlite", feature = "sqlite-unbundled"))]
 pub use backend::sqlite::{sqlite_options, sqlite_pool};
 pub use backend::Connection;
 pub use enqueue::{
@@ -106,12 +118,12 @@ pub use event::{Event, EventDescriptor};
 pub use handler::{
     BoxError, Context, FailureKind, Handler, HandlerError, PayloadError, RawHandler,
 };
-pub use health::Health;
+pub use health::{Health, Unhealthy};
 pub use message_id::{message_sequence, new_message_id};
 pub use migrate::migrate;
 pub use ops::{
-    DeadCursor, DeadLetterFilter, DeadSelection, MessageInfo, Stats, TopicStats, WorkerInfo,
-    DEFAULT_PURGE_BATCH,
+    DeadCursor, DeadLetterFilter, DeadSelection, MessageInfo, MessageStatus, Stats, TopicStats,
+    UnknownStatus, WorkerInfo, DEFAULT_PURGE_BATCH,
 };
 pub use registry::{
     assert_all_events_handled, HandlerInfo, HandlerRegistration, Registry, RegistryError,
@@ -127,9 +139,11 @@ pub use worker::{BatchReport, RetryPolicy, Wakeup, Worker, WorkerBuilder, Worker
 #[cfg(feature = "macros")]
 pub use outbox_macros::outbox_event;
 
-#[cfg(feature = "sqlite")]
+#[cfg(any(feature = "sqlite", feature = "sqlite-unbundled"))]
 pub use sqlite_tx::sqlite_begin_immediate;
 
-#[cfg(doctest)]
+// The README's examples use PostgreSQL and the CLI pieces: they run where those features are on,
+// as in `cargo test --workspace` (the tests crate turns them on).
+#[cfg(all(doctest, feature = "postgres", feature = "cli"))]
 #[doc = include_str!("../../README.md")]
 struct ReadmeDoctests;

@@ -1,4 +1,5 @@
-//! A Prometheus `/metrics` endpoint and a `/health` endpoint for a worker.
+//! A Prometheus `/metrics` endpoint and a `/health` endpoint for a worker: served on an address
+//! of their own ([`serve`]), or mounted in your axum app ([`router`]).
 //!
 //! ```no_run
 //! # async fn run(worker: outbox::Worker) -> Result<(), Box<dyn std::error::Error>> {
@@ -77,16 +78,36 @@ pub async fn serve(
 ) -> std::io::Result<Server> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let addr = listener.local_addr()?;
-    let app = Router::new()
-        .route("/metrics", get(metrics_page))
-        .route("/health", get(health_page))
-        .with_state(AppState { prometheus, health });
+    let app = router(prometheus, health);
     let task = tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app).await {
             tracing::error!(error = %e, "metrics server stopped");
         }
     });
     Ok(Server { addr, task })
+}
+
+/// `GET /metrics` and `GET /health`, as [`serve`] answers them, as a router to mount in your
+/// own axum app (beside your routes, or nested under a prefix) instead of a server of its own.
+/// It is an axum 0.8 `Router`: your app needs the same axum version.
+///
+/// ```no_run
+/// # async fn run(worker: outbox::Worker) -> Result<(), Box<dyn std::error::Error>> {
+/// use outbox::observe;
+///
+/// let prometheus = observe::install_prometheus()?;
+/// let app = axum::Router::new()
+///     .route("/", axum::routing::get(|| async { "my service" }))
+///     .nest("/outbox", observe::router(prometheus, worker.health())); // /outbox/metrics, /outbox/health
+/// let listener = tokio::net::TcpListener::bind("127.0.0.1:8080").await?;
+/// axum::serve(listener, app).await?;
+/// # Ok(()) }
+/// ```
+pub fn router(prometheus: PrometheusHandle, health: Health) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics_page))
+        .route("/health", get(health_page))
+        .with_state(AppState { prometheus, health })
 }
 
 async fn metrics_page(State(s): State<AppState>) -> String {

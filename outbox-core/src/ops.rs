@@ -4,6 +4,8 @@
 //! so its cost follows what it reports, never the size of the table.
 
 use std::collections::BTreeSet;
+use std::fmt;
+use std::str::FromStr;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -15,6 +17,7 @@ use crate::store::Store;
 
 /// Counts of one topic (or of all topics, in [`Stats::total`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct TopicStats {
     /// The topic (`"*"` in the total).
     pub topic: String,
@@ -66,6 +69,7 @@ impl TopicStats {
 
 /// The health of the queue: per topic, in total, and the topics nobody handles.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Stats {
     /// Per topic, sorted by topic.
     pub topics: Vec<TopicStats>,
@@ -96,15 +100,72 @@ impl Stats {
     }
 }
 
+/// Where a message is in its lifecycle (the crate docs' "Message lifecycle" draws it).
+///
+/// A done message has no status: its row is deleted when its last handler succeeds.
+///
+/// ```
+/// use outbox::MessageStatus;
+///
+/// assert_eq!(MessageStatus::Dead.as_str(), "dead");
+/// assert_eq!("running".parse::<MessageStatus>(), Ok(MessageStatus::Running));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum MessageStatus {
+    /// Waiting for its time (`available_at`) or for a worker: no live lease.
+    Pending,
+    /// Claimed by a worker whose lease has not run out.
+    Running,
+    /// Dead-lettered: out of attempts or failed permanently; waits for an operator.
+    Dead,
+}
+
+impl MessageStatus {
+    /// The lowercase name, as the CLI and the console show it: `pending`, `running`, `dead`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MessageStatus::Pending => "pending",
+            MessageStatus::Running => "running",
+            MessageStatus::Dead => "dead",
+        }
+    }
+}
+
+impl fmt::Display for MessageStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A status name that is not one of [`MessageStatus`]'s.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown message status `{0}`; expected pending, running or dead")]
+pub struct UnknownStatus(String);
+
+impl FromStr for MessageStatus {
+    type Err = UnknownStatus;
+
+    fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
+        match s {
+            "pending" => Ok(MessageStatus::Pending),
+            "running" => Ok(MessageStatus::Running),
+            "dead" => Ok(MessageStatus::Dead),
+            other => Err(UnknownStatus(other.to_string())),
+        }
+    }
+}
+
 /// One message as operators see it.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct MessageInfo {
     /// The public id.
     pub id: Uuid,
     /// The topic.
     pub topic: String,
-    /// `pending`, `running` or `dead` (a done message is deleted).
-    pub status: String,
+    /// Pending, running or dead (a done message is deleted).
+    pub status: MessageStatus,
     /// Attempts made.
     pub attempts: i32,
     /// The payload, as JSON text.
@@ -139,8 +200,20 @@ pub struct WorkerInfo {
     pub live: bool,
 }
 
-/// Which dead letters to list.
+/// Which dead letters to list: build it with [`DeadLetterFilter::new`] and its setters.
+///
+/// ```
+/// use outbox::DeadLetterFilter;
+/// use std::time::Duration;
+///
+/// let filter = DeadLetterFilter::new()
+///     .topic("booking.created")
+///     .older_than(Duration::from_secs(3600))
+///     .limit(20);
+/// assert_eq!(filter.limit, Some(20));
+/// ```
 #[derive(Debug, Clone, Default)]
+#[non_exhaustive]
 pub struct DeadLetterFilter {
     /// Only this topic.
     pub topic: Option<String>,
@@ -160,7 +233,7 @@ pub struct DeadLetterFilter {
 /// use outbox::{DeadCursor, DeadLetterFilter};
 /// # fn next_page(last: &outbox::MessageInfo) -> Option<DeadLetterFilter> {
 /// let after = DeadCursor::of(last)?; // the last row of the page shown
-/// Some(DeadLetterFilter { after: Some(after), limit: Some(50), ..Default::default() })
+/// Some(DeadLetterFilter::new().after(after).limit(50))
 /// # }
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -183,6 +256,7 @@ impl DeadCursor {
 
 /// Which dead letters to retry or discard.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum DeadSelection {
     /// One message, by public id.
     One(Uuid),
@@ -192,9 +266,64 @@ pub enum DeadSelection {
     All,
 }
 
+impl DeadLetterFilter {
+    /// Every dead letter, the newest 100.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Only the dead letters of `topic`.
+    pub fn topic(mut self, topic: impl Into<String>) -> Self {
+        self.topic = Some(topic.into());
+        self
+    }
+
+    /// Only those dead for at least `age`.
+    pub fn older_than(mut self, age: Duration) -> Self {
+        self.older_than = Some(age);
+        self
+    }
+
+    /// At most `n`, newest first.
+    pub fn limit(mut self, n: u32) -> Self {
+        self.limit = Some(n);
+        self
+    }
+
+    /// Only those listed after `cursor`: the next page of a listing.
+    pub fn after(mut self, cursor: DeadCursor) -> Self {
+        self.after = Some(cursor);
+        self
+    }
+}
+
 /// The default batch of [`Store::purge_done`]: small enough that no lock is held for long.
 pub const DEFAULT_PURGE_BATCH: usize = 1000;
 
+/// Operations: what the `outbox` binary and the console do, callable from your own code.
+///
+/// ```no_run
+/// use outbox::{DeadLetterFilter, DeadSelection, Store, DEFAULT_PURGE_BATCH};
+/// use std::time::Duration;
+///
+/// # async fn run(pool: sqlx::PgPool) -> Result<(), outbox::Error> {
+/// let store = Store::from(&pool);
+///
+/// let stats = store.stats().await?;
+/// for t in &stats.topics {
+///     println!("{}: {} ready, {} dead, oldest {:?}", t.topic, t.ready, t.dead, t.oldest_ready_age);
+/// }
+///
+/// let dead = store.dead_letters(&DeadLetterFilter::new().topic("booking.created")).await?;
+/// for m in &dead {
+///     println!("{} {} after {} attempts: {:?}", m.id, m.status, m.attempts, m.last_error);
+/// }
+/// // The provider is fixed: send them all again.
+/// let retried = store.retry_dead(&DeadSelection::Topic("booking.created".into())).await?;
+///
+/// store.purge_done(Duration::from_secs(7 * 24 * 3600), DEFAULT_PURGE_BATCH).await?;
+/// # Ok(()) }
+/// ```
 impl Store {
     /// Per-topic and total counts: ready, scheduled, in flight, dead, done in the last five
     /// minutes, and the age of the oldest ready message.

@@ -111,6 +111,7 @@ macro_rules! register_handler {
 
 /// One handler as the registry lists it.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+#[non_exhaustive]
 pub struct HandlerInfo {
     /// The handler's name.
     pub name: &'static str,

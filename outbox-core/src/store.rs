@@ -45,7 +45,7 @@ impl Store {
 
     /// A store on a SQLite pool. Open the pool with [`sqlite_pool`](crate::sqlite_pool) (or
     /// the options of [`sqlite_options`](crate::sqlite_options)): WAL and a busy timeout.
-    #[cfg(feature = "sqlite")]
+    #[cfg(any(feature = "sqlite", feature = "sqlite-unbundled"))]
     pub fn sqlite(pool: sqlx::SqlitePool) -> Self {
         Self {
             backend: Arc::new(crate::backend::sqlite::SqliteBackend::new(pool)),
@@ -74,14 +74,14 @@ impl From<&sqlx::PgPool> for Store {
     }
 }
 
-#[cfg(feature = "sqlite")]
+#[cfg(any(feature = "sqlite", feature = "sqlite-unbundled"))]
 impl From<sqlx::SqlitePool> for Store {
     fn from(pool: sqlx::SqlitePool) -> Self {
         Store::sqlite(pool)
     }
 }
 
-#[cfg(feature = "sqlite")]
+#[cfg(any(feature = "sqlite", feature = "sqlite-unbundled"))]
 impl From<&sqlx::SqlitePool> for Store {
     fn from(pool: &sqlx::SqlitePool) -> Self {
         Store::sqlite(pool.clone())

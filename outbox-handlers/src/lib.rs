@@ -52,7 +52,7 @@
 //! |---------|---------|--------------|
 //! | `email` | yes | [`email`]: the email handler, the HTTP provider transport and the file transport |
 //! | `search` | yes | [`search`]: the search-index handler (Elasticsearch/OpenSearch, external versions) |
-//! | `dedup` | yes | [`dedup`]: the processed-id wrapper and its purge, for PostgreSQL |
+//! | `dedup` | no | [`dedup`]: the processed-id wrapper and its purge, for PostgreSQL (turns on `outbox/postgres`) |
 //! | `nats` | no | `relay::nats`: the JetStream relay; `inbox`: the JetStream inbox (with `dedup`) |
 //! | `rabbitmq` | no | `relay::rabbitmq`: the RabbitMQ relay with publisher confirms |
 

@@ -6,10 +6,13 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection, PgConnection, PgPool, SqlitePool};
 use uuid::Uuid;
 
-/// The server the PostgreSQL tests use: `DATABASE_URL`, or the local test server.
+mod throwaway;
+
+/// The server the PostgreSQL tests use: `DATABASE_URL`, else the local test server, else a
+/// throwaway server started for this test binary when PostgreSQL is installed (see
+/// `support/throwaway.rs`).
 pub fn database_url() -> String {
-    std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_string())
+    throwaway::url()
 }
 
 /// Waits until `done` holds, looking every 5 ms.

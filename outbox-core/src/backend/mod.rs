@@ -10,7 +10,7 @@ use crate::error::Result;
 
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;
-#[cfg(feature = "sqlite")]
+#[cfg(any(feature = "sqlite", feature = "sqlite-unbundled"))]
 pub(crate) mod sqlite;
 
 pub(crate) mod types;
@@ -50,10 +50,10 @@ impl Connection for sqlx::PgConnection {
     }
 }
 
-#[cfg(feature = "sqlite")]
+#[cfg(any(feature = "sqlite", feature = "sqlite-unbundled"))]
 impl sealed::Sealed for sqlx::SqliteConnection {}
 
-#[cfg(feature = "sqlite")]
+#[cfg(any(feature = "sqlite", feature = "sqlite-unbundled"))]
 #[async_trait]
 impl Connection for sqlx::SqliteConnection {
     async fn __insert(&mut self, rows: &[NewMessage]) -> Result<(), sqlx::Error> {

@@ -54,7 +54,12 @@ fn message_info(r: &sqlx::postgres::PgRow) -> Result<MessageInfo, sqlx::Error> {
     Ok(MessageInfo {
         id: r.try_get("id")?,
         topic: r.try_get("topic")?,
-        status: r.try_get("status")?,
+        status: {
+            let status: String = r.try_get("status")?;
+            status
+                .parse()
+                .map_err(|e| sqlx::Error::Decode(Box::new(e)))?
+        },
         attempts: r.try_get("attempts")?,
         payload: r.try_get("payload")?,
         last_error: r.try_get("last_error")?,

@@ -65,7 +65,12 @@ fn message_info(r: &sqlx::sqlite::SqliteRow) -> Result<MessageInfo, sqlx::Error>
     Ok(MessageInfo {
         id: parse_uuid(r.try_get("id")?)?,
         topic: r.try_get("topic")?,
-        status: r.try_get("status")?,
+        status: {
+            let status: String = r.try_get("status")?;
+            status
+                .parse()
+                .map_err(|e| sqlx::Error::Decode(Box::new(e)))?
+        },
         attempts: r.try_get("attempts")?,
         payload: r.try_get("payload")?,
         last_error: r.try_get("last_error")?,

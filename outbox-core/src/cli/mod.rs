@@ -84,6 +84,8 @@ pub mod exit {
             Error::MigrationChanged { .. } | Error::MigrationUnknown { .. } => SCHEMA,
             Error::DelayOutOfRange(_) => USAGE,
             Error::Registry(_) | Error::Resource(_) | Error::Config(_) => CONFIG,
+            // A worker that failed by itself is not misconfigured: a plain failure.
+            Error::Worker(_) | Error::WorkerPanicked(_) => FAILURE,
             _ => FAILURE,
         }
     }
@@ -95,6 +97,7 @@ pub mod exit {
 /// [`redact_url`]), and `--help` names the environment variables without their values.
 #[derive(Clone, Parser)]
 #[command(about = "Runs outbox handlers until stopped")]
+#[non_exhaustive]
 pub struct WorkerArgs {
     /// The database URL.
     #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
@@ -590,7 +593,7 @@ pub async fn connect(url: &str) -> crate::Result<crate::Store> {
             .connect_lazy_with(options);
         return Ok(crate::Store::postgres(pool));
     }
-    #[cfg(feature = "sqlite")]
+    #[cfg(any(feature = "sqlite", feature = "sqlite-unbundled"))]
     if url.starts_with("sqlite:") {
         return Ok(crate::Store::sqlite(crate::sqlite_pool(url).await?));
     }

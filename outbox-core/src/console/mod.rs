@@ -54,6 +54,7 @@ use crate::store::Store;
 
 /// How a person proves they may use the console.
 #[derive(Clone)]
+#[non_exhaustive]
 pub enum Credentials {
     /// A secret token: sent as `Authorization: Bearer <token>` by scripts, or typed once into
     /// the console's sign-in page, which then keeps the browser signed in with a cookie

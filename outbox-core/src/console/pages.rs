@@ -18,7 +18,7 @@ use super::{
     body_bytes, csrf_ok, csrf_refused, field, form, same_secret, session_cookie, Base, Console,
     Credentials, Shared,
 };
-use crate::ops::{DeadCursor, DeadLetterFilter, DeadSelection, Stats, TopicStats};
+use crate::ops::{DeadCursor, DeadLetterFilter, DeadSelection, MessageStatus, Stats, TopicStats};
 use crate::store::Store;
 
 /// A place in the dead-letter listing as a link carries it: `{dead_at in µs}.{id}`.
@@ -697,7 +697,7 @@ pub(super) async fn confirm(
             let mut dead = Vec::new();
             for id in ids {
                 match c.store.message(*id).await {
-                    Ok(Some(m)) if m.status == "dead" => dead.push(m),
+                    Ok(Some(m)) if m.status == MessageStatus::Dead => dead.push(m),
                     Ok(_) => {}
                     Err(e) => return failure(&f, &e),
                 }
@@ -888,12 +888,12 @@ pub(super) async fn message(
         );
     };
     let now = Utc::now();
-    let dead = m.status == "dead";
+    let dead = m.status == MessageStatus::Dead;
     let mut b = format!(
         "<div class=\"title\"><h1>Message <span class=\"mono\" id=\"message-id\">{}</span></h1>\
          <span class=\"badge status-{st}\" id=\"status\">{st}</span></div>",
         m.id,
-        st = esc(&m.status),
+        st = m.status.as_str(),
     );
     let topic = if dead {
         format!(
@@ -905,9 +905,9 @@ pub(super) async fn message(
     } else {
         esc(&m.topic)
     };
-    let due_label = match m.status.as_str() {
-        "running" => "Lease until",
-        "dead" => "Dead since",
+    let due_label = match m.status {
+        MessageStatus::Running => "Lease until",
+        MessageStatus::Dead => "Dead since",
         _ => "Due",
     };
     let ts = |t: Option<DateTime<Utc>>| t.map_or_else(|| "–".into(), |t| when(t, now));

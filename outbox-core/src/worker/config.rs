@@ -19,7 +19,7 @@ use crate::error::{Error, Result};
 /// let policy = RetryPolicy::default().jitter(false);
 /// let delays: Vec<u64> = (1..=8).map(|a| policy.backoff(a).as_secs()).collect();
 /// assert_eq!(delays, [2, 4, 8, 16, 32, 64, 128, 256]);
-/// assert_eq!(policy.get_max_attempts(), 8);
+/// assert_eq!(policy.attempt_limit(), 8);
 /// ```
 #[derive(Debug, Clone, PartialEq)]
 pub struct RetryPolicy {
@@ -66,8 +66,8 @@ impl RetryPolicy {
         self
     }
 
-    /// The configured attempt limit.
-    pub fn get_max_attempts(&self) -> u32 {
+    /// The configured attempt limit (set with [`max_attempts`](RetryPolicy::max_attempts)).
+    pub fn attempt_limit(&self) -> u32 {
         self.max_attempts
     }
 

@@ -255,6 +255,41 @@ struct Inner {
 ///
 /// Build it with [`Worker::builder`]; run it with [`run_until`](Worker::run_until) (a task in
 /// your service, or the `cli` module's binary), or [`run_once`](Worker::run_once) for one batch.
+///
+/// ```no_run
+/// use outbox::{outbox_event, Context, Handler, HandlerError, Worker, WorkerConfig};
+/// use std::time::Duration;
+///
+/// #[outbox_event]
+/// #[derive(serde::Serialize, serde::Deserialize)]
+/// struct BookingCreated { booking_id: i64 }
+///
+/// struct Log;
+///
+/// #[outbox::async_trait]
+/// impl Handler for Log {
+///     type Event = BookingCreated;
+///     const NAME: &'static str = "log";
+///     async fn handle(&self, e: BookingCreated, _: &Context) -> Result<(), HandlerError> {
+///         println!("booking {}", e.booking_id);
+///         Ok(())
+///     }
+/// }
+///
+/// # async fn run(pool: sqlx::PgPool) -> Result<(), outbox::Error> {
+/// let worker = Worker::builder(&pool)
+///     .handler(Log)
+///     .config(WorkerConfig::default().shutdown_timeout(Duration::from_secs(20)))
+///     .build()?;
+///
+/// // In a test: one batch, and what became of it.
+/// let report = worker.run_once().await?;
+/// println!("{} claimed, {} done", report.claimed, report.done);
+///
+/// // In a service: until Ctrl-C, then hand back what is still running.
+/// worker.run_until(async { let _ = tokio::signal::ctrl_c().await; }).await?;
+/// # Ok(()) }
+/// ```
 #[derive(Clone)]
 pub struct Worker {
     inner: Arc<Inner>,
@@ -271,6 +306,7 @@ impl std::fmt::Debug for Worker {
 
 /// Counts of what one [`Worker::run_once`] did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct BatchReport {
     /// Messages claimed.
     pub claimed: usize,
@@ -430,7 +466,9 @@ impl Worker {
     ///
     /// # Errors
     ///
-    /// [`Error::Worker`] when the worker's thread cannot be started or ends by a panic.
+    /// [`Error::Worker`] when the worker's thread cannot be started;
+    /// [`Error::WorkerPanicked`] when the worker's own loop panicked (a bug in outbox, not in
+    /// your configuration or handlers: a handler's panic is a failed attempt).
     ///
     /// # Cancellation safety
     ///
@@ -457,9 +495,11 @@ impl Worker {
                         return;
                     }
                 };
-                let left = rt.block_on(engine::run(worker, handlers_rt, engine_stop));
+                let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    rt.block_on(engine::run(worker, handlers_rt, engine_stop))
+                }));
                 rt.shutdown_timeout(Duration::from_millis(100));
-                let _ = tx.send(Ok(left));
+                let _ = tx.send(ran.map_err(|panic| Error::WorkerPanicked(panic_message(&*panic))));
             })
             .map_err(|e| Error::Worker(format!("could not start the worker's thread: {e}")))?;
         tokio::pin!(signal);
@@ -484,8 +524,10 @@ impl Worker {
                 Ok(())
             }
             Ok(Err(e)) => Err(e),
-            Err(_) => Err(Error::Worker(
-                "the worker's thread ended by a panic; see the log".into(),
+            // The thread ended without a word: a panic that even catch_unwind did not see
+            // (a panic while panicking aborts; this is the unwinding that escaped it).
+            Err(_) => Err(Error::WorkerPanicked(
+                "the worker's thread ended without reporting; see the log".into(),
             )),
         }
     }
@@ -571,4 +613,13 @@ impl Worker {
 
 pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The message of a panic payload (`&str` or `String`), or a placeholder.
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "non-string panic payload".to_string())
 }

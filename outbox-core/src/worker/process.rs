@@ -113,7 +113,7 @@ pub(crate) fn timed_out(
         .unwrap_or(config.handler_timeout);
     let max_attempts = h
         .and_then(|h| h.max_attempts())
-        .unwrap_or(config.retry.get_max_attempts())
+        .unwrap_or(config.retry.attempt_limit())
         .max(1);
     let retry_in = (attempt < max_attempts).then(|| {
         h.and_then(|h| h.backoff(attempt))
@@ -151,7 +151,7 @@ pub(crate) async fn run_message(
     for h in handlers.iter().filter(|h| !completed.contains(h.name())) {
         let max_attempts = h
             .max_attempts()
-            .unwrap_or(config.retry.get_max_attempts())
+            .unwrap_or(config.retry.attempt_limit())
             .max(1);
         if attempt > max_attempts {
             // Attempts count at claim: this one is past the limit because earlier attempts

@@ -67,6 +67,8 @@ use outbox::{Context, Event, FromResources, Handler, HandlerError, ResourceError
 use sqlx::{PgConnection, PgPool};
 
 pub use purge::{purge_processed, DedupConfig, Retention, DEFAULT_PURGE_BATCH, DEFAULT_RETENTION};
+/// The layer trait of tower, which [`DedupLayer`] implements.
+pub use tower_layer::Layer;
 
 /// A handler whose effect is a write to the database, done on the transaction it is given.
 ///
@@ -78,6 +80,50 @@ pub use purge::{purge_processed, DedupConfig, Retention, DEFAULT_PURGE_BATCH, DE
 ///
 /// `Event` is the payload type, a type with `#[outbox_event]`; its topic decides which messages
 /// reach the handler.
+///
+/// # Example
+///
+/// ```no_run
+/// use outbox::{outbox_event, Context, HandlerError, Worker};
+/// use outbox_handlers::dedup::{Dedup, TxHandler};
+/// use serde::{Deserialize, Serialize};
+/// use sqlx::PgConnection;
+///
+/// #[outbox_event]
+/// #[derive(Serialize, Deserialize)]
+/// struct PaymentReceived { account_id: i64, cents: i64 }
+///
+/// struct CreditAccount;
+///
+/// #[outbox::async_trait]
+/// impl TxHandler for CreditAccount {
+///     type Event = PaymentReceived;
+///     const NAME: &'static str = "credit-account";
+///
+///     async fn handle(
+///         &self,
+///         e: PaymentReceived,
+///         _ctx: &Context,
+///         tx: &mut PgConnection,
+///     ) -> Result<(), HandlerError> {
+///         // Committed together with the processed-id record: a redelivery finds the record
+///         // and skips, so the account is credited once.
+///         sqlx::query("UPDATE accounts SET balance = balance + $1 WHERE id = $2")
+///             .bind(e.cents)
+///             .bind(e.account_id)
+///             .execute(&mut *tx)
+///             .await
+///             .map_err(HandlerError::retry)?;
+///         Ok(())
+///     }
+/// }
+///
+/// # async fn run(pool: sqlx::PgPool) -> Result<(), outbox::Error> {
+/// let worker = Worker::builder(&pool)
+///     .handler(Dedup::with_pool(CreditAccount, pool.clone()))
+///     .build()?;
+/// # Ok(()) }
+/// ```
 #[async_trait]
 pub trait TxHandler: Send + Sync + 'static {
     /// The event type this handler reacts to.
@@ -270,12 +316,24 @@ impl<H: TxHandler + FromResources> FromResources for Dedup<H> {
     }
 }
 
-/// Wraps handlers in [`Dedup`], tower-style.
+/// Wraps handlers in [`Dedup`]: a [`tower_layer::Layer`] (re-exported as [`Layer`]), so it
+/// composes with other layers the way tower's do.
 ///
 /// ```
-/// use outbox_handlers::dedup::DedupLayer;
+/// use outbox_handlers::dedup::{DedupLayer, Layer};
+/// # use outbox::{outbox_event, Context, HandlerError};
+/// # use outbox_handlers::dedup::{Dedup, TxHandler};
+/// # #[outbox_event] #[derive(serde::Serialize, serde::Deserialize)] struct Paid { id: i64 }
+/// # struct Credit;
+/// # #[outbox::async_trait]
+/// # impl TxHandler for Credit {
+/// #     type Event = Paid;
+/// #     const NAME: &'static str = "credit";
+/// #     async fn handle(&self, _: Paid, _: &Context, _: &mut sqlx::PgConnection) -> Result<(), HandlerError> { Ok(()) }
+/// # }
 /// let layer = DedupLayer::new(); // the pool from the worker's resources
-/// # let _ = layer;
+/// let handler: Dedup<Credit> = Layer::layer(&layer, Credit);
+/// # let _ = handler;
 /// ```
 #[derive(Debug, Clone, Default)]
 pub struct DedupLayer {
@@ -293,11 +351,19 @@ impl DedupLayer {
         DedupLayer { pool: Some(pool) }
     }
 
-    /// Wraps `inner`.
+    /// Wraps `inner` (the same as [`Layer::layer`], callable without importing the trait).
     pub fn layer<H>(&self, inner: H) -> Dedup<H> {
         Dedup {
             inner,
             pool: self.pool.clone(),
         }
+    }
+}
+
+impl<H> Layer<H> for DedupLayer {
+    type Service = Dedup<H>;
+
+    fn layer(&self, inner: H) -> Dedup<H> {
+        DedupLayer::layer(self, inner)
     }
 }

@@ -348,6 +348,10 @@ where
     F: Fn(&E, &Context) -> Email + Send + Sync + 'static,
 {
     /// A handler named `"email"` whose mapping is a closure.
+    ///
+    /// The closure cannot fail, as with [`SearchHandler::from_fn`](crate::search::SearchHandler::from_fn)
+    /// (when both features are on): a mapping that can (a payload without an address, say)
+    /// implements [`EmailMapping`], whose `email` returns a [`HandlerError`].
     pub fn from_fn(transport: impl EmailTransport, f: F) -> Self {
         EmailHandler::new(transport, EmailFn::new(f))
     }

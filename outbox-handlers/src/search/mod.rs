@@ -63,6 +63,7 @@ use crate::config::ConfigError;
 
 /// What to do to one document.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub enum IndexOp {
     /// Create or replace the document, unless the index holds this version or a newer one.
     Upsert {
@@ -287,6 +288,10 @@ where
 {
     /// A handler named `"search-index"` whose mapping is a closure, writing to the client's
     /// index.
+    ///
+    /// The closure cannot fail, as with `EmailHandler::from_fn`: a mapping that can implements
+    /// [`SearchMapping`], whose `index_op` returns a [`HandlerError`]. Only building the handler
+    /// can fail, when the client has no index.
     ///
     /// # Errors
     ///
