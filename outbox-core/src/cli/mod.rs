@@ -129,29 +129,29 @@ pub struct WorkerArgs {
     /// Messages per claim.
     #[arg(long)]
     pub batch_size: Option<usize>,
-    /// Lease in seconds.
-    #[arg(long, value_parser = seconds)]
+    /// How long a claim holds a message before another worker may take it (e.g. 5s).
+    #[arg(long, value_parser = duration)]
     pub lease: Option<Duration>,
-    /// Poll interval in seconds.
-    #[arg(long, value_parser = seconds)]
+    /// How often an idle worker looks for messages when nothing wakes it (e.g. 1s, 500ms).
+    #[arg(long, value_parser = duration)]
     pub poll_interval: Option<Duration>,
-    /// Under a steady trickle, seconds between claims that did not fill a batch (e.g. 0.005).
-    #[arg(long, value_parser = seconds)]
+    /// Under a steady trickle, the pause between claims that did not fill a batch (e.g. 5ms).
+    #[arg(long, value_parser = duration)]
     pub claim_interval: Option<Duration>,
-    /// Handler timeout in seconds.
-    #[arg(long, value_parser = seconds)]
+    /// How long one handler call may run (e.g. 60s).
+    #[arg(long, value_parser = duration)]
     pub handler_timeout: Option<Duration>,
-    /// Shutdown grace period in seconds.
-    #[arg(long, value_parser = seconds)]
+    /// How long shutdown waits for running handlers before handing their messages back (e.g. 25s).
+    #[arg(long, value_parser = duration)]
     pub shutdown_timeout: Option<Duration>,
     /// Attempts before a message is dead-lettered.
     #[arg(long)]
     pub max_attempts: Option<u32>,
-    /// First retry delay in seconds.
-    #[arg(long, value_parser = seconds)]
+    /// The first retry delay (e.g. 1s).
+    #[arg(long, value_parser = duration)]
     pub retry_base: Option<Duration>,
-    /// Longest retry delay in seconds.
-    #[arg(long, value_parser = seconds)]
+    /// The longest retry delay (e.g. 1h).
+    #[arg(long, value_parser = duration)]
     pub retry_max: Option<Duration>,
     /// Exact retry delays, without jitter.
     #[arg(long)]
@@ -282,12 +282,17 @@ fn redact_query(rest: &str) -> String {
 /// refused before it reaches SQL.
 pub const MAX_DURATION: Duration = Duration::from_secs(100 * 36525 * 24 * 36);
 
-fn seconds(s: &str) -> Result<Duration, String> {
-    let v: f64 = s
-        .parse()
-        .map_err(|_| format!("`{s}` is not a number of seconds"))?;
-    let d = Duration::try_from_secs_f64(v)
-        .map_err(|_| format!("`{s}` is not a valid number of seconds (use 0 or more)"))?;
+/// Every duration the command lines take, in one human format: `500ms`, `30s`, `5m`, `12h`,
+/// `7d` (units may be combined: `1h30m`). A bare number counts as seconds (`2`, `0.5`), as
+/// earlier versions read the worker's flags.
+pub(crate) fn duration(s: &str) -> Result<Duration, String> {
+    let d = match s.trim().parse::<f64>() {
+        Ok(secs) => Duration::try_from_secs_f64(secs)
+            .map_err(|_| format!("`{s}` is not a duration: use 0 or more"))?,
+        Err(_) => humantime::parse_duration(s.trim()).map_err(|e| {
+            format!("`{s}` is not a duration ({e}); write e.g. 500ms, 30s, 5m, 12h or 7d")
+        })?,
+    };
     bounded(s, d)
 }
 
@@ -671,6 +676,21 @@ pub fn print_stats(stats: &crate::Stats, registry: Option<&Registry>, json: bool
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_duration_flag_reads_the_human_format_and_bare_seconds() {
+        let ms = |s: &str| duration(s).map(|d| d.as_millis());
+        assert_eq!(ms("500ms"), Ok(500));
+        assert_eq!(ms("5m"), Ok(300_000));
+        assert_eq!(ms("1h30m"), Ok(5_400_000));
+        assert_eq!(ms("7d"), Ok(604_800_000));
+        assert_eq!(ms("2"), Ok(2_000), "a bare number is seconds");
+        assert_eq!(ms("0.005"), Ok(5));
+        let bad = duration("soon").unwrap_err();
+        assert!(bad.contains("write e.g. 500ms"), "{bad}");
+        assert!(duration("-1").is_err());
+        assert!(duration("200y").unwrap_err().contains("too long"));
+    }
 
     #[test]
     fn redact_url_hides_passwords_wherever_they_are() {

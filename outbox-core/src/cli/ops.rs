@@ -29,7 +29,7 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use super::{connect, error_line, exit, init_logging_with, print_stats};
+use super::{connect, duration, error_line, exit, init_logging_with, print_stats};
 use crate::{DeadLetterFilter, DeadSelection, Store};
 use clap::{Args, Parser, Subcommand};
 use uuid::Uuid;
@@ -216,12 +216,6 @@ async fn console(args: &ConsoleArgs, store: Store) -> crate::Result<u8> {
         return Ok(exit::FAILURE);
     }
     Ok(exit::OK)
-}
-
-fn duration(s: &str) -> Result<Duration, String> {
-    let d = humantime::parse_duration(s)
-        .map_err(|e| format!("`{s}` is not a duration ({e}); write e.g. 90s, 30m, 12h or 7d"))?;
-    super::bounded(s, d)
 }
 
 /// The most rows one purge statement may delete.
