@@ -20,3 +20,22 @@ pub struct NewMessage {
     /// The delay before it is available.
     pub delay: Duration,
 }
+
+/// Now, in Unix milliseconds (0 before 1970, `i64::MAX` after the year 292 million).
+pub fn now_ms() -> i64 {
+    let d = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// FNV-1a, 64 bits: a stable hash (migration checksums, file names), the same on every
+/// platform and release.
+pub fn fnv1a(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}

@@ -379,7 +379,7 @@ impl Context {
             attempt: 1,
             max_attempts: 1,
             created_at: Utc::now(),
-            idempotency_key: format!("{message_id}:{handler}"),
+            idempotency_key: default_idempotency_key(message_id, handler),
             resources: Arc::new(resources),
         }
     }
@@ -461,6 +461,12 @@ pub struct PayloadError {
 
 pub(crate) fn erase<H: Handler>(h: H) -> Arc<dyn ErasedHandler> {
     Arc::new(Typed(h))
+}
+
+/// The idempotency key of a delivery when the event and the enqueue gave none:
+/// `"{message_id}:{handler}"`, the same on every retry and distinct per handler.
+pub(crate) fn default_idempotency_key(message_id: Uuid, handler: &str) -> String {
+    format!("{message_id}:{handler}")
 }
 
 /// A [`RawHandler`] serving one topic.

@@ -2,14 +2,9 @@
 
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
-fn now_ms() -> i64 {
-    let d = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default();
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
-}
+use crate::__private::now_ms;
 
 /// How long ready messages of a topic that no live worker serves may wait before health fails.
 pub(crate) const UNSERVED_LIMIT: Duration = Duration::from_secs(60);

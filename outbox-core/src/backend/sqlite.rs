@@ -7,7 +7,7 @@
 //! changes of the write-ahead log file (commits of other processes).
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -93,13 +93,7 @@ impl SqliteBackend {
     }
 }
 
-/// Now, in Unix milliseconds.
-pub(crate) fn now_ms() -> i64 {
-    let d = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default();
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
-}
+pub(crate) use crate::__private::now_ms;
 
 fn ms(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)

@@ -183,7 +183,7 @@ pub(crate) async fn run_message(
             idempotency_key: msg
                 .idempotency_key
                 .clone()
-                .unwrap_or_else(|| format!("{}:{}", msg.id, h.name())),
+                .unwrap_or_else(|| crate::handler::default_idempotency_key(msg.id, h.name())),
             resources: resources.clone(),
         };
         let span = tracing::info_span!(

@@ -12,8 +12,8 @@ const KEYS: &[&str] = &["retention_secs", "purge_batch"];
 /// The default retention of processed records: a week.
 pub const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
 
-/// The default number of records deleted per statement.
-pub const DEFAULT_PURGE_BATCH: usize = 1000;
+/// The default number of records deleted per statement: the outbox's own purge batch.
+pub const DEFAULT_PURGE_BATCH: usize = outbox::DEFAULT_PURGE_BATCH;
 
 /// The largest purge batch accepted.
 const MAX_PURGE_BATCH: usize = 100_000;

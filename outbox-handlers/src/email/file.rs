@@ -129,7 +129,10 @@ impl FileTransport {
             if !stem.is_empty() {
                 stem.push('-');
             }
-            stem.push_str(&format!("{:016x}", fnv1a(idempotency_key.as_bytes())));
+            stem.push_str(&format!(
+                "{:016x}",
+                outbox::__private::fnv1a(idempotency_key.as_bytes())
+            ));
         }
         stem.push_str(".json");
         stem
@@ -198,16 +201,6 @@ fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result<PathBuf
         let _ = d.sync_all();
     }
     Ok(target)
-}
-
-/// FNV-1a, 64 bits: a stable hash for file names.
-fn fnv1a(bytes: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in bytes {
-        h ^= u64::from(*b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    h
 }
 
 #[cfg(test)]
