@@ -19,4 +19,8 @@ pub struct NewMessage {
     pub idempotency_key: Option<String>,
     /// The delay before it is available.
     pub delay: Duration,
+    /// The ordering key, if the message is ordered.
+    pub ordering_key: Option<String>,
+    /// Whether the message, once dead, lets later messages of its key go on.
+    pub releases_key: bool,
 }

@@ -36,6 +36,7 @@ struct HealthInner {
     oldest_stalled_ms: AtomicI64,
     oldest_queued_ms: AtomicI64,
     unserved: std::sync::Mutex<Vec<(String, Duration)>>,
+    blocked_by_dead: std::sync::Mutex<Vec<(String, i64)>>,
     max_tick_age: Duration,
     max_oldest_ready: Duration,
 }
@@ -49,6 +50,7 @@ impl Health {
                 oldest_stalled_ms: AtomicI64::new(0),
                 oldest_queued_ms: AtomicI64::new(0),
                 unserved: std::sync::Mutex::new(Vec::new()),
+                blocked_by_dead: std::sync::Mutex::new(Vec::new()),
                 max_tick_age,
                 max_oldest_ready,
             }),
@@ -83,6 +85,25 @@ impl Health {
             .clone()
     }
 
+    pub(crate) fn set_blocked_by_dead(&self, topics: Vec<(String, i64)>) {
+        *self
+            .inner
+            .blocked_by_dead
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = topics;
+    }
+
+    /// Topics with ready messages held back by a dead letter of their ordering key, with how
+    /// many, as of the last statistics refresh. They wait until the dead letter is retried or
+    /// discarded.
+    pub fn blocked_by_dead(&self) -> Vec<(String, i64)> {
+        self.inner
+            .blocked_by_dead
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
     pub(crate) fn set_oldest_queued(&self, age: Option<Duration>) {
         self.inner
             .oldest_queued_ms
@@ -99,7 +120,7 @@ impl Health {
     /// messages of a topic that no live worker serves have waited more than 60 s, the
     /// oldest ready message has waited too long, or messages of this worker's topics are held
     /// by a worker that stopped renewing their lease and nobody has taken them over for
-    /// 30 s.
+    /// 30 s, or messages wait behind a dead letter of their ordering key.
     ///
     /// # Errors
     ///
@@ -124,6 +145,19 @@ impl Health {
                  crate not linked into the worker binary, or its workers down?",
                 late.join(", "),
                 UNSERVED_LIMIT.as_secs()
+            ));
+        }
+        let blocked: Vec<String> = self
+            .blocked_by_dead()
+            .into_iter()
+            .filter(|(_, n)| *n > 0)
+            .map(|(topic, n)| format!("`{topic}` ({n})"))
+            .collect();
+        if !blocked.is_empty() {
+            return Err(format!(
+                "messages wait behind a dead letter of their ordering key: {}: retry or discard \
+                 the dead letters (`outbox dead list`, `outbox dead retry`, `outbox dead discard`)",
+                blocked.join(", ")
             ));
         }
         let stalled = self.inner.oldest_stalled_ms.load(Ordering::Relaxed);

@@ -46,6 +46,11 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         description: "dead letters counted per topic",
         sql: include_str!("../../migrations/postgres/0005_dead_counts.sql"),
     },
+    Migration {
+        version: 6,
+        description: "ordering keys: per-key order, dead letters that hold their key",
+        sql: include_str!("../../migrations/postgres/0006_ordering_keys.sql"),
+    },
 ];
 
 /// Columns of [`MessageInfo`], from either the live or the dead table (`status` and the
@@ -70,11 +75,17 @@ const DEAD_COLUMNS: &str =
 
 pub(crate) struct PgBackend {
     pool: PgPool,
+    /// The greatest ordering key of this backend's last claim that took ordered messages: the
+    /// next claim walks the keys after it first.
+    cursor: std::sync::Mutex<Option<String>>,
 }
 
 impl PgBackend {
     pub(crate) fn new(pool: PgPool) -> Self {
-        Self { pool }
+        Self {
+            pool,
+            cursor: std::sync::Mutex::new(None),
+        }
     }
 }
 
@@ -97,8 +108,9 @@ pub(crate) async fn outbox_insert(
     if let [row] = rows {
         let sql = sqlx::AssertSqlSafe(format!(
             "WITH ins AS ( \
-                INSERT INTO outbox_messages (id, topic, payload, idempotency_key, available_at) \
-                VALUES ($1, $2, $3::json, $4, now() + make_interval(secs => $5)) \
+                INSERT INTO outbox_messages (id, topic, payload, idempotency_key, available_at, \
+                                             ordering_key, releases_key) \
+                VALUES ($1, $2, $3::json, $4, now() + make_interval(secs => $5), $6, $7) \
              ) \
              SELECT pg_notify('{WAKEUP_CHANNEL}', w.id::text) FROM outbox_workers w \
              WHERE $5 = 0 AND w.waiting AND $2 = ANY(w.topics) \
@@ -110,6 +122,8 @@ pub(crate) async fn outbox_insert(
             .bind(&row.payload)
             .bind(&row.idempotency_key)
             .bind(secs(row.delay))
+            .bind(&row.ordering_key)
+            .bind(row.releases_key)
             .execute(conn)
             .await?;
         return Ok(());
@@ -119,6 +133,8 @@ pub(crate) async fn outbox_insert(
     let payloads: Vec<&str> = rows.iter().map(|r| r.payload.as_str()).collect();
     let keys: Vec<Option<&str>> = rows.iter().map(|r| r.idempotency_key.as_deref()).collect();
     let delays: Vec<f64> = rows.iter().map(|r| secs(r.delay)).collect();
+    let ordering: Vec<Option<&str>> = rows.iter().map(|r| r.ordering_key.as_deref()).collect();
+    let releases: Vec<bool> = rows.iter().map(|r| r.releases_key).collect();
     let due_now: Vec<&str> = rows
         .iter()
         .filter(|r| r.delay.is_zero())
@@ -126,10 +142,12 @@ pub(crate) async fn outbox_insert(
         .collect();
     let sql = sqlx::AssertSqlSafe(format!(
         "WITH ins AS ( \
-            INSERT INTO outbox_messages (id, topic, payload, idempotency_key, available_at) \
-            SELECT u.id, u.topic, u.payload::json, u.idempotency_key, now() + make_interval(secs => u.delay) \
-            FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::text[], $5::float8[]) \
-                 AS u(id, topic, payload, idempotency_key, delay) \
+            INSERT INTO outbox_messages (id, topic, payload, idempotency_key, available_at, \
+                                         ordering_key, releases_key) \
+            SELECT u.id, u.topic, u.payload::json, u.idempotency_key, now() + make_interval(secs => u.delay), \
+                   u.ordering_key, u.releases_key \
+            FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::text[], $5::float8[], $7::text[], $8::bool[]) \
+                 AS u(id, topic, payload, idempotency_key, delay, ordering_key, releases_key) \
          ) \
          SELECT pg_notify('{WAKEUP_CHANNEL}', w.id::text) FROM outbox_workers w \
          WHERE w.waiting AND w.topics && $6::text[] \
@@ -142,6 +160,8 @@ pub(crate) async fn outbox_insert(
         .bind(keys)
         .bind(delays)
         .bind(due_now)
+        .bind(ordering)
+        .bind(releases)
         .execute(conn)
         .await?;
     Ok(())
@@ -187,46 +207,99 @@ impl Backend for PgBackend {
     }
 
     async fn outbox_claim_batch(&self, p: &ClaimParams<'_>) -> Result<Vec<ClaimedMessage>> {
-        // Per topic, the index gives rows in due order; running rows whose lease still runs are
-        // skipped on the heap, and the outer LIMIT stops the lateral scan as soon as the batch
-        // is full. Rows of topics not asked for are never read. The UPDATE writes no indexed
+        // Unordered rows: per topic, the index gives rows in due order; running rows whose lease
+        // still runs are skipped on the heap, and the LIMIT stops the lateral scan as soon as the
+        // batch is full. Rows of topics not asked for are never read. The UPDATE writes no indexed
         // column, so PostgreSQL can keep it on the row's page without new index entries.
+        //
+        // Ordered rows (with an ordering key) are not in that index: only the head of a key (its
+        // live row with the smallest id) may start, so the claim walks the key index from key to
+        // key, one probe per key (a loose index scan), and takes the heads that are due, not
+        // running, of a topic asked for, and not behind a dead letter that holds the key. A later
+        // row of a key is never a head while an earlier one exists, locked or not, so two workers
+        // can never start two messages of one key. The walk starts after the key this worker
+        // claimed last and wraps around, so keys take turns.
         //
         // The claim commits without waiting for its WAL flush (`synchronous_commit` off for this
         // one transaction, set where the topic list is read, which the lateral scan needs first).
         // A claim lost in a server crash only hands the message out again, which at-least-once
         // allows; outcomes (done, failed, dead) still commit durably.
+        let cursor = self
+            .cursor
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+            .unwrap_or_default();
         let rows = sqlx::query(
-            "WITH picked AS ( \
-                SELECT c.id \
+            "WITH RECURSIVE after_cursor(k, id) AS ( \
+                (SELECT ordering_key, id FROM outbox_messages \
+                 WHERE ordering_key > $6 ORDER BY ordering_key, id LIMIT 1) \
+                UNION ALL \
+                SELECT n.ordering_key, n.id FROM after_cursor a CROSS JOIN LATERAL ( \
+                    SELECT ordering_key, id FROM outbox_messages \
+                    WHERE ordering_key > a.k ORDER BY ordering_key, id LIMIT 1) n \
+             ), up_to_cursor(k, id) AS ( \
+                (SELECT ordering_key, id FROM outbox_messages \
+                 WHERE ordering_key IS NOT NULL AND ordering_key <= $6 \
+                 ORDER BY ordering_key, id LIMIT 1) \
+                UNION ALL \
+                SELECT n.ordering_key, n.id FROM up_to_cursor a CROSS JOIN LATERAL ( \
+                    SELECT ordering_key, id FROM outbox_messages \
+                    WHERE ordering_key > a.k AND ordering_key <= $6 \
+                    ORDER BY ordering_key, id LIMIT 1) n \
+             ), heads AS ( \
+                SELECT k, id FROM after_cursor UNION ALL SELECT k, id FROM up_to_cursor \
+             ), keyed AS ( \
+                SELECT m.id, m.available_at FROM heads h JOIN outbox_messages m ON m.id = h.id \
+                WHERE m.topic = ANY($1::text[]) AND m.available_at <= now() \
+                  AND (m.locked_until IS NULL OR m.locked_until < now()) \
+                  AND NOT EXISTS (SELECT 1 FROM outbox_dead d \
+                                  WHERE d.ordering_key = h.k AND d.id < h.id AND NOT d.releases_key) \
+                LIMIT $2 \
+                FOR UPDATE OF m SKIP LOCKED \
+             ), unkeyed AS ( \
+                SELECT c.id, c.available_at \
                 FROM unnest(CASE WHEN set_config('synchronous_commit', 'off', true) = 'off' \
                                  THEN $1::text[] END) AS t(topic) \
                 CROSS JOIN LATERAL ( \
-                    SELECT id FROM outbox_messages \
-                    WHERE topic = t.topic AND available_at <= now() \
+                    SELECT id, available_at FROM outbox_messages \
+                    WHERE topic = t.topic AND ordering_key IS NULL AND available_at <= now() \
                       AND (locked_until IS NULL OR locked_until < now()) \
                     ORDER BY available_at \
                     LIMIT $2 \
                     FOR UPDATE SKIP LOCKED \
                 ) c \
                 LIMIT $2 \
+             ), picked AS ( \
+                SELECT id FROM (SELECT id, available_at FROM keyed \
+                                UNION ALL SELECT id, available_at FROM unkeyed) x \
+                ORDER BY available_at LIMIT $2 \
              ) \
              UPDATE outbox_messages m \
              SET attempts = m.attempts + 1, claim_token = $3, claimed_by = $4, \
                  locked_until = now() + make_interval(secs => $5) \
              FROM picked WHERE m.id = picked.id \
              RETURNING m.id, m.topic, m.payload::text AS payload, m.idempotency_key, \
-                       m.attempts, m.created_at, m.last_error",
+                       m.attempts, m.created_at, m.last_error, m.ordering_key",
         )
         .bind(p.topics)
         .bind(p.limit)
         .bind(p.claim_token)
         .bind(p.worker)
         .bind(secs(p.lease))
+        .bind(&cursor)
         .fetch_all(&self.pool)
         .await?;
-        rows.iter()
+        let mut last_key: Option<String> = None;
+        let claimed = rows
+            .iter()
             .map(|r| {
+                let key: Option<String> = r.try_get("ordering_key")?;
+                if let Some(key) = key {
+                    if last_key.as_ref().is_none_or(|last| key > *last) {
+                        last_key = Some(key);
+                    }
+                }
                 Ok(ClaimedMessage {
                     id: r.try_get("id")?,
                     topic: r.try_get("topic")?,
@@ -239,7 +312,15 @@ impl Backend for PgBackend {
                 })
             })
             .collect::<Result<Vec<_>, sqlx::Error>>()
-            .map_err(Error::from)
+            .map_err(Error::from)?;
+        // Keys compare byte-wise in the database ("C" collation) as Rust strings do.
+        if last_key.is_some() {
+            *self
+                .cursor
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = last_key;
+        }
+        Ok(claimed)
     }
 
     async fn delivery_completed(&self, message_ids: &[Uuid]) -> Result<Vec<(Uuid, String)>> {
@@ -302,10 +383,12 @@ impl Backend for PgBackend {
         } else {
             "WITH del AS ( \
                 DELETE FROM outbox_messages WHERE id = $1 AND claim_token = $2 \
-                RETURNING id, topic, payload, idempotency_key, attempts, created_at \
+                RETURNING id, topic, payload, idempotency_key, attempts, created_at, ordering_key, releases_key \
              ), dead AS ( \
-                INSERT INTO outbox_dead (id, topic, payload, idempotency_key, attempts, last_error, created_at) \
-                SELECT id, topic, payload, idempotency_key, attempts, $4, created_at FROM del \
+                INSERT INTO outbox_dead (id, topic, payload, idempotency_key, attempts, last_error, created_at, \
+                                         ordering_key, releases_key) \
+                SELECT id, topic, payload, idempotency_key, attempts, $4, created_at, ordering_key, releases_key \
+                FROM del \
              ), ins AS ( \
                 INSERT INTO outbox_deliveries (message_id, handler) \
                 SELECT $1, h FROM unnest($5::text[]) AS h WHERE EXISTS (SELECT 1 FROM del) \
@@ -382,18 +465,34 @@ impl Backend for PgBackend {
             Option<f64>,
             Option<f64>,
             i64,
+            i64,
+            i64,
+            Option<f64>,
         );
         let sql = sqlx::AssertSqlSafe(format!(
-            "WITH live AS ( \
+            "WITH msgs AS ( \
+                SELECT topic, available_at, locked_until, \
+                       available_at <= now() AND (locked_until IS NULL OR locked_until < now()) AS due, \
+                       CASE WHEN m.ordering_key IS NULL \
+                                 OR NOT (available_at <= now() AND (locked_until IS NULL OR locked_until < now())) THEN 0 \
+                            WHEN EXISTS (SELECT 1 FROM outbox_dead d WHERE d.ordering_key = m.ordering_key \
+                                         AND d.id < m.id AND NOT d.releases_key) THEN 2 \
+                            WHEN EXISTS (SELECT 1 FROM outbox_messages e WHERE e.ordering_key = m.ordering_key \
+                                         AND e.id < m.id) THEN 1 \
+                            ELSE 0 END AS held \
+                FROM outbox_messages m \
+             ), live AS ( \
                 SELECT topic, \
-                       count(*) FILTER (WHERE available_at <= now() AND (locked_until IS NULL OR locked_until < now())) AS ready, \
+                       count(*) FILTER (WHERE due AND held = 0) AS ready, \
+                       count(*) FILTER (WHERE due AND held > 0) AS blocked, \
+                       count(*) FILTER (WHERE due AND held = 2) AS blocked_by_dead, \
                        count(*) FILTER (WHERE available_at > now() AND locked_until IS NULL) AS scheduled, \
                        count(*) FILTER (WHERE locked_until >= now()) AS in_flight, \
                        count(*) FILTER (WHERE locked_until < now()) AS stalled, \
-                       extract(epoch FROM now() - min(available_at) FILTER (WHERE available_at <= now() \
-                           AND (locked_until IS NULL OR locked_until < now())))::float8 AS oldest, \
-                       extract(epoch FROM now() - min(locked_until) FILTER (WHERE locked_until < now()))::float8 AS stalled_for \
-                FROM outbox_messages GROUP BY topic \
+                       extract(epoch FROM now() - min(available_at) FILTER (WHERE due AND held = 0))::float8 AS oldest, \
+                       extract(epoch FROM now() - min(locked_until) FILTER (WHERE locked_until < now()))::float8 AS stalled_for, \
+                       extract(epoch FROM now() - min(available_at) FILTER (WHERE due AND held > 0))::float8 AS oldest_blocked \
+                FROM msgs GROUP BY topic \
              ), dead AS ( \
                 SELECT topic, n AS dead FROM outbox_dead_counts \
              ), done AS ( \
@@ -408,7 +507,8 @@ impl Backend for PgBackend {
              ) \
              SELECT t.topic, coalesce(l.ready, 0), coalesce(l.scheduled, 0), coalesce(l.in_flight, 0), \
                     coalesce(l.stalled, 0), coalesce(d.dead, 0), coalesce(o.done, 0), l.oldest, \
-                    l.stalled_for, coalesce(s.workers, 0) \
+                    l.stalled_for, coalesce(s.workers, 0), coalesce(l.blocked, 0), \
+                    coalesce(l.blocked_by_dead, 0), l.oldest_blocked \
              FROM topics t \
              LEFT JOIN live l ON l.topic = t.topic \
              LEFT JOIN dead d ON d.topic = t.topic \
@@ -434,10 +534,16 @@ impl Backend for PgBackend {
                     oldest,
                     stalled_for,
                     workers,
+                    blocked,
+                    blocked_by_dead,
+                    oldest_blocked,
                 )| {
                     TopicStats {
                         topic,
                         ready,
+                        blocked,
+                        blocked_by_dead,
+                        oldest_blocked_age: age(oldest_blocked),
                         scheduled,
                         in_flight,
                         stalled,
@@ -486,10 +592,12 @@ impl Backend for PgBackend {
             "WITH del AS ( \
                 DELETE FROM outbox_dead \
                 WHERE ($1::uuid IS NULL OR id = $1) AND ($2::text IS NULL OR topic = $2) \
-                RETURNING id, topic, payload, idempotency_key, last_error, created_at \
+                RETURNING id, topic, payload, idempotency_key, last_error, created_at, ordering_key, releases_key \
              ), ins AS ( \
-                INSERT INTO outbox_messages (id, topic, payload, idempotency_key, last_error, created_at) \
-                SELECT id, topic, payload, idempotency_key, last_error, created_at FROM del \
+                INSERT INTO outbox_messages (id, topic, payload, idempotency_key, last_error, created_at, \
+                                             ordering_key, releases_key) \
+                SELECT id, topic, payload, idempotency_key, last_error, created_at, ordering_key, releases_key \
+                FROM del \
                 RETURNING topic \
              ) \
              SELECT count(*) FROM ins",
