@@ -295,6 +295,7 @@ impl Backend for PgBackend {
             .iter()
             .map(|r| {
                 let key: Option<String> = r.try_get("ordering_key")?;
+                let ordered = key.is_some();
                 if let Some(key) = key {
                     if last_key.as_ref().is_none_or(|last| key > *last) {
                         last_key = Some(key);
@@ -309,6 +310,7 @@ impl Backend for PgBackend {
                     created_at: r.try_get("created_at")?,
                     claim_token: p.claim_token,
                     last_error: r.try_get("last_error")?,
+                    ordered,
                 })
             })
             .collect::<Result<Vec<_>, sqlx::Error>>()

@@ -186,6 +186,8 @@ impl SqliteBackend {
 /// A claimed row as the worker sees it.
 fn claimed(r: &sqlx::sqlite::SqliteRow, claim_token: Uuid) -> Result<ClaimedMessage, sqlx::Error> {
     let created: i64 = r.try_get("created_at")?;
+    // Only the claim of ordered messages returns the key.
+    let ordered: Option<String> = r.try_get("ordering_key").unwrap_or(None);
     Ok(ClaimedMessage {
         id: parse_uuid(r.try_get("id")?)?,
         topic: r.try_get("topic")?,
@@ -195,6 +197,7 @@ fn claimed(r: &sqlx::sqlite::SqliteRow, claim_token: Uuid) -> Result<ClaimedMess
         created_at: time(created),
         claim_token,
         last_error: r.try_get("last_error")?,
+        ordered: ordered.is_some(),
     })
 }
 

@@ -329,6 +329,7 @@ impl Worker {
                         lock(done).push(Done {
                             fence,
                             had_attempts: msg.attempts > 1,
+                            ordered: msg.ordered,
                         });
                         Ok(())
                     }
