@@ -178,7 +178,9 @@ pub const DEFAULT_PURGE_BATCH: usize = 1000;
 
 impl Store {
     /// Per-topic and total counts: ready, scheduled, in flight, dead, done in the last five
-    /// minutes, and the age of the oldest ready message.
+    /// minutes, and the age of the oldest ready message; and the messages blocked behind an
+    /// earlier message of their ordering key (behind a dead letter, among them), with the age
+    /// of the oldest. Each due message with an ordering key costs one index probe.
     ///
     /// # Errors
     ///
