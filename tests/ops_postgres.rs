@@ -388,10 +388,11 @@ async fn the_outbox_command_line() {
         .unwrap()
         .split_whitespace()
         .collect();
-    // topic, ready, scheduled, in flight, stalled, dead, done 5m, oldest, live workers.
+    // topic, ready, scheduled, in flight, stalled, dead, done 5m, oldest, live workers,
+    // blocked, blocked by dead, oldest blocked.
     assert_eq!(
         row,
-        ["ops.task", "0", "0", "0", "0", "2", "1", "-", "0"],
+        ["ops.task", "0", "0", "0", "0", "2", "1", "-", "0", "0", "0", "-"],
         "{out}"
     );
     let (code, out, _) = text(&ops(&db, &["stats", "--json"]));

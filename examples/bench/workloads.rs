@@ -1,5 +1,5 @@
-//! The workloads W1..W6 and W10, the peer's W1 and the peak-RSS run, each returning its raw
-//! figures.
+//! The workloads W1..W6, W9 and W10, the peer's W1 and the peak-RSS run, each returning its
+//! raw figures.
 
 use std::collections::HashSet;
 use std::io::{BufRead, BufReader, Write as _};
@@ -51,6 +51,39 @@ pub(crate) fn messages(n: u64) -> Vec<BenchMessage> {
     (0..n).map(BenchMessage::new).collect()
 }
 
+/// W9's message: a [`BenchMessage`] with an ordering key, on the same topic (the probe reads
+/// it as a `BenchMessage` and ignores the key field).
+#[outbox_event(topic = "bench.message", ordering_key = "key")]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct KeyedBenchMessage {
+    key: String,
+    seq: u64,
+    order_id: String,
+    customer: String,
+    amount_cents: u64,
+    currency: String,
+    note: String,
+}
+
+/// Messages `0..n` over `keys` ordering keys, interleaved (message `i` has key `i % keys`), as
+/// the events of many aggregates arrive.
+pub(crate) fn keyed_messages(n: u64, keys: u64) -> Vec<KeyedBenchMessage> {
+    (0..n)
+        .map(|seq| {
+            let m = BenchMessage::new(seq);
+            KeyedBenchMessage {
+                key: format!("bench:{}", seq % keys.max(1)),
+                seq: m.seq,
+                order_id: m.order_id,
+                customer: m.customer,
+                amount_cents: m.amount_cents,
+                currency: m.currency,
+                note: m.note,
+            }
+        })
+        .collect()
+}
+
 /// The topic of [`BenchMessage`].
 pub(crate) const TOPIC: &str = "bench.message";
 
@@ -69,6 +102,8 @@ pub(crate) struct ProbeState {
     all: Notify,
     /// Handler start per `seq` (W3 only).
     starts: Vec<OnceLock<Instant>>,
+    /// W9 with one key: the last `seq` handled (plus one), and calls that came out of order.
+    serial: Option<(AtomicU64, AtomicU64)>,
 }
 
 impl ProbeState {
@@ -79,7 +114,26 @@ impl ProbeState {
             target,
             all: Notify::new(),
             starts: (0..record).map(|_| OnceLock::new()).collect(),
+            serial: None,
         })
+    }
+
+    /// Expects `target` calls of one ordering key, and counts those that come out of order.
+    pub(crate) fn serial(target: u64) -> Arc<Self> {
+        Arc::new(ProbeState {
+            handled: AtomicU64::new(0),
+            target,
+            all: Notify::new(),
+            starts: Vec::new(),
+            serial: Some((AtomicU64::new(0), AtomicU64::new(0))),
+        })
+    }
+
+    /// Calls that came out of order (W9 with one key).
+    pub(crate) fn out_of_order(&self) -> u64 {
+        self.serial
+            .as_ref()
+            .map_or(0, |(_, bad)| bad.load(Ordering::SeqCst))
     }
 
     fn handled(&self) -> u64 {
@@ -112,6 +166,11 @@ impl Handler for Probe {
             .and_then(|i| self.0.starts.get(i))
         {
             let _ = slot.set(now);
+        }
+        if let Some((last, bad)) = &self.0.serial {
+            if last.swap(event.seq + 1, Ordering::SeqCst) > event.seq {
+                bad.fetch_add(1, Ordering::SeqCst);
+            }
         }
         if self.0.handled.fetch_add(1, Ordering::SeqCst) + 1 == self.0.target {
             self.0.all.notify_one();
@@ -259,10 +318,38 @@ async fn until_drained(
 /// binary starts) until no live message of the topic is left.
 pub(crate) async fn w1(db: &Db, n: u64, config: WorkerConfig) -> Result<Sample> {
     db.seed(&messages(n)).await?;
+    timed_drain(db, n, config, ProbeState::new(n, 0)).await
+}
+
+/// W9: W1's drain of `n` messages with ordering keys, `keys` of them, timed the same way. With
+/// one key the drain is serial, and every call is checked to come in enqueue order.
+pub(crate) async fn w9(db: &Db, n: u64, keys: u64, config: WorkerConfig) -> Result<Sample> {
+    db.seed(&keyed_messages(n, keys)).await?;
+    let state = if keys == 1 {
+        ProbeState::serial(n)
+    } else {
+        ProbeState::new(n, 0)
+    };
+    let sample = timed_drain(db, n, config, state.clone()).await?;
+    if state.out_of_order() > 0 {
+        bail!(
+            "{} of {n} messages of one key were handled out of enqueue order",
+            state.out_of_order()
+        );
+    }
+    Ok(sample)
+}
+
+/// The timed part of W1 and W9, on messages already seeded.
+async fn timed_drain(
+    db: &Db,
+    n: u64,
+    config: WorkerConfig,
+    state: Arc<ProbeState>,
+) -> Result<Sample> {
     db.analyze().await?;
     // Every run starts right after a checkpoint, so none pays for one the seeding left due.
     db.checkpoint().await?;
-    let state = ProbeState::new(n, 0);
     let meter = CpuMeter::start(db).await;
     let start = Instant::now();
     let pool = db.cold_pool(COLD_POOL_SIZE).await?;

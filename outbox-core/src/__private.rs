@@ -19,6 +19,10 @@ pub struct NewMessage {
     pub idempotency_key: Option<String>,
     /// The delay before it is available.
     pub delay: Duration,
+    /// The ordering key, if the message is ordered.
+    pub ordering_key: Option<String>,
+    /// Whether the message, once dead, lets later messages of its key go on.
+    pub releases_key: bool,
 }
 
 /// Now, in Unix milliseconds (0 before 1970, `i64::MAX` after the year 292 million).

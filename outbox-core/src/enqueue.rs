@@ -15,6 +15,9 @@ pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 1024 * 1024;
 /// The longest idempotency key accepted, in bytes.
 pub const MAX_IDEMPOTENCY_KEY_BYTES: usize = 255;
 
+/// The longest ordering key accepted, in bytes.
+pub const MAX_ORDERING_KEY_BYTES: usize = 255;
+
 /// Options for [`enqueue_with`] and [`enqueue_many_with`].
 ///
 /// ```
@@ -24,13 +27,17 @@ pub const MAX_IDEMPOTENCY_KEY_BYTES: usize = 255;
 /// let options = EnqueueOptions::new()
 ///     .delay(Duration::from_secs(60))
 ///     .idempotency_key("booking-created:42")
-///     .max_payload_bytes(64 * 1024);
+///     .max_payload_bytes(64 * 1024)
+///     .ordering_key("booking:42");
 /// assert_eq!(options.scheduled_delay(), Duration::from_secs(60));
+/// assert_eq!(options.key_for_ordering(), Some("booking:42"));
 /// ```
 #[derive(Debug, Clone)]
 pub struct EnqueueOptions {
     delay: Duration,
     idempotency_key: Option<String>,
+    ordering_key: Option<String>,
+    dead_releases_key: Option<bool>,
     max_payload_bytes: usize,
 }
 
@@ -39,6 +46,8 @@ impl Default for EnqueueOptions {
         Self {
             delay: Duration::ZERO,
             idempotency_key: None,
+            ordering_key: None,
+            dead_releases_key: None,
             max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
         }
     }
@@ -62,6 +71,31 @@ impl EnqueueOptions {
     pub fn idempotency_key(mut self, key: impl Into<String>) -> Self {
         self.idempotency_key = Some(key.into());
         self
+    }
+
+    /// Sets the ordering key, overriding [`Event::ordering_key`]: the message is not started
+    /// while an earlier message of the same key (of any topic) is pending, running, waiting for
+    /// a retry, delayed, or dead and holding its key. With [`enqueue_many_with`] every event of
+    /// the slice gets this key, and they are handled in slice order.
+    ///
+    /// Keys are compared byte for byte and hold 1 to 255 bytes; `booking:42` style keys name
+    /// an aggregate across topics. See [`Event::ordering_key`] for what "earlier" means.
+    pub fn ordering_key(mut self, key: impl Into<String>) -> Self {
+        self.ordering_key = Some(key.into());
+        self
+    }
+
+    /// Whether the message, once dead, lets the later messages of its ordering key go on,
+    /// overriding [`Event::DEAD_RELEASES_KEY`]. By default a dead message blocks its key until
+    /// it is retried or discarded.
+    pub fn dead_releases_key(mut self, releases: bool) -> Self {
+        self.dead_releases_key = Some(releases);
+        self
+    }
+
+    /// The ordering key set with [`ordering_key`](EnqueueOptions::ordering_key).
+    pub fn key_for_ordering(&self) -> Option<&str> {
+        self.ordering_key.as_deref()
     }
 
     /// Refuses payloads whose JSON is larger than `bytes` (default 1 MiB).
@@ -124,7 +158,8 @@ where
 ///
 /// # Errors
 ///
-/// As [`enqueue`], plus [`Error::InvalidIdempotencyKey`] and [`Error::DelayOutOfRange`].
+/// As [`enqueue`], plus [`Error::InvalidIdempotencyKey`], [`Error::InvalidOrderingKey`] and
+/// [`Error::DelayOutOfRange`].
 ///
 /// # Cancellation safety
 ///
@@ -234,6 +269,24 @@ fn new_message<E: Event>(
             limit: options.max_payload_bytes,
         });
     }
+    let ordering_key = match &options.ordering_key {
+        Some(k) => Some(k.clone()),
+        None => event.ordering_key(),
+    };
+    if let Some(k) = &ordering_key {
+        if k.is_empty() {
+            return Err(Error::InvalidOrderingKey {
+                topic: E::TOPIC,
+                reason: "the key is empty; pass None for an unordered message",
+            });
+        }
+        if k.len() > MAX_ORDERING_KEY_BYTES {
+            return Err(Error::InvalidOrderingKey {
+                topic: E::TOPIC,
+                reason: "the key is over 255 bytes; use the aggregate's id",
+            });
+        }
+    }
     if let Some(k) = &key {
         if k.is_empty() {
             return Err(Error::InvalidIdempotencyKey {
@@ -258,5 +311,8 @@ fn new_message<E: Event>(
         payload,
         idempotency_key: key,
         delay: options.delay,
+        releases_key: ordering_key.is_some()
+            && options.dead_releases_key.unwrap_or(E::DEAD_RELEASES_KEY),
+        ordering_key,
     })
 }

@@ -70,6 +70,15 @@ pub enum Error {
         reason: &'static str,
     },
 
+    /// An ordering key is empty or too long.
+    #[error("invalid ordering key for topic `{topic}`: {reason}")]
+    InvalidOrderingKey {
+        /// The topic of the event.
+        topic: &'static str,
+        /// Why the key was refused.
+        reason: &'static str,
+    },
+
     /// A delay is too large to represent as a timestamp.
     #[error("delay of {0:?} is out of range; use a delay under 100 years")]
     DelayOutOfRange(Duration),

@@ -31,6 +31,7 @@ struct HealthInner {
     oldest_stalled_ms: AtomicI64,
     oldest_queued_ms: AtomicI64,
     unserved: std::sync::Mutex<Vec<(String, Duration)>>,
+    blocked_by_dead: std::sync::Mutex<Vec<(String, i64)>>,
     max_tick_age: Duration,
     max_oldest_ready: Duration,
 }
@@ -44,6 +45,7 @@ impl Health {
                 oldest_stalled_ms: AtomicI64::new(0),
                 oldest_queued_ms: AtomicI64::new(0),
                 unserved: std::sync::Mutex::new(Vec::new()),
+                blocked_by_dead: std::sync::Mutex::new(Vec::new()),
                 max_tick_age,
                 max_oldest_ready,
             }),
@@ -73,6 +75,25 @@ impl Health {
     pub fn unserved_topics(&self) -> Vec<(String, Duration)> {
         self.inner
             .unserved
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    pub(crate) fn set_blocked_by_dead(&self, topics: Vec<(String, i64)>) {
+        *self
+            .inner
+            .blocked_by_dead
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = topics;
+    }
+
+    /// Topics with ready messages held back by a dead letter of their ordering key, with how
+    /// many, as of the last statistics refresh. They wait until the dead letter is retried or
+    /// discarded.
+    pub fn blocked_by_dead(&self) -> Vec<(String, i64)> {
+        self.inner
+            .blocked_by_dead
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone()
@@ -129,6 +150,14 @@ impl Health {
                 limit: UNSERVED_LIMIT,
             });
         }
+        let blocked: Vec<(String, i64)> = self
+            .blocked_by_dead()
+            .into_iter()
+            .filter(|(_, n)| *n > 0)
+            .collect();
+        if !blocked.is_empty() {
+            return Err(Unhealthy::BlockedByDead { topics: blocked });
+        }
         let stalled = self.inner.oldest_stalled_ms.load(Ordering::Relaxed);
         if stalled > limit_ms(STALLED_LIMIT) {
             return Err(Unhealthy::StalledLeases {
@@ -176,6 +205,14 @@ pub enum Unhealthy {
         /// The limit.
         limit: Duration,
     },
+    /// Messages wait behind a dead letter of their ordering key, which holds the key until it
+    /// is retried or discarded.
+    #[error("messages wait behind a dead letter of their ordering key: {}: retry or discard \
+             the dead letters (`outbox dead list`, `outbox dead retry`, `outbox dead discard`)", blocked(.topics))]
+    BlockedByDead {
+        /// The topics, with how many messages of each wait so.
+        topics: Vec<(String, i64)>,
+    },
     /// Messages held by a worker that stopped renewing their lease have not been taken over.
     #[error("messages held by a worker that stopped renewing their lease have not been taken \
              over for {} ms (limit {} ms): is any worker of their topic running?", .oldest.as_millis(), .limit.as_millis())]
@@ -202,6 +239,14 @@ pub enum Unhealthy {
         /// The limit ([`WorkerConfig::health_max_oldest_ready`](crate::WorkerConfig::health_max_oldest_ready)).
         limit: Duration,
     },
+}
+
+fn blocked(topics: &[(String, i64)]) -> String {
+    topics
+        .iter()
+        .map(|(topic, n)| format!("`{topic}` ({n})"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn late(topics: &[(String, Duration)]) -> String {

@@ -111,7 +111,7 @@ pub use backend::sqlite::{sqlite_options, sqlite_pool};
 pub use backend::Connection;
 pub use enqueue::{
     enqueue, enqueue_many, enqueue_many_with, enqueue_with, EnqueueOptions,
-    DEFAULT_MAX_PAYLOAD_BYTES, MAX_IDEMPOTENCY_KEY_BYTES,
+    DEFAULT_MAX_PAYLOAD_BYTES, MAX_IDEMPOTENCY_KEY_BYTES, MAX_ORDERING_KEY_BYTES,
 };
 pub use error::{DatabaseErrorKind, Error, Result};
 pub use event::{Event, EventDescriptor};

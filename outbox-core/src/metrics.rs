@@ -10,8 +10,10 @@
 //! | `outbox_handler_duration_seconds` | histogram | `topic`, `handler` | one handler call |
 //! | `outbox_claim_duration_seconds` | histogram | | one claim statement |
 //! | `outbox_handler_blocking_total` | counter | `topic`, `handler` | handler calls that held their thread without yielding for 500 ms or more |
-//! | `outbox_pending_messages` | gauge | `topic`, `state` (`ready`, `scheduled`, `in_flight`, `stalled`) | pending depth; `stalled`: held by a worker that stopped renewing their lease (also counted as ready) |
+//! | `outbox_pending_messages` | gauge | `topic`, `state` (`ready`, `blocked`, `scheduled`, `in_flight`, `stalled`) | pending depth; `blocked`: due but held back by an earlier message of their ordering key; `stalled`: held by a worker that stopped renewing their lease (also counted as ready) |
 //! | `outbox_oldest_ready_age_seconds` | gauge | `topic` | how long the oldest ready message has been due |
+//! | `outbox_oldest_blocked_age_seconds` | gauge | `topic` | how long the oldest blocked message has been due |
+//! | `outbox_blocked_by_dead_messages` | gauge | `topic` | blocked messages whose key holds a dead letter: they wait for `outbox dead retry` or `discard` |
 //! | `outbox_dead_messages` | gauge | `topic` | dead letters |
 //! | `outbox_unhandled_pending_messages` | gauge | `topic` | pending messages of topics this worker has no handler for |
 //! | `outbox_unserved_ready_messages` | gauge | `topic` | ready messages of topics that no live worker serves (a forgotten handler crate, a pool that is down) |
@@ -34,6 +36,10 @@ pub const BLOCKING: &str = "outbox_handler_blocking_total";
 pub const PENDING: &str = "outbox_pending_messages";
 /// Gauge: age in seconds of the oldest ready message, by `topic`.
 pub const OLDEST_READY_AGE: &str = "outbox_oldest_ready_age_seconds";
+/// Gauge: age in seconds of the oldest blocked message, by `topic`.
+pub const OLDEST_BLOCKED_AGE: &str = "outbox_oldest_blocked_age_seconds";
+/// Gauge: blocked messages whose ordering key holds a dead letter, by `topic`.
+pub const BLOCKED_BY_DEAD: &str = "outbox_blocked_by_dead_messages";
 /// Gauge: dead letters, by `topic`.
 pub const DEAD: &str = "outbox_dead_messages";
 /// Gauge: ready messages of topics that no live worker serves (any worker's view), by `topic`.
@@ -67,6 +73,15 @@ pub fn describe() {
         OLDEST_READY_AGE,
         Unit::Seconds,
         "How long the oldest ready message has been due"
+    );
+    describe_gauge!(
+        OLDEST_BLOCKED_AGE,
+        Unit::Seconds,
+        "How long the oldest message held back by an earlier message of its ordering key has been due"
+    );
+    describe_gauge!(
+        BLOCKED_BY_DEAD,
+        "Messages held back by a dead letter of their ordering key"
     );
     describe_gauge!(DEAD, "Dead letters by topic");
     describe_gauge!(
@@ -110,7 +125,8 @@ impl GaugeTopics {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         for gone in last.difference(&now) {
-            set_topic_gauges(gone, [0; 4], None, 0, 0);
+            set_topic_gauges(gone, [0; 5], None, 0, 0);
+            set_blocked_gauges(gone, None, 0);
             metrics::gauge!(UNSERVED, "topic" => gone.clone()).set(0.0);
         }
         for t in &stats.topics {
@@ -122,11 +138,12 @@ impl GaugeTopics {
             });
             set_topic_gauges(
                 &t.topic,
-                [t.ready, t.scheduled, t.in_flight, t.stalled],
+                [t.ready, t.blocked, t.scheduled, t.in_flight, t.stalled],
                 t.oldest_ready_age,
                 t.dead,
                 unhandled,
             );
+            set_blocked_gauges(&t.topic, t.oldest_blocked_age, t.blocked_by_dead);
         }
         *last = now;
     }
@@ -134,7 +151,7 @@ impl GaugeTopics {
 
 fn set_topic_gauges(
     topic: &str,
-    [ready, scheduled, in_flight, stalled]: [i64; 4],
+    [ready, blocked, scheduled, in_flight, stalled]: [i64; 5],
     oldest_ready_age: Option<std::time::Duration>,
     dead: i64,
     unhandled: i64,
@@ -142,6 +159,7 @@ fn set_topic_gauges(
     let topic = topic.to_string();
     for (state, n) in [
         ("ready", ready),
+        ("blocked", blocked),
         ("scheduled", scheduled),
         ("in_flight", in_flight),
         ("stalled", stalled),
@@ -152,6 +170,12 @@ fn set_topic_gauges(
         .set(oldest_ready_age.map(|d| d.as_secs_f64()).unwrap_or(0.0));
     metrics::gauge!(DEAD, "topic" => topic.clone()).set(dead as f64);
     metrics::gauge!(UNHANDLED, "topic" => topic).set(unhandled as f64);
+}
+
+fn set_blocked_gauges(topic: &str, oldest: Option<std::time::Duration>, by_dead: i64) {
+    metrics::gauge!(OLDEST_BLOCKED_AGE, "topic" => topic.to_string())
+        .set(oldest.map(|d| d.as_secs_f64()).unwrap_or(0.0));
+    metrics::gauge!(BLOCKED_BY_DEAD, "topic" => topic.to_string()).set(by_dead as f64);
 }
 
 #[cfg(test)]

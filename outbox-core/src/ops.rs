@@ -21,8 +21,15 @@ use crate::store::Store;
 pub struct TopicStats {
     /// The topic (`"*"` in the total).
     pub topic: String,
-    /// Due now and not claimed (including claims whose lease ran out).
+    /// Due now and not claimed (including claims whose lease ran out), and free to start:
+    /// messages held back by an earlier message of their ordering key are in `blocked`.
     pub ready: i64,
+    /// Due now but held back by an earlier message of their ordering key (one that is pending,
+    /// running, waiting for a retry, delayed, or dead and holding the key).
+    pub blocked: i64,
+    /// Of `blocked`, those behind a dead letter of their key: they wait until an operator
+    /// retries or discards it (`outbox dead retry` / `outbox dead discard`).
+    pub blocked_by_dead: i64,
     /// Waiting for a backoff or a delay.
     pub scheduled: i64,
     /// Claimed by a worker, lease running.
@@ -38,6 +45,8 @@ pub struct TopicStats {
     pub oldest_ready_age: Option<Duration>,
     /// How long ago the oldest stalled message's lease ran out.
     pub oldest_stalled_age: Option<Duration>,
+    /// How long the oldest blocked message has been due.
+    pub oldest_blocked_age: Option<Duration>,
     /// Live workers (heartbeat within seconds) that serve this topic. In [`Stats::total`],
     /// the largest per-topic count.
     pub live_workers: i64,
@@ -46,6 +55,9 @@ pub struct TopicStats {
 impl TopicStats {
     fn add(&mut self, o: &TopicStats) {
         self.ready += o.ready;
+        self.blocked += o.blocked;
+        self.blocked_by_dead += o.blocked_by_dead;
+        self.oldest_blocked_age = self.oldest_blocked_age.max(o.oldest_blocked_age);
         self.scheduled += o.scheduled;
         self.in_flight += o.in_flight;
         self.stalled += o.stalled;
@@ -56,9 +68,9 @@ impl TopicStats {
         self.live_workers = self.live_workers.max(o.live_workers);
     }
 
-    /// Messages not yet done or dead: ready + scheduled + in flight.
+    /// Messages not yet done or dead: ready + blocked + scheduled + in flight.
     pub fn pending(&self) -> i64 {
-        self.ready + self.scheduled + self.in_flight
+        self.ready + self.blocked + self.scheduled + self.in_flight
     }
 
     /// Ready messages that no live worker serves: they wait until one starts.
@@ -326,7 +338,9 @@ pub const DEFAULT_PURGE_BATCH: usize = 1000;
 /// ```
 impl Store {
     /// Per-topic and total counts: ready, scheduled, in flight, dead, done in the last five
-    /// minutes, and the age of the oldest ready message.
+    /// minutes, and the age of the oldest ready message; and the messages blocked behind an
+    /// earlier message of their ordering key (behind a dead letter, among them), with the age
+    /// of the oldest. Each due message with an ordering key costs one index probe.
     ///
     /// # Errors
     ///

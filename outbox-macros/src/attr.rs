@@ -16,6 +16,10 @@ pub(crate) struct Args {
     pub(crate) krate: Option<Path>,
     /// `idempotency_key = "field"`: the payload field whose value is the idempotency key.
     pub(crate) idempotency_key: Option<syn::Ident>,
+    /// `ordering_key = "field"`: the payload field whose value is the ordering key.
+    pub(crate) ordering_key: Option<syn::Ident>,
+    /// `dead_releases_key`: a dead message of this event lets later ones of its key go on.
+    pub(crate) dead_releases_key: Option<Path>,
 }
 
 /// Parses the tokens between the parentheses of `#[outbox_event(...)]`.
@@ -26,19 +30,25 @@ pub(crate) fn parse(args: TokenStream) -> syn::Result<Args> {
             let topic = string_value(&meta, "topic", "booking.created")?;
             set_once(&meta, "topic", &mut parsed.topic, topic)
         } else if meta.path.is_ident("idempotency_key") {
-            let lit = string_value(&meta, "idempotency_key", "booking_id")?;
-            let field = lit.parse::<syn::Ident>().map_err(|_| {
-                syn::Error::new(
-                    lit.span(),
-                    format_args!(
-                        "`idempotency_key` names a field of the payload, e.g. `idempotency_key = \"booking_id\"`; \
-                         `{}` is not a field name",
-                        lit.value()
-                    ),
-                )
-            })?;
-            let field = syn::Ident::new(&field.to_string(), lit.span());
+            let field = field_value(&meta, "idempotency_key")?;
             set_once(&meta, "idempotency_key", &mut parsed.idempotency_key, field)
+        } else if meta.path.is_ident("ordering_key") {
+            let field = field_value(&meta, "ordering_key")?;
+            set_once(&meta, "ordering_key", &mut parsed.ordering_key, field)
+        } else if meta.path.is_ident("dead_releases_key") {
+            if !meta.input.is_empty() && !meta.input.peek(syn::Token![,]) {
+                return Err(syn::Error::new_spanned(
+                    &meta.path,
+                    "`dead_releases_key` takes no value: write `dead_releases_key`",
+                ));
+            }
+            let path = meta.path.clone();
+            set_once(
+                &meta,
+                "dead_releases_key",
+                &mut parsed.dead_releases_key,
+                path,
+            )
         } else if meta.path.is_ident("crate") {
             let lit = string_value(&meta, "crate", "::outbox")?;
             let path = parse_path(&lit)?;
@@ -47,7 +57,7 @@ pub(crate) fn parse(args: TokenStream) -> syn::Result<Args> {
             Err(syn::Error::new_spanned(
                 &meta.path,
                 format_args!(
-                    "unknown key `{}`; valid keys are `topic`, `idempotency_key` and `crate`",
+                    "unknown key `{}`; valid keys are `topic`, `idempotency_key`, `ordering_key`, `dead_releases_key` and `crate`",
                     path_to_string(&meta.path),
                 ),
             ))
@@ -55,6 +65,22 @@ pub(crate) fn parse(args: TokenStream) -> syn::Result<Args> {
     });
     parser.parse2(args)?;
     Ok(parsed)
+}
+
+/// Reads `key = "field"`: a string literal that names a field of the payload.
+fn field_value(meta: &ParseNestedMeta<'_>, key: &str) -> syn::Result<syn::Ident> {
+    let lit = string_value(meta, key, "booking_id")?;
+    let field = lit.parse::<syn::Ident>().map_err(|_| {
+        syn::Error::new(
+            lit.span(),
+            format_args!(
+                "`{key}` names a field of the payload, e.g. `{key} = \"booking_id\"`; \
+                 `{}` is not a field name",
+                lit.value()
+            ),
+        )
+    })?;
+    Ok(syn::Ident::new(&field.to_string(), lit.span()))
 }
 
 /// Reads the `= "..."` after `key`, insisting on a string literal.
@@ -151,6 +177,25 @@ mod tests {
     }
 
     #[test]
+    fn ordering_keys_are_read() {
+        let args = parse(quote!(ordering_key = "booking_id", dead_releases_key)).expect("valid");
+        assert_eq!(
+            args.ordering_key.map(|f| f.to_string()).as_deref(),
+            Some("booking_id")
+        );
+        assert!(args.dead_releases_key.is_some());
+        assert_eq!(
+            error_of(quote!(dead_releases_key = "yes")),
+            "`dead_releases_key` takes no value: write `dead_releases_key`"
+        );
+        assert_eq!(
+            error_of(quote!(ordering_key = "not a field")),
+            "`ordering_key` names a field of the payload, e.g. `ordering_key = \"booking_id\"`; \
+             `not a field` is not a field name"
+        );
+    }
+
+    #[test]
     fn a_literal_passed_through_macro_rules_is_read() {
         // What `macro_rules! m { ($t:literal) => { #[outbox_event(topic = $t)] ... } }` hands on.
         let wrapped = proc_macro2::Group::new(proc_macro2::Delimiter::None, quote!("a.b"));
@@ -168,7 +213,7 @@ mod tests {
         let cases = [
             (
                 quote!(topc = "a"),
-                "unknown key `topc`; valid keys are `topic`, `idempotency_key` and `crate`",
+                "unknown key `topc`; valid keys are `topic`, `idempotency_key`, `ordering_key`, `dead_releases_key` and `crate`",
             ),
             (
                 quote!(topic = "a", topic = "b"),

@@ -47,6 +47,19 @@ pub(crate) fn outbox_event(args: TokenStream, input: TokenStream) -> syn::Result
         }
     });
 
+    let ordering_key = args.ordering_key.map(|field| {
+        quote::quote_spanned! {field.span()=>
+            fn ordering_key(&self) -> ::core::option::Option<::std::string::String> {
+                ::core::option::Option::Some(::std::string::ToString::to_string(&self.#field))
+            }
+        }
+    });
+    let dead_releases_key = args.dead_releases_key.map(|path| {
+        quote::quote_spanned! {syn::spanned::Spanned::span(&path)=>
+            const DEAD_RELEASES_KEY: bool = true;
+        }
+    });
+
     Ok(quote! {
         #input
 
@@ -54,6 +67,8 @@ pub(crate) fn outbox_event(args: TokenStream, input: TokenStream) -> syn::Result
         impl #krate::Event for #ident {
             const TOPIC: &'static str = #topic;
             #idempotency_key
+            #ordering_key
+            #dead_releases_key
         }
 
         const _: () = {

@@ -58,6 +58,13 @@ use proc_macro::TokenStream;
 /// # Arguments
 ///
 /// - `topic = "..."`: the topic, instead of the one derived from the type name.
+/// - `idempotency_key = "field"`: the payload field (any `Display` type) whose value handlers
+///   send downstream as the idempotency key.
+/// - `ordering_key = "field"`: the payload field (any `Display` type) whose value is the
+///   message's ordering key: messages of one key, across topics, are handled in enqueue order.
+/// - `dead_releases_key`: with an ordering key, a dead message of this event lets the later
+///   messages of its key go on; without it they wait until the dead message is retried or
+///   discarded.
 /// - `crate = "..."`: the path to `outbox`, for crates that reach it through a
 ///   re-export, e.g. `crate = "::my_app_support::outbox"`. Defaults to `::outbox`.
 ///

@@ -1,5 +1,7 @@
 //! Every SQL statement for PostgreSQL.
 
+use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
+
 use async_trait::async_trait;
 use sqlx::postgres::{PgListener, PgPool};
 use sqlx::{PgConnection, Row};
@@ -46,6 +48,11 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         description: "dead letters counted per topic",
         sql: include_str!("../../migrations/postgres/0005_dead_counts.sql"),
     },
+    Migration {
+        version: 6,
+        description: "ordering keys: per-key order, dead letters that hold their key",
+        sql: include_str!("../../migrations/postgres/0006_ordering_keys.sql"),
+    },
 ];
 
 /// Columns of [`MessageInfo`], from either the live or the dead table (`status` and the
@@ -75,12 +82,189 @@ const DEAD_COLUMNS: &str =
 
 pub(crate) struct PgBackend {
     pool: PgPool,
+    /// The greatest ordering key of this backend's last claim that took ordered messages: the
+    /// next claim walks the keys after it first.
+    cursor: std::sync::Mutex<Option<String>>,
+    /// Whether the next claim takes ordered messages before unordered ones.
+    keyed_first: AtomicBool,
+    /// Ordered messages were live at the last look (or it is not known): claims look for them.
+    keyed_present: AtomicBool,
 }
 
 impl PgBackend {
     pub(crate) fn new(pool: PgPool) -> Self {
-        Self { pool }
+        Self {
+            pool,
+            cursor: std::sync::Mutex::new(None),
+            keyed_first: AtomicBool::new(false),
+            keyed_present: AtomicBool::new(true),
+        }
     }
+
+    /// Claims up to `limit` unordered messages into `out`; returns how many, and notes
+    /// whether ordered messages are live.
+    ///
+    /// Per topic, the index gives rows in due order; running rows whose lease still runs are
+    /// skipped on the heap, and the outer LIMIT stops the lateral scan as soon as the batch is
+    /// full. Rows of topics not asked for are never read, and ordered rows are not in that
+    /// index. The UPDATE writes no indexed column, so PostgreSQL can keep it on the row's page
+    /// without new index entries.
+    ///
+    /// The claim commits without waiting for its WAL flush (`synchronous_commit` off for this
+    /// one transaction, set where the topic list is read, which the lateral scan needs first).
+    /// A claim lost in a server crash only hands the message out again, which at-least-once
+    /// allows; outcomes (done, failed, dead) still commit durably.
+    async fn claim_unkeyed(
+        &self,
+        p: &ClaimParams<'_>,
+        limit: i64,
+        out: &mut Vec<ClaimedMessage>,
+    ) -> Result<usize> {
+        let rows = sqlx::query(
+            "WITH picked AS ( \
+                SELECT c.id \
+                FROM unnest(CASE WHEN set_config('synchronous_commit', 'off', true) = 'off' \
+                                 THEN $1::text[] END) AS t(topic) \
+                CROSS JOIN LATERAL ( \
+                    SELECT id FROM outbox_messages \
+                    WHERE topic = t.topic AND ordering_key IS NULL AND available_at <= now() \
+                      AND (locked_until IS NULL OR locked_until < now()) \
+                    ORDER BY available_at \
+                    LIMIT $2 \
+                    FOR UPDATE SKIP LOCKED \
+                ) c \
+                LIMIT $2 \
+             ) \
+             UPDATE outbox_messages m \
+             SET attempts = m.attempts + 1, claim_token = $3, claimed_by = $4, \
+                 locked_until = now() + make_interval(secs => $5) \
+             FROM picked WHERE m.id = picked.id \
+             RETURNING m.id, m.topic, m.payload::text AS payload, m.idempotency_key, \
+                       m.attempts, m.created_at, m.last_error, \
+                       EXISTS (SELECT 1 FROM outbox_messages k WHERE k.ordering_key IS NOT NULL) AS any_keyed",
+        )
+        .bind(p.topics)
+        .bind(limit)
+        .bind(p.claim_token)
+        .bind(p.worker)
+        .bind(secs(p.lease))
+        .fetch_all(&self.pool)
+        .await?;
+        let mut any_keyed = false;
+        for r in &rows {
+            any_keyed |= r.try_get::<bool, _>("any_keyed")?;
+            out.push(claimed(r, p.claim_token, false)?);
+        }
+        if !rows.is_empty() {
+            self.keyed_present.store(any_keyed, AtomicOrdering::Relaxed);
+        }
+        Ok(rows.len())
+    }
+
+    /// Claims up to `limit` ordered messages into `out`: the heads of their keys (each key's
+    /// live message with the smallest id) that are due, not running, of a topic asked for, and
+    /// not behind a dead letter that holds the key.
+    ///
+    /// The claim walks the key index from key to key, one probe per key (a loose index scan).
+    /// A later row of a key is never a head while an earlier one exists, locked or not, so two
+    /// workers can never start two messages of one key. The walk starts after the key this
+    /// backend claimed last and wraps around, so keys take turns.
+    async fn claim_keyed(
+        &self,
+        p: &ClaimParams<'_>,
+        limit: i64,
+        out: &mut Vec<ClaimedMessage>,
+    ) -> Result<()> {
+        let cursor = self
+            .cursor
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+            .unwrap_or_default();
+        let rows = sqlx::query(
+            "WITH RECURSIVE after_cursor(k, id) AS ( \
+                (SELECT ordering_key, id FROM outbox_messages \
+                 WHERE ordering_key > $6 ORDER BY ordering_key, id LIMIT 1) \
+                UNION ALL \
+                SELECT n.ordering_key, n.id FROM after_cursor a CROSS JOIN LATERAL ( \
+                    SELECT ordering_key, id FROM outbox_messages \
+                    WHERE ordering_key > a.k ORDER BY ordering_key, id LIMIT 1) n \
+             ), up_to_cursor(k, id) AS ( \
+                (SELECT ordering_key, id FROM outbox_messages \
+                 WHERE ordering_key IS NOT NULL AND ordering_key <= $6 \
+                 ORDER BY ordering_key, id LIMIT 1) \
+                UNION ALL \
+                SELECT n.ordering_key, n.id FROM up_to_cursor a CROSS JOIN LATERAL ( \
+                    SELECT ordering_key, id FROM outbox_messages \
+                    WHERE ordering_key > a.k AND ordering_key <= $6 \
+                    ORDER BY ordering_key, id LIMIT 1) n \
+             ), heads AS ( \
+                SELECT k, id FROM after_cursor UNION ALL SELECT k, id FROM up_to_cursor \
+             ), picked AS ( \
+                SELECT m.id FROM heads h JOIN outbox_messages m ON m.id = h.id \
+                WHERE m.topic = ANY(CASE WHEN set_config('synchronous_commit', 'off', true) = 'off' \
+                                         THEN $1::text[] END) \
+                  AND m.available_at <= now() \
+                  AND (m.locked_until IS NULL OR m.locked_until < now()) \
+                  AND NOT EXISTS (SELECT 1 FROM outbox_dead d \
+                                  WHERE d.ordering_key = h.k AND d.id < h.id AND NOT d.releases_key) \
+                LIMIT $2 \
+                FOR UPDATE OF m SKIP LOCKED \
+             ) \
+             UPDATE outbox_messages m \
+             SET attempts = m.attempts + 1, claim_token = $3, claimed_by = $4, \
+                 locked_until = now() + make_interval(secs => $5) \
+             FROM picked WHERE m.id = picked.id \
+             RETURNING m.id, m.topic, m.payload::text AS payload, m.idempotency_key, \
+                       m.attempts, m.created_at, m.last_error, m.ordering_key",
+        )
+        .bind(p.topics)
+        .bind(limit)
+        .bind(p.claim_token)
+        .bind(p.worker)
+        .bind(secs(p.lease))
+        .bind(&cursor)
+        .fetch_all(&self.pool)
+        .await?;
+        let mut last_key: Option<String> = None;
+        for r in &rows {
+            let key: Option<String> = r.try_get("ordering_key")?;
+            if let Some(key) = key {
+                if last_key.as_ref().is_none_or(|last| key > *last) {
+                    last_key = Some(key);
+                }
+            }
+            out.push(claimed(r, p.claim_token, true)?);
+        }
+        // Keys compare byte-wise in the database ("C" collation) as Rust strings do.
+        if last_key.is_some() {
+            self.keyed_present.store(true, AtomicOrdering::Relaxed);
+            *self
+                .cursor
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = last_key;
+        }
+        Ok(())
+    }
+}
+
+/// A claimed row as the worker sees it.
+fn claimed(
+    r: &sqlx::postgres::PgRow,
+    claim_token: Uuid,
+    ordered: bool,
+) -> Result<ClaimedMessage, sqlx::Error> {
+    Ok(ClaimedMessage {
+        id: r.try_get("id")?,
+        topic: r.try_get("topic")?,
+        payload: r.try_get("payload")?,
+        idempotency_key: r.try_get("idempotency_key")?,
+        attempts: r.try_get("attempts")?,
+        created_at: r.try_get("created_at")?,
+        claim_token,
+        last_error: r.try_get("last_error")?,
+        ordered,
+    })
 }
 
 fn secs(d: std::time::Duration) -> f64 {
@@ -102,8 +286,9 @@ pub(crate) async fn outbox_insert(
     if let [row] = rows {
         let sql = sqlx::AssertSqlSafe(format!(
             "WITH ins AS ( \
-                INSERT INTO outbox_messages (id, topic, payload, idempotency_key, available_at) \
-                VALUES ($1, $2, $3::json, $4, now() + make_interval(secs => $5)) \
+                INSERT INTO outbox_messages (id, topic, payload, idempotency_key, available_at, \
+                                             ordering_key, releases_key) \
+                VALUES ($1, $2, $3::json, $4, now() + make_interval(secs => $5), $6, $7) \
              ) \
              SELECT pg_notify('{WAKEUP_CHANNEL}', w.id::text) FROM outbox_workers w \
              WHERE $5 = 0 AND w.waiting AND $2 = ANY(w.topics) \
@@ -115,6 +300,8 @@ pub(crate) async fn outbox_insert(
             .bind(&row.payload)
             .bind(&row.idempotency_key)
             .bind(secs(row.delay))
+            .bind(&row.ordering_key)
+            .bind(row.releases_key)
             .execute(conn)
             .await?;
         return Ok(());
@@ -124,6 +311,8 @@ pub(crate) async fn outbox_insert(
     let payloads: Vec<&str> = rows.iter().map(|r| r.payload.as_str()).collect();
     let keys: Vec<Option<&str>> = rows.iter().map(|r| r.idempotency_key.as_deref()).collect();
     let delays: Vec<f64> = rows.iter().map(|r| secs(r.delay)).collect();
+    let ordering: Vec<Option<&str>> = rows.iter().map(|r| r.ordering_key.as_deref()).collect();
+    let releases: Vec<bool> = rows.iter().map(|r| r.releases_key).collect();
     let due_now: Vec<&str> = rows
         .iter()
         .filter(|r| r.delay.is_zero())
@@ -131,10 +320,12 @@ pub(crate) async fn outbox_insert(
         .collect();
     let sql = sqlx::AssertSqlSafe(format!(
         "WITH ins AS ( \
-            INSERT INTO outbox_messages (id, topic, payload, idempotency_key, available_at) \
-            SELECT u.id, u.topic, u.payload::json, u.idempotency_key, now() + make_interval(secs => u.delay) \
-            FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::text[], $5::float8[]) \
-                 AS u(id, topic, payload, idempotency_key, delay) \
+            INSERT INTO outbox_messages (id, topic, payload, idempotency_key, available_at, \
+                                         ordering_key, releases_key) \
+            SELECT u.id, u.topic, u.payload::json, u.idempotency_key, now() + make_interval(secs => u.delay), \
+                   u.ordering_key, u.releases_key \
+            FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::text[], $5::float8[], $7::text[], $8::bool[]) \
+                 AS u(id, topic, payload, idempotency_key, delay, ordering_key, releases_key) \
          ) \
          SELECT pg_notify('{WAKEUP_CHANNEL}', w.id::text) FROM outbox_workers w \
          WHERE w.waiting AND w.topics && $6::text[] \
@@ -147,6 +338,8 @@ pub(crate) async fn outbox_insert(
         .bind(keys)
         .bind(delays)
         .bind(due_now)
+        .bind(ordering)
+        .bind(releases)
         .execute(conn)
         .await?;
     Ok(())
@@ -192,59 +385,30 @@ impl Backend for PgBackend {
     }
 
     async fn outbox_claim_batch(&self, p: &ClaimParams<'_>) -> Result<Vec<ClaimedMessage>> {
-        // Per topic, the index gives rows in due order; running rows whose lease still runs are
-        // skipped on the heap, and the outer LIMIT stops the lateral scan as soon as the batch
-        // is full. Rows of topics not asked for are never read. The UPDATE writes no indexed
-        // column, so PostgreSQL can keep it on the row's page without new index entries.
-        //
-        // The claim commits without waiting for its WAL flush (`synchronous_commit` off for this
-        // one transaction, set where the topic list is read, which the lateral scan needs first).
-        // A claim lost in a server crash only hands the message out again, which at-least-once
-        // allows; outcomes (done, failed, dead) still commit durably.
-        let rows = sqlx::query(
-            "WITH picked AS ( \
-                SELECT c.id \
-                FROM unnest(CASE WHEN set_config('synchronous_commit', 'off', true) = 'off' \
-                                 THEN $1::text[] END) AS t(topic) \
-                CROSS JOIN LATERAL ( \
-                    SELECT id FROM outbox_messages \
-                    WHERE topic = t.topic AND available_at <= now() \
-                      AND (locked_until IS NULL OR locked_until < now()) \
-                    ORDER BY available_at \
-                    LIMIT $2 \
-                    FOR UPDATE SKIP LOCKED \
-                ) c \
-                LIMIT $2 \
-             ) \
-             UPDATE outbox_messages m \
-             SET attempts = m.attempts + 1, claim_token = $3, claimed_by = $4, \
-                 locked_until = now() + make_interval(secs => $5) \
-             FROM picked WHERE m.id = picked.id \
-             RETURNING m.id, m.topic, m.payload::text AS payload, m.idempotency_key, \
-                       m.attempts, m.created_at, m.last_error",
-        )
-        .bind(p.topics)
-        .bind(p.limit)
-        .bind(p.claim_token)
-        .bind(p.worker)
-        .bind(secs(p.lease))
-        .fetch_all(&self.pool)
-        .await?;
-        rows.iter()
-            .map(|r| {
-                Ok(ClaimedMessage {
-                    id: r.try_get("id")?,
-                    topic: r.try_get("topic")?,
-                    payload: r.try_get("payload")?,
-                    idempotency_key: r.try_get("idempotency_key")?,
-                    attempts: r.try_get("attempts")?,
-                    created_at: r.try_get("created_at")?,
-                    claim_token: p.claim_token,
-                    last_error: r.try_get("last_error")?,
-                })
-            })
-            .collect::<Result<Vec<_>, sqlx::Error>>()
-            .map_err(Error::from)
+        // Unordered and ordered messages are claimed by two statements. The statement for
+        // unordered ones also says whether any ordered message is live, so a worker that only
+        // sees unordered ones never runs (nor has PostgreSQL plan) the other: they pay nothing
+        // for ordering. When no unordered message was due, the ordered claim runs anyway. The
+        // two kinds take turns at going first, so neither keeps the other out of full batches.
+        let keyed_first = !self.keyed_first.fetch_xor(true, AtomicOrdering::Relaxed);
+        let mut out = Vec::new();
+        let mut keyed_ran = false;
+        if keyed_first && self.keyed_present.load(AtomicOrdering::Relaxed) {
+            self.claim_keyed(p, p.limit, &mut out).await?;
+            keyed_ran = true;
+        }
+        let want = p.limit - i64::try_from(out.len()).unwrap_or(i64::MAX);
+        let mut unkeyed = 0;
+        if want > 0 {
+            unkeyed = self.claim_unkeyed(p, want, &mut out).await?;
+        }
+        if !keyed_ran && (unkeyed == 0 || self.keyed_present.load(AtomicOrdering::Relaxed)) {
+            let want = p.limit - i64::try_from(out.len()).unwrap_or(i64::MAX);
+            if want > 0 {
+                self.claim_keyed(p, want, &mut out).await?;
+            }
+        }
+        Ok(out)
     }
 
     async fn delivery_completed(&self, message_ids: &[Uuid]) -> Result<Vec<(Uuid, String)>> {
@@ -307,10 +471,12 @@ impl Backend for PgBackend {
         } else {
             "WITH del AS ( \
                 DELETE FROM outbox_messages WHERE id = $1 AND claim_token = $2 \
-                RETURNING id, topic, payload, idempotency_key, attempts, created_at \
+                RETURNING id, topic, payload, idempotency_key, attempts, created_at, ordering_key, releases_key \
              ), dead AS ( \
-                INSERT INTO outbox_dead (id, topic, payload, idempotency_key, attempts, last_error, created_at) \
-                SELECT id, topic, payload, idempotency_key, attempts, $4, created_at FROM del \
+                INSERT INTO outbox_dead (id, topic, payload, idempotency_key, attempts, last_error, created_at, \
+                                         ordering_key, releases_key) \
+                SELECT id, topic, payload, idempotency_key, attempts, $4, created_at, ordering_key, releases_key \
+                FROM del \
              ), ins AS ( \
                 INSERT INTO outbox_deliveries (message_id, handler) \
                 SELECT $1, h FROM unnest($5::text[]) AS h WHERE EXISTS (SELECT 1 FROM del) \
@@ -375,7 +541,9 @@ impl Backend for PgBackend {
 
     async fn outbox_stats(&self) -> Result<Vec<TopicStats>> {
         // The live table holds only pending and running rows; dead letters and the done counts
-        // have tables of their own.
+        // have tables of their own. Ordered rows are ranked within their key by a window over
+        // the key index, never by a subquery per row: per-row subqueries make the planner's
+        // estimate large enough to JIT-compile the statement, which costs more than the query.
         type Row = (
             String,
             i64,
@@ -387,18 +555,40 @@ impl Backend for PgBackend {
             Option<f64>,
             Option<f64>,
             i64,
+            i64,
+            i64,
+            Option<f64>,
         );
         let sql = sqlx::AssertSqlSafe(format!(
             "WITH live AS ( \
                 SELECT topic, \
-                       count(*) FILTER (WHERE available_at <= now() AND (locked_until IS NULL OR locked_until < now())) AS ready, \
+                       count(*) FILTER (WHERE ordering_key IS NULL AND available_at <= now() \
+                           AND (locked_until IS NULL OR locked_until < now())) AS ready, \
                        count(*) FILTER (WHERE available_at > now() AND locked_until IS NULL) AS scheduled, \
                        count(*) FILTER (WHERE locked_until >= now()) AS in_flight, \
                        count(*) FILTER (WHERE locked_until < now()) AS stalled, \
-                       extract(epoch FROM now() - min(available_at) FILTER (WHERE available_at <= now() \
-                           AND (locked_until IS NULL OR locked_until < now())))::float8 AS oldest, \
+                       min(available_at) FILTER (WHERE ordering_key IS NULL AND available_at <= now() \
+                           AND (locked_until IS NULL OR locked_until < now())) AS oldest_at, \
                        extract(epoch FROM now() - min(locked_until) FILTER (WHERE locked_until < now()))::float8 AS stalled_for \
                 FROM outbox_messages GROUP BY topic \
+             ), keyed_rows AS ( \
+                SELECT m.topic, m.available_at, \
+                       m.available_at <= now() AND (m.locked_until IS NULL OR m.locked_until < now()) AS due, \
+                       m.id <> first_value(m.id) OVER (PARTITION BY m.ordering_key ORDER BY m.id) AS behind, \
+                       coalesce(d.id < m.id, false) AS behind_dead \
+                FROM outbox_messages m \
+                LEFT JOIN (SELECT DISTINCT ON (ordering_key) ordering_key, id FROM outbox_dead \
+                           WHERE ordering_key IS NOT NULL AND NOT releases_key \
+                           ORDER BY ordering_key, id) d ON d.ordering_key = m.ordering_key \
+                WHERE m.ordering_key IS NOT NULL \
+             ), keyed AS ( \
+                SELECT topic, \
+                       count(*) FILTER (WHERE due AND NOT behind AND NOT behind_dead) AS ready, \
+                       count(*) FILTER (WHERE due AND (behind OR behind_dead)) AS blocked, \
+                       count(*) FILTER (WHERE due AND behind_dead) AS blocked_by_dead, \
+                       min(available_at) FILTER (WHERE due AND NOT behind AND NOT behind_dead) AS oldest_at, \
+                       min(available_at) FILTER (WHERE due AND (behind OR behind_dead)) AS blocked_at \
+                FROM keyed_rows GROUP BY topic \
              ), dead AS ( \
                 SELECT topic, n AS dead FROM outbox_dead_counts \
              ), done AS ( \
@@ -411,11 +601,14 @@ impl Backend for PgBackend {
                 SELECT topic FROM live UNION SELECT topic FROM dead UNION SELECT topic FROM done \
                 UNION SELECT topic FROM served \
              ) \
-             SELECT t.topic, coalesce(l.ready, 0), coalesce(l.scheduled, 0), coalesce(l.in_flight, 0), \
-                    coalesce(l.stalled, 0), coalesce(d.dead, 0), coalesce(o.done, 0), l.oldest, \
-                    l.stalled_for, coalesce(s.workers, 0) \
+             SELECT t.topic, coalesce(l.ready, 0) + coalesce(k.ready, 0), coalesce(l.scheduled, 0), \
+                    coalesce(l.in_flight, 0), coalesce(l.stalled, 0), coalesce(d.dead, 0), coalesce(o.done, 0), \
+                    extract(epoch FROM now() - least(l.oldest_at, k.oldest_at))::float8, \
+                    l.stalled_for, coalesce(s.workers, 0), coalesce(k.blocked, 0), \
+                    coalesce(k.blocked_by_dead, 0), extract(epoch FROM now() - k.blocked_at)::float8 \
              FROM topics t \
              LEFT JOIN live l ON l.topic = t.topic \
+             LEFT JOIN keyed k ON k.topic = t.topic \
              LEFT JOIN dead d ON d.topic = t.topic \
              LEFT JOIN done o ON o.topic = t.topic \
              LEFT JOIN served s ON s.topic = t.topic \
@@ -439,10 +632,16 @@ impl Backend for PgBackend {
                     oldest,
                     stalled_for,
                     workers,
+                    blocked,
+                    blocked_by_dead,
+                    oldest_blocked,
                 )| {
                     TopicStats {
                         topic,
                         ready,
+                        blocked,
+                        blocked_by_dead,
+                        oldest_blocked_age: age(oldest_blocked),
                         scheduled,
                         in_flight,
                         stalled,
@@ -508,10 +707,12 @@ impl Backend for PgBackend {
             "WITH del AS ( \
                 DELETE FROM outbox_dead \
                 WHERE ($1::uuid IS NULL OR id = $1) AND ($2::text IS NULL OR topic = $2) \
-                RETURNING id, topic, payload, idempotency_key, last_error, created_at \
+                RETURNING id, topic, payload, idempotency_key, last_error, created_at, ordering_key, releases_key \
              ), ins AS ( \
-                INSERT INTO outbox_messages (id, topic, payload, idempotency_key, last_error, created_at) \
-                SELECT id, topic, payload, idempotency_key, last_error, created_at FROM del \
+                INSERT INTO outbox_messages (id, topic, payload, idempotency_key, last_error, created_at, \
+                                             ordering_key, releases_key) \
+                SELECT id, topic, payload, idempotency_key, last_error, created_at, ordering_key, releases_key \
+                FROM del \
                 RETURNING topic \
              ) \
              SELECT count(*) FROM ins",

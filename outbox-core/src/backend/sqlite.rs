@@ -50,6 +50,11 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         description: "dead letters counted per topic",
         sql: include_str!("../../migrations/sqlite/0005_dead_counts.sql"),
     },
+    Migration {
+        version: 6,
+        description: "ordering keys: per-key order, dead letters that hold their key",
+        sql: include_str!("../../migrations/sqlite/0006_ordering_keys.sql"),
+    },
 ];
 
 const DEAD_COLUMNS: &str =
@@ -85,12 +90,120 @@ const LIVE_MS: i64 = 5_000;
 
 pub(crate) struct SqliteBackend {
     pool: SqlitePool,
+    /// The greatest ordering key of this backend's last claim of ordered messages: the next
+    /// one walks the keys after it first.
+    cursor: std::sync::Mutex<Option<String>>,
+    /// Whether the next claim takes ordered messages before unordered ones.
+    keyed_first: std::sync::atomic::AtomicBool,
 }
 
 impl SqliteBackend {
     pub(crate) fn new(pool: SqlitePool) -> Self {
-        Self { pool }
+        Self {
+            pool,
+            cursor: std::sync::Mutex::new(None),
+            keyed_first: std::sync::atomic::AtomicBool::new(false),
+        }
     }
+
+    /// Claims up to the rest of the batch among ordered messages: the heads of their keys
+    /// (each key's live message with the smallest id) that are due, not running, of a topic
+    /// asked for, and not behind a dead letter that holds the key. The keys are walked one
+    /// index probe each (a loose index scan), starting after the key this backend claimed last
+    /// and wrapping around, so keys take turns. A later message of a key is never a head while
+    /// an earlier one exists, so two workers never start two messages of one key.
+    async fn claim_keyed(
+        &self,
+        p: &ClaimParams<'_>,
+        now: i64,
+        out: &mut Vec<ClaimedMessage>,
+    ) -> Result<()> {
+        let want = p.limit - i64::try_from(out.len()).unwrap_or(i64::MAX);
+        if want <= 0 {
+            return Ok(());
+        }
+        let cursor = self
+            .cursor
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+            .unwrap_or_default();
+        let topics = serde_json::to_string(p.topics).unwrap_or_else(|_| "[]".into());
+        let rows = sqlx::query(
+            "WITH RECURSIVE after_cursor(k) AS ( \
+                SELECT (SELECT min(ordering_key) FROM outbox_messages WHERE ordering_key > ?5) \
+                UNION ALL \
+                SELECT (SELECT min(ordering_key) FROM outbox_messages WHERE ordering_key > a.k) \
+                FROM after_cursor a WHERE a.k IS NOT NULL \
+             ), up_to_cursor(k) AS ( \
+                SELECT (SELECT min(ordering_key) FROM outbox_messages \
+                        WHERE ordering_key IS NOT NULL AND ordering_key <= ?5) \
+                UNION ALL \
+                SELECT (SELECT min(ordering_key) FROM outbox_messages \
+                        WHERE ordering_key > u.k AND ordering_key <= ?5) \
+                FROM up_to_cursor u WHERE u.k IS NOT NULL \
+             ), keys(k) AS ( \
+                SELECT k FROM after_cursor WHERE k IS NOT NULL \
+                UNION ALL SELECT k FROM up_to_cursor WHERE k IS NOT NULL \
+             ), heads(k, id) AS ( \
+                SELECT k, (SELECT min(id) FROM outbox_messages WHERE ordering_key = keys.k) FROM keys \
+             ) \
+             UPDATE outbox_messages \
+             SET attempts = attempts + 1, claim_token = ?1, claimed_by = ?2, locked_until = ?4 \
+             WHERE id IN ( \
+                 SELECT m.id FROM heads h JOIN outbox_messages m ON m.id = h.id \
+                 WHERE m.topic IN (SELECT value FROM json_each(?6)) AND m.available_at <= ?3 \
+                   AND (m.locked_until IS NULL OR m.locked_until < ?3) \
+                   AND NOT EXISTS (SELECT 1 FROM outbox_dead d \
+                                   WHERE d.ordering_key = h.k AND d.id < h.id AND d.releases_key = 0) \
+                 LIMIT ?7) \
+             RETURNING id, topic, payload, idempotency_key, attempts, created_at, last_error, ordering_key",
+        )
+        .bind(p.claim_token.to_string())
+        .bind(p.worker.to_string())
+        .bind(now)
+        .bind(now.saturating_add(ms(p.lease)))
+        .bind(&cursor)
+        .bind(topics)
+        .bind(want)
+        .fetch_all(&self.pool)
+        .await?;
+        let mut last_key: Option<String> = None;
+        for r in rows {
+            let key: Option<String> = r.try_get("ordering_key")?;
+            if let Some(key) = key {
+                if last_key.as_ref().is_none_or(|last| key > *last) {
+                    last_key = Some(key);
+                }
+            }
+            out.push(claimed(&r, p.claim_token)?);
+        }
+        if last_key.is_some() {
+            *self
+                .cursor
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = last_key;
+        }
+        Ok(())
+    }
+}
+
+/// A claimed row as the worker sees it.
+fn claimed(r: &sqlx::sqlite::SqliteRow, claim_token: Uuid) -> Result<ClaimedMessage, sqlx::Error> {
+    let created: i64 = r.try_get("created_at")?;
+    // Only the claim of ordered messages returns the key.
+    let ordered: Option<String> = r.try_get("ordering_key").unwrap_or(None);
+    Ok(ClaimedMessage {
+        id: parse_uuid(r.try_get("id")?)?,
+        topic: r.try_get("topic")?,
+        payload: r.try_get("payload")?,
+        idempotency_key: r.try_get("idempotency_key")?,
+        attempts: r.try_get("attempts")?,
+        created_at: time(created),
+        claim_token,
+        last_error: r.try_get("last_error")?,
+        ordered: ordered.is_some(),
+    })
 }
 
 pub(crate) use crate::__private::now_ms;
@@ -135,8 +248,9 @@ pub(crate) async fn outbox_insert(
     let now = now_ms();
     if let [row] = rows {
         sqlx::query(
-            "INSERT INTO outbox_messages (id, topic, payload, idempotency_key, available_at, created_at) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            "INSERT INTO outbox_messages (id, topic, payload, idempotency_key, available_at, created_at, \
+                                          ordering_key, releases_key) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
         )
         .bind(row.id.to_string())
         .bind(row.topic)
@@ -144,6 +258,8 @@ pub(crate) async fn outbox_insert(
         .bind(&row.idempotency_key)
         .bind(now.saturating_add(ms(row.delay)))
         .bind(now)
+        .bind(&row.ordering_key)
+        .bind(row.releases_key)
         .execute(conn)
         .await?;
         if row.delay.is_zero() {
@@ -161,13 +277,17 @@ pub(crate) async fn outbox_insert(
                 r.payload,
                 r.idempotency_key,
                 now.saturating_add(ms(r.delay)),
+                r.ordering_key,
+                r.releases_key,
             ])
         })
         .collect();
     let batch = serde_json::Value::Array(batch).to_string();
     sqlx::query(
-        "INSERT INTO outbox_messages (id, topic, payload, idempotency_key, available_at, created_at) \
-         SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4, ?2 FROM json_each(?1)",
+        "INSERT INTO outbox_messages (id, topic, payload, idempotency_key, available_at, created_at, \
+                                      ordering_key, releases_key) \
+         SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4, ?2, value ->> 5, \
+                coalesce(value ->> 6, 0) FROM json_each(?1)",
     )
     .bind(batch)
     .bind(now)
@@ -325,6 +445,14 @@ impl Backend for SqliteBackend {
         let token = p.claim_token.to_string();
         let worker = p.worker.to_string();
         let mut out = Vec::new();
+        // Ordered and unordered messages take turns at going first, so neither kind can keep
+        // the other out of full batches.
+        let keyed_first = !self
+            .keyed_first
+            .fetch_xor(true, std::sync::atomic::Ordering::Relaxed);
+        if keyed_first {
+            self.claim_keyed(p, now, &mut out).await?;
+        }
         // One statement per topic keeps each claim on the ready index, in due order.
         for topic in p.topics {
             let want = p.limit - i64::try_from(out.len()).unwrap_or(i64::MAX);
@@ -336,7 +464,7 @@ impl Backend for SqliteBackend {
                  SET attempts = attempts + 1, claim_token = ?1, claimed_by = ?2, locked_until = ?4 \
                  WHERE id IN ( \
                      SELECT id FROM outbox_messages \
-                     WHERE topic = ?5 AND available_at <= ?3 \
+                     WHERE topic = ?5 AND ordering_key IS NULL AND available_at <= ?3 \
                        AND (locked_until IS NULL OR locked_until < ?3) \
                      ORDER BY available_at LIMIT ?6) \
                  RETURNING id, topic, payload, idempotency_key, attempts, created_at, last_error",
@@ -350,18 +478,11 @@ impl Backend for SqliteBackend {
             .fetch_all(&self.pool)
             .await?;
             for r in rows {
-                let created: i64 = r.try_get("created_at")?;
-                out.push(ClaimedMessage {
-                    id: parse_uuid(r.try_get("id")?)?,
-                    topic: r.try_get("topic")?,
-                    payload: r.try_get("payload")?,
-                    idempotency_key: r.try_get("idempotency_key")?,
-                    attempts: r.try_get("attempts")?,
-                    created_at: time(created),
-                    claim_token: p.claim_token,
-                    last_error: r.try_get("last_error")?,
-                });
+                out.push(claimed(&r, p.claim_token)?);
             }
+        }
+        if !keyed_first {
+            self.claim_keyed(p, now, &mut out).await?;
         }
         Ok(out)
     }
@@ -450,8 +571,9 @@ impl Backend for SqliteBackend {
             }
             None => {
                 sqlx::query(
-                    "INSERT INTO outbox_dead (id, topic, payload, idempotency_key, attempts, last_error, created_at, dead_at) \
-                     SELECT id, topic, payload, idempotency_key, attempts, ?3, created_at, ?4 \
+                    "INSERT INTO outbox_dead (id, topic, payload, idempotency_key, attempts, last_error, created_at, dead_at, \
+                                              ordering_key, releases_key) \
+                     SELECT id, topic, payload, idempotency_key, attempts, ?3, created_at, ?4, ordering_key, releases_key \
                      FROM outbox_messages WHERE id = ?1 AND claim_token = ?2",
                 )
                 .bind(&id)
@@ -538,19 +660,35 @@ impl Backend for SqliteBackend {
             Option<i64>,
             Option<i64>,
             i64,
+            i64,
+            i64,
+            Option<i64>,
         );
         let now = now_ms();
         let rows: Vec<Row> = sqlx::query_as(
-            "WITH live AS ( \
+            "WITH msgs AS ( \
+                SELECT topic, available_at, locked_until, \
+                       (available_at <= ?1 AND (locked_until IS NULL OR locked_until < ?1)) AS due, \
+                       CASE WHEN m.ordering_key IS NULL \
+                                 OR NOT (available_at <= ?1 AND (locked_until IS NULL OR locked_until < ?1)) THEN 0 \
+                            WHEN EXISTS (SELECT 1 FROM outbox_dead d WHERE d.ordering_key = m.ordering_key \
+                                         AND d.id < m.id AND d.releases_key = 0) THEN 2 \
+                            WHEN EXISTS (SELECT 1 FROM outbox_messages e WHERE e.ordering_key = m.ordering_key \
+                                         AND e.id < m.id) THEN 1 \
+                            ELSE 0 END AS held \
+                FROM outbox_messages m \
+             ), live AS ( \
                 SELECT topic, \
-                       sum(available_at <= ?1 AND (locked_until IS NULL OR locked_until < ?1)) AS ready, \
+                       sum(due AND held = 0) AS ready, \
+                       sum(due AND held > 0) AS blocked, \
+                       sum(due AND held = 2) AS blocked_by_dead, \
                        sum(available_at > ?1 AND locked_until IS NULL) AS scheduled, \
                        sum(locked_until >= ?1) AS in_flight, \
                        sum(locked_until < ?1) AS stalled, \
-                       min(CASE WHEN available_at <= ?1 AND (locked_until IS NULL OR locked_until < ?1) \
-                                THEN available_at END) AS oldest, \
-                       min(CASE WHEN locked_until < ?1 THEN locked_until END) AS stalled_since \
-                FROM outbox_messages GROUP BY topic \
+                       min(CASE WHEN due AND held = 0 THEN available_at END) AS oldest, \
+                       min(CASE WHEN locked_until < ?1 THEN locked_until END) AS stalled_since, \
+                       min(CASE WHEN due AND held > 0 THEN available_at END) AS oldest_blocked \
+                FROM msgs GROUP BY topic \
              ), dead AS ( \
                 SELECT topic, n AS dead FROM outbox_dead_counts \
              ), done AS ( \
@@ -564,7 +702,8 @@ impl Backend for SqliteBackend {
              ) \
              SELECT t.topic, coalesce(l.ready, 0), coalesce(l.scheduled, 0), coalesce(l.in_flight, 0), \
                     coalesce(l.stalled, 0), coalesce(d.dead, 0), coalesce(o.done, 0), l.oldest, \
-                    l.stalled_since, coalesce(s.workers, 0) \
+                    l.stalled_since, coalesce(s.workers, 0), coalesce(l.blocked, 0), \
+                    coalesce(l.blocked_by_dead, 0), l.oldest_blocked \
              FROM topics t \
              LEFT JOIN live l ON l.topic = t.topic \
              LEFT JOIN dead d ON d.topic = t.topic \
@@ -592,10 +731,16 @@ impl Backend for SqliteBackend {
                     oldest,
                     stalled_since,
                     workers,
+                    blocked,
+                    blocked_by_dead,
+                    oldest_blocked,
                 )| {
                     TopicStats {
                         topic,
                         ready,
+                        blocked,
+                        blocked_by_dead,
+                        oldest_blocked_age: age(oldest_blocked),
                         scheduled,
                         in_flight,
                         stalled,
@@ -663,8 +808,10 @@ impl Backend for SqliteBackend {
         let mut conn = self.pool.acquire().await?;
         let mut tx = sqlx::Connection::begin_with(&mut *conn, "BEGIN IMMEDIATE").await?;
         let r = sqlx::query(
-            "INSERT INTO outbox_messages (id, topic, payload, idempotency_key, available_at, last_error, created_at) \
-             SELECT id, topic, payload, idempotency_key, ?3, last_error, created_at FROM outbox_dead \
+            "INSERT INTO outbox_messages (id, topic, payload, idempotency_key, available_at, last_error, created_at, \
+                                          ordering_key, releases_key) \
+             SELECT id, topic, payload, idempotency_key, ?3, last_error, created_at, ordering_key, releases_key \
+             FROM outbox_dead \
              WHERE (?1 IS NULL OR id = ?1) AND (?2 IS NULL OR topic = ?2)",
         )
         .bind(&id)

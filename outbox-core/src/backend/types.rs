@@ -30,6 +30,8 @@ pub(crate) struct ClaimedMessage {
     /// The error an earlier attempt recorded, if any: kept when the message is dead-lettered
     /// for attempts that never finished.
     pub(crate) last_error: Option<String>,
+    /// It has an ordering key: when it is done, the next message of its key may start.
+    pub(crate) ordered: bool,
 }
 
 /// A message id and the claim token that fences writes to it.
@@ -56,6 +58,8 @@ pub(crate) struct Done {
     pub(crate) fence: Fence,
     /// An earlier attempt may have recorded per-handler progress, to delete with the message.
     pub(crate) had_attempts: bool,
+    /// It has an ordering key: writing it done lets the next message of its key start.
+    pub(crate) ordered: bool,
 }
 
 /// What a worker says of itself in its heartbeat.

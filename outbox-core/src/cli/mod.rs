@@ -624,7 +624,9 @@ pub fn print_stats(stats: &crate::Stats, registry: Option<&Registry>, json: bool
                 "topic": t.topic, "ready": t.ready, "scheduled": t.scheduled, "in_flight": t.in_flight,
                 "stalled": t.stalled, "dead": t.dead, "done_last_5m": t.done_last_5m,
                 "oldest_ready_age_secs": t.oldest_ready_age.map(|d| d.as_secs_f64()),
-                "live_workers": t.live_workers,
+                "live_workers": t.live_workers, "blocked": t.blocked,
+                "blocked_by_dead": t.blocked_by_dead,
+                "oldest_blocked_age_secs": t.oldest_blocked_age.map(|d| d.as_secs_f64()),
             })
         };
         let doc = serde_json::json!({
@@ -640,8 +642,12 @@ pub fn print_stats(stats: &crate::Stats, registry: Option<&Registry>, json: bool
             .oldest_ready_age
             .map(|d| format!("{:.1}s", d.as_secs_f64()))
             .unwrap_or_else(|| "-".into());
+        let blocked_age = t
+            .oldest_blocked_age
+            .map(|d| format!("{:.1}s", d.as_secs_f64()))
+            .unwrap_or_else(|| "-".into());
         println!(
-            "{:<32} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>8}",
+            "{:<32} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>8} {:>9} {:>9} {:>12}",
             t.topic,
             t.ready,
             t.scheduled,
@@ -650,11 +656,14 @@ pub fn print_stats(stats: &crate::Stats, registry: Option<&Registry>, json: bool
             t.dead,
             t.done_last_5m,
             age,
-            t.live_workers
+            t.live_workers,
+            t.blocked,
+            t.blocked_by_dead,
+            blocked_age
         );
     };
     println!(
-        "{:<32} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>8}",
+        "{:<32} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>8} {:>9} {:>9} {:>12}",
         "topic",
         "ready",
         "scheduled",
@@ -663,7 +672,10 @@ pub fn print_stats(stats: &crate::Stats, registry: Option<&Registry>, json: bool
         "dead",
         "done 5m",
         "oldest",
-        "workers"
+        "workers",
+        "blocked",
+        "by dead",
+        "blk oldest"
     );
     stats.topics.iter().for_each(line);
     line(&stats.total);

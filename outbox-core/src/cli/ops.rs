@@ -73,7 +73,8 @@ impl std::fmt::Debug for Cli {
 enum Command {
     /// Create or upgrade the outbox tables.
     Migrate,
-    /// Per-topic counts: ready, scheduled, in flight, dead, done in 5 minutes, oldest ready age.
+    /// Per-topic counts: ready, scheduled, in flight, dead, done in 5 minutes, oldest ready age,
+    /// and messages blocked behind an earlier message of their ordering key.
     Stats {
         /// Print JSON instead of a table.
         #[arg(long)]

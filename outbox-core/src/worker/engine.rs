@@ -45,6 +45,7 @@ struct Flight {
     fence: Fence,
     topic: &'static str,
     had_attempts: bool,
+    ordered: bool,
     /// When the lease was last taken or renewed.
     leased_at: Instant,
     /// When it was claimed: a message that has not started waits for a free handler.
@@ -137,15 +138,16 @@ pub(super) async fn run(
     });
     shared.heartbeat().await;
 
+    let wake = Arc::new(Wakeups::default());
     let flusher = tokio::spawn(super::flush::run_flusher(
         backend.clone(),
         worker.inner.id,
         done_rx,
         cfg.flush_interval,
         cfg.batch_size.max(super::flush::FLUSH_MAX),
+        wake.clone(),
     ));
     let tasks = CancellationToken::new();
-    let wake = Arc::new(Wakeups::default());
     if cfg.wakeup == Wakeup::Listen {
         tokio::spawn(listen(
             backend.clone(),
@@ -385,6 +387,7 @@ impl Shared {
                         },
                         topic: handlers[0].topic(),
                         had_attempts: msg.attempts > 1,
+                        ordered: msg.ordered,
                         leased_at: now,
                         claimed_at: now,
                         deadline: now + super::config::MAX_DURATION,
@@ -529,6 +532,7 @@ async fn collect(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Finished>)
                     .send(Done {
                         fence,
                         had_attempts: flight.had_attempts,
+                        ordered: flight.ordered,
                     })
                     .is_err()
                 {

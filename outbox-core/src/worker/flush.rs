@@ -9,19 +9,23 @@ use tokio::sync::mpsc;
 use uuid::Uuid;
 
 use super::config::reconnect_delay;
+use super::wake::Wakeups;
 use crate::backend::{Backend, Done};
 
 /// The most done messages one statement deletes.
 pub(crate) const FLUSH_MAX: usize = 1000;
 
 /// Collects done messages and writes them every `interval` or every `max` messages, until
-/// every sender is gone and the last batch is written.
+/// every sender is gone and the last batch is written. A batch with ordered messages wakes the
+/// worker's claim loop once written: the next messages of their keys may start now, and no
+/// producer's commit will announce them.
 pub(crate) async fn run_flusher(
     backend: Arc<dyn Backend>,
     worker: Uuid,
     mut rx: mpsc::UnboundedReceiver<Done>,
     interval: Duration,
     max: usize,
+    wake: Arc<Wakeups>,
 ) {
     let mut buf: Vec<Done> = Vec::with_capacity(max);
     let mut failures: u32 = 0;
@@ -56,6 +60,9 @@ pub(crate) async fn run_flusher(
         }
         match backend.outbox_mark_done(worker, &buf).await {
             Ok(n) => {
+                if n > 0 && buf.iter().any(|d| d.ordered) {
+                    wake.released();
+                }
                 if (n as usize) < buf.len() {
                     tracing::warn!(
                         written = n,

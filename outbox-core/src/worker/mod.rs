@@ -415,6 +415,7 @@ impl Worker {
                         lock(done).push(Done {
                             fence,
                             had_attempts: msg.attempts > 1,
+                            ordered: msg.ordered,
                         });
                         Ok(())
                     }
@@ -572,6 +573,17 @@ impl Worker {
                     tracing::warn!(topic = %topic, oldest_ready_secs = age.as_secs(), "ready messages of a topic that no live worker serves");
                 }
                 self.inner.health.set_unserved(unserved);
+                // Ordered messages behind a dead letter of their key wait for an operator.
+                let blocked: Vec<(String, i64)> = stats
+                    .topics
+                    .iter()
+                    .filter(|t| t.blocked_by_dead > 0)
+                    .map(|t| (t.topic.clone(), t.blocked_by_dead))
+                    .collect();
+                for (topic, n) in &blocked {
+                    tracing::warn!(topic = %topic, blocked = n, "ordered messages wait behind a dead letter of their key: retry or discard it");
+                }
+                self.inner.health.set_blocked_by_dead(blocked);
             }
             Err(e) => tracing::warn!(error = %e, "could not read queue statistics"),
         }

@@ -96,6 +96,16 @@ pub(super) struct Wakeups {
     pub(super) before_commit: AtomicBool,
 }
 
+impl Wakeups {
+    /// This worker's own commit made ordered messages startable (the next ones of the keys it
+    /// finished): the claim loop looks again now, and keeps looking fast for a little while
+    /// as after a producer's wake-up.
+    pub(super) fn released(&self) {
+        self.before_commit.store(true, Ordering::Relaxed);
+        self.notify.notify_one();
+    }
+}
+
 /// How an idle worker's sleep ended.
 pub(super) enum NapEnd {
     Stopped,

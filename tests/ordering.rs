@@ -1,0 +1,483 @@
+//! Per-key ordering (issue #17), on both backends: messages with an ordering key are handled in
+//! enqueue order with the earlier messages of their key, across topics and handlers, through
+//! retries, delays and dead letters; unkeyed messages beside them are never held back.
+//!
+//! The multi-process chaos run (worker processes SIGKILLed while they drain thousands of keys)
+//! is in tests/ordering_chaos.rs.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use outbox::{
+    enqueue, enqueue_many, enqueue_with, outbox_event, Context, DeadSelection, EnqueueOptions,
+    Handler, HandlerError, RetryPolicy, Store, Worker, WorkerConfig,
+};
+use outbox_tests::wait_until;
+use serde::{Deserialize, Serialize};
+
+/// One step of an aggregate's history, on topic `ord.a`.
+#[outbox_event(topic = "ord.a", ordering_key = "key")]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct StepA {
+    key: String,
+    seq: i64,
+    /// Attempts that fail before one succeeds (`-1`: every attempt fails).
+    #[serde(default)]
+    fails: i64,
+}
+
+/// The same aggregate's steps on a second topic.
+#[outbox_event(topic = "ord.b", ordering_key = "key")]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct StepB {
+    key: String,
+    seq: i64,
+    #[serde(default)]
+    fails: i64,
+}
+
+/// A step whose dead letter releases its key.
+#[outbox_event(topic = "ord.loose", ordering_key = "key", dead_releases_key)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct LooseStep {
+    key: String,
+    seq: i64,
+    #[serde(default)]
+    fails: i64,
+}
+
+/// An unordered message.
+#[outbox_event(topic = "ord.plain")]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Plain {
+    n: i64,
+}
+
+/// Every handler call that started: (handler, key, seq), in the order they started.
+#[derive(Default)]
+struct Log(
+    Mutex<Vec<(&'static str, String, i64)>>,
+    std::sync::atomic::AtomicBool,
+);
+
+impl Log {
+    fn push(&self, handler: &'static str, key: &str, seq: i64) {
+        self.0.lock().unwrap().push((handler, key.to_string(), seq));
+    }
+    fn calls(&self) -> Vec<(&'static str, String, i64)> {
+        self.0.lock().unwrap().clone()
+    }
+    /// Per (handler, key), the sequence numbers in the order the calls started.
+    fn by_key(&self) -> BTreeMap<(&'static str, String), Vec<i64>> {
+        let mut out: BTreeMap<(&'static str, String), Vec<i64>> = BTreeMap::new();
+        for (h, k, s) in self.calls() {
+            out.entry((h, k)).or_default().push(s);
+        }
+        out
+    }
+}
+
+/// Fails the first `fails` attempts; every attempt when `fails` is negative, until `healed`.
+fn outcome(fails: i64, healed: bool, ctx: &Context) -> Result<(), HandlerError> {
+    if (fails < 0 && !healed) || i64::from(ctx.attempt()) <= fails {
+        return Err(HandlerError::retry(format!(
+            "injected failure, attempt {}",
+            ctx.attempt()
+        )));
+    }
+    Ok(())
+}
+
+macro_rules! step_handler {
+    ($handler:ident, $event:ty, $name:literal) => {
+        struct $handler(Arc<Log>);
+
+        #[outbox::async_trait]
+        impl Handler for $handler {
+            type Event = $event;
+            const NAME: &'static str = $name;
+            async fn handle(&self, e: $event, ctx: &Context) -> Result<(), HandlerError> {
+                self.0.push($name, &e.key, e.seq);
+                // A little work, so a worker with several handler slots would overlap them.
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                outcome(
+                    e.fails,
+                    self.0 .1.load(std::sync::atomic::Ordering::SeqCst),
+                    ctx,
+                )
+            }
+        }
+    };
+}
+
+step_handler!(AuditA, StepA, "audit-a");
+step_handler!(MailA, StepA, "mail-a");
+step_handler!(IndexB, StepB, "index-b");
+step_handler!(LooseH, LooseStep, "loose");
+
+struct PlainH(Arc<Log>);
+
+#[outbox::async_trait]
+impl Handler for PlainH {
+    type Event = Plain;
+    const NAME: &'static str = "plain";
+    async fn handle(&self, e: Plain, _: &Context) -> Result<(), HandlerError> {
+        self.0.push("plain", "-", e.n);
+        Ok(())
+    }
+}
+
+fn config() -> WorkerConfig {
+    WorkerConfig::default()
+        .retry(
+            RetryPolicy::default()
+                .jitter(false)
+                .base(Duration::from_millis(20))
+                .max_delay(Duration::from_millis(100))
+                .max_attempts(4),
+        )
+        .handler_timeout(Duration::from_secs(5))
+        .lease(Duration::from_secs(5))
+        .concurrency(16)
+        .batch_size(16)
+        .poll_interval(Duration::from_millis(20))
+        .stats_interval(Duration::from_millis(100))
+}
+
+fn worker(store: Store, log: &Arc<Log>) -> Worker {
+    Worker::builder(store)
+        .handler(AuditA(log.clone()))
+        .handler(MailA(log.clone()))
+        .handler(IndexB(log.clone()))
+        .handler(LooseH(log.clone()))
+        .handler(PlainH(log.clone()))
+        .config(config())
+        .build()
+        .expect("the ordering worker builds")
+}
+
+/// Runs workers in the background until the returned sender is dropped or sent on.
+fn start(
+    workers: Vec<Worker>,
+) -> Vec<(
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<()>,
+)> {
+    workers
+        .into_iter()
+        .map(|w| {
+            let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+            let task = tokio::spawn(async move {
+                w.run_until(async {
+                    let _ = rx.await;
+                })
+                .await
+                .expect("the worker runs");
+            });
+            (tx, task)
+        })
+        .collect()
+}
+
+async fn stop(
+    running: Vec<(
+        tokio::sync::oneshot::Sender<()>,
+        tokio::task::JoinHandle<()>,
+    )>,
+) {
+    for (tx, task) in running {
+        let _ = tx.send(());
+        task.await.expect("the worker task ends");
+    }
+}
+
+async fn live(store: &Store) -> i64 {
+    let s = store.stats().await.unwrap().total;
+    s.pending()
+}
+
+/// The step of `key` with number `seq`: topic a or b by turns, some failing at first.
+fn plan(key: &str, seq: i64) -> (bool, i64) {
+    let on_a = (seq + key.len() as i64) % 3 != 0;
+    let fails = if (seq * 7 + key.len() as i64) % 5 == 0 {
+        1
+    } else {
+        0
+    };
+    (on_a, fails)
+}
+
+/// Asserts that each (handler, key) saw its steps in increasing order, each step at least once,
+/// none skipped: a repeat (a retry) may only repeat the step just seen.
+fn assert_in_order(log: &Log, keys: &[String], steps: i64) {
+    let by_key = log.by_key();
+    for key in keys {
+        let handlers: &[&str] = &["audit-a", "mail-a", "index-b"];
+        let mut seen_steps = std::collections::BTreeSet::new();
+        for h in handlers {
+            let Some(seqs) = by_key.get(&(*h, key.clone())) else {
+                continue;
+            };
+            for pair in seqs.windows(2) {
+                assert!(pair[0] <= pair[1], "{h} saw {key} out of order: {seqs:?}");
+            }
+            seen_steps.extend(seqs.iter().copied());
+        }
+        assert_eq!(
+            seen_steps.len() as i64,
+            steps,
+            "{key}: every step handled: {seen_steps:?}"
+        );
+    }
+    // Across handlers too: a step's first call comes after every call of the previous step.
+    let calls = log.calls();
+    for key in keys {
+        let order: Vec<i64> = calls.iter().filter(|c| &c.1 == key).map(|c| c.2).collect();
+        for pair in order.windows(2) {
+            assert!(
+                pair[0] <= pair[1],
+                "{key} started a later step before an earlier one ended: {order:?}"
+            );
+        }
+    }
+}
+
+macro_rules! both_backends {
+    ($(async fn $name:ident($store:ident, $pool:ident) $body:block)*) => {
+        mod postgres {
+            use super::*;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    let db = outbox_tests::pg().await;
+                    let $store = Store::from(&db.pool);
+                    let $pool = db.pool.clone();
+                    $body
+                    db.drop_db().await;
+                }
+            )*
+        }
+        mod sqlite {
+            use super::*;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    let db = outbox_tests::sqlite().await;
+                    let $store = Store::from(&db.pool);
+                    let $pool = db.pool.clone();
+                    $body
+                    db.drop_db().await;
+                }
+            )*
+        }
+    };
+}
+
+both_backends! {
+    async fn each_key_is_handled_in_enqueue_order_across_topics_handlers_and_retries(store, pool) {
+        let keys: Vec<String> = (0..30).map(|k| format!("booking:{k}")).collect();
+        const STEPS: i64 = 12;
+        // Producers interleave the keys, one transaction per step of each key, as services do.
+        for seq in 0..STEPS {
+            let mut tx = pool.begin().await.unwrap();
+            for key in &keys {
+                let (on_a, fails) = plan(key, seq);
+                if on_a {
+                    enqueue(&mut *tx, &StepA { key: key.clone(), seq, fails }).await.unwrap();
+                } else {
+                    enqueue(&mut *tx, &StepB { key: key.clone(), seq, fails }).await.unwrap();
+                }
+            }
+            tx.commit().await.unwrap();
+        }
+        let log = Arc::new(Log::default());
+        // Two workers on one database, as two processes would be.
+        let running = start(vec![worker(store.clone(), &log), worker(store.clone(), &log)]);
+        wait_until(Duration::from_secs(60), "every keyed message done", async || live(&store).await == 0).await;
+        stop(running).await;
+        assert_in_order(&log, &keys, STEPS);
+        let stats = store.stats().await.unwrap();
+        assert_eq!((stats.total.dead, stats.total.blocked), (0, 0));
+    }
+
+    async fn one_key_with_many_messages_drains_in_order(store, pool) {
+        let key = "account:7".to_string();
+        let steps: Vec<StepA> = (0..400).map(|seq| StepA { key: key.clone(), seq, fails: 0 }).collect();
+        let mut tx = pool.begin().await.unwrap();
+        enqueue_many(&mut *tx, &steps).await.unwrap();
+        tx.commit().await.unwrap();
+        // Blocked: every message but the key's first.
+        let before = store.stats().await.unwrap().total;
+        assert_eq!((before.ready, before.blocked, before.blocked_by_dead), (1, 399, 0));
+        assert!(before.oldest_blocked_age.is_some());
+        let log = Arc::new(Log::default());
+        let running = start(vec![worker(store.clone(), &log)]);
+        wait_until(Duration::from_secs(60), "the key drained", async || live(&store).await == 0).await;
+        stop(running).await;
+        for h in ["audit-a", "mail-a"] {
+            let seqs = &log.by_key()[&(h, key.clone())];
+            assert_eq!(*seqs, (0..400).collect::<Vec<_>>(), "{h}");
+        }
+    }
+
+    async fn unkeyed_messages_are_never_held_back_by_keyed_ones(store, pool) {
+        // A key stuck behind a message that keeps failing, and unordered messages after it.
+        let mut tx = pool.begin().await.unwrap();
+        enqueue(&mut *tx, &StepA { key: "k".into(), seq: 0, fails: -1 }).await.unwrap();
+        enqueue(&mut *tx, &StepA { key: "k".into(), seq: 1, fails: 0 }).await.unwrap();
+        enqueue_many(&mut *tx, &(0..50).map(|n| Plain { n }).collect::<Vec<_>>()).await.unwrap();
+        tx.commit().await.unwrap();
+        let log = Arc::new(Log::default());
+        let running = start(vec![worker(store.clone(), &log)]);
+        wait_until(Duration::from_secs(30), "the unordered messages done", async || {
+            log.calls().iter().filter(|c| c.0 == "plain").count() == 50
+        }).await;
+        wait_until(Duration::from_secs(30), "the failing message dead", async || {
+            store.stats().await.unwrap().total.dead == 1
+        }).await;
+        stop(running).await;
+        assert!(
+            log.calls().iter().all(|c| !(c.1 == "k" && c.2 == 1)),
+            "the step behind the failing one never ran"
+        );
+    }
+
+    async fn a_dead_message_blocks_its_key_until_retried_or_discarded(store, pool) {
+        let mut tx = pool.begin().await.unwrap();
+        // k1: its first step dies; k2: its second step dies; k3: free.
+        enqueue(&mut *tx, &StepA { key: "k1".into(), seq: 0, fails: -1 }).await.unwrap();
+        enqueue(&mut *tx, &StepB { key: "k1".into(), seq: 1, fails: 0 }).await.unwrap();
+        enqueue(&mut *tx, &StepA { key: "k1".into(), seq: 2, fails: 0 }).await.unwrap();
+        enqueue(&mut *tx, &StepB { key: "k2".into(), seq: 0, fails: 0 }).await.unwrap();
+        enqueue(&mut *tx, &StepA { key: "k2".into(), seq: 1, fails: -1 }).await.unwrap();
+        enqueue(&mut *tx, &StepB { key: "k2".into(), seq: 2, fails: 0 }).await.unwrap();
+        enqueue(&mut *tx, &StepB { key: "k3".into(), seq: 0, fails: 0 }).await.unwrap();
+        tx.commit().await.unwrap();
+        let log = Arc::new(Log::default());
+        let w = worker(store.clone(), &log);
+        let health = w.health();
+        let running = start(vec![w]);
+        wait_until(Duration::from_secs(30), "two dead letters and their keys blocked", async || {
+            let t = store.stats().await.unwrap().total;
+            t.dead == 2 && t.blocked_by_dead == 3 && t.ready == 0 && t.in_flight == 0
+        }).await;
+        let stats = store.stats().await.unwrap();
+        let a = stats.topics.iter().find(|t| t.topic == "ord.a").unwrap();
+        let b = stats.topics.iter().find(|t| t.topic == "ord.b").unwrap();
+        assert_eq!((a.blocked, a.blocked_by_dead), (1, 1), "{a:?}");
+        assert_eq!((b.blocked, b.blocked_by_dead), (2, 2), "{b:?}");
+        assert!(stats.total.oldest_blocked_age.is_some());
+        // Nothing blocked is silent: the health check says so once the stats refresh shows it.
+        wait_until(Duration::from_secs(10), "health names the blocked keys", async || {
+            health.check().is_err_and(|e| matches!(e, outbox::Unhealthy::BlockedByDead { .. }) && e.to_string().contains("dead letter of their ordering key"))
+        }).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let k1: Vec<i64> = log.calls().iter().filter(|c| c.1 == "k1").map(|c| c.2).collect();
+        assert!(k1.iter().all(|s| *s == 0), "k1's later steps wait: {k1:?}");
+        assert!(log.calls().iter().any(|c| c.1 == "k3"), "k3 is free");
+
+        // The downstream recovers: retrying k1's dead step runs it first, then the rest of k1.
+        log.1.store(true, std::sync::atomic::Ordering::SeqCst);
+        let dead = store.dead_letters(&outbox::DeadLetterFilter::default()).await.unwrap();
+        let k1_dead = dead.iter().find(|m| m.payload.contains("\"k1\"")).unwrap().id;
+        let k2_dead = dead.iter().find(|m| m.payload.contains("\"k2\"")).unwrap().id;
+        assert_eq!(store.retry_dead(&DeadSelection::One(k1_dead)).await.unwrap(), 1);
+        // Discarding k2's dead step lets k2 go on without it.
+        assert_eq!(store.discard_dead(&DeadSelection::One(k2_dead)).await.unwrap(), 1);
+        wait_until(Duration::from_secs(30), "everything done", async || live(&store).await == 0).await;
+        wait_until(Duration::from_secs(10), "health clears", async || health.check().is_ok()).await;
+        stop(running).await;
+        let k1: Vec<i64> = log.calls().iter().filter(|c| c.1 == "k1" && c.0 != "mail-a").map(|c| c.2).collect();
+        assert_eq!(k1.iter().filter(|s| **s > 0).copied().collect::<Vec<_>>(), vec![1, 2]);
+        assert_eq!(*k1.last().unwrap(), 2);
+        let k2: Vec<i64> = log.calls().iter().filter(|c| c.1 == "k2" && c.2 != 1).map(|c| c.2).collect();
+        assert_eq!(k2, vec![0, 2]);
+        assert_eq!(store.stats().await.unwrap().total.blocked, 0);
+    }
+
+    async fn a_dead_message_of_an_event_that_releases_its_key_lets_the_next_go(store, pool) {
+        let mut tx = pool.begin().await.unwrap();
+        enqueue(&mut *tx, &LooseStep { key: "k".into(), seq: 0, fails: -1 }).await.unwrap();
+        enqueue(&mut *tx, &LooseStep { key: "k".into(), seq: 1, fails: 0 }).await.unwrap();
+        // The option overrides the event's choice: this dead letter blocks its key.
+        enqueue_with(&mut *tx, &LooseStep { key: "j".into(), seq: 0, fails: -1 },
+            &EnqueueOptions::new().dead_releases_key(false)).await.unwrap();
+        enqueue(&mut *tx, &LooseStep { key: "j".into(), seq: 1, fails: 0 }).await.unwrap();
+        tx.commit().await.unwrap();
+        let log = Arc::new(Log::default());
+        let running = start(vec![worker(store.clone(), &log)]);
+        wait_until(Duration::from_secs(30), "k's second step done, j's blocked", async || {
+            let t = store.stats().await.unwrap().total;
+            t.dead == 2 && t.blocked_by_dead == 1 && t.pending() == 1
+        }).await;
+        stop(running).await;
+        assert!(log.calls().iter().any(|c| c.1 == "k" && c.2 == 1));
+        assert!(!log.calls().iter().any(|c| c.1 == "j" && c.2 == 1));
+    }
+
+    async fn a_delayed_message_holds_back_the_later_ones_of_its_key(store, pool) {
+        let mut tx = pool.begin().await.unwrap();
+        enqueue_with(&mut *tx, &StepA { key: "k".into(), seq: 0, fails: 0 },
+            &EnqueueOptions::new().delay(Duration::from_millis(700))).await.unwrap();
+        enqueue(&mut *tx, &StepB { key: "k".into(), seq: 1, fails: 0 }).await.unwrap();
+        // An explicit key on an unkeyed event type, and one on another key.
+        enqueue_with(&mut *tx, &Plain { n: 1 }, &EnqueueOptions::new().ordering_key("k")).await.unwrap();
+        enqueue(&mut *tx, &StepB { key: "other".into(), seq: 0, fails: 0 }).await.unwrap();
+        tx.commit().await.unwrap();
+        let log = Arc::new(Log::default());
+        let running = start(vec![worker(store.clone(), &log)]);
+        wait_until(Duration::from_secs(10), "the other key done", async || {
+            log.calls().iter().any(|c| c.1 == "other")
+        }).await;
+        assert!(log.calls().iter().all(|c| c.1 != "k" && c.0 != "plain"), "k waits for its delayed first step");
+        let t = store.stats().await.unwrap().total;
+        assert_eq!((t.scheduled, t.blocked), (1, 2), "{t:?}");
+        wait_until(Duration::from_secs(10), "all done", async || live(&store).await == 0).await;
+        stop(running).await;
+        let k: Vec<(&str, i64)> = log.calls().iter().filter(|c| c.1 == "k" || c.0 == "plain")
+            .map(|c| (c.0, c.2)).collect();
+        assert_eq!(k.last(), Some(&("plain", 1)));
+        assert_eq!(k.iter().filter(|c| c.0 == "index-b").map(|c| c.1).collect::<Vec<_>>(), vec![1]);
+        let first_b = k.iter().position(|c| c.0 == "index-b").unwrap();
+        assert!(k[..first_b].iter().filter(|c| c.1 == 0).count() == 2, "step 0 (both handlers) first: {k:?}");
+    }
+}
+
+#[tokio::test]
+async fn ordering_keys_are_checked_at_enqueue() {
+    let db = outbox_tests::sqlite().await;
+    let mut tx = db.pool.begin().await.unwrap();
+    let empty = enqueue(
+        &mut *tx,
+        &StepA {
+            key: String::new(),
+            seq: 0,
+            fails: 0,
+        },
+    )
+    .await;
+    assert!(
+        matches!(empty, Err(outbox::Error::InvalidOrderingKey { .. })),
+        "{empty:?}"
+    );
+    let long = enqueue_with(
+        &mut *tx,
+        &Plain { n: 1 },
+        &EnqueueOptions::new().ordering_key("x".repeat(256)),
+    )
+    .await;
+    assert!(
+        matches!(long, Err(outbox::Error::InvalidOrderingKey { .. })),
+        "{long:?}"
+    );
+    enqueue_with(
+        &mut *tx,
+        &Plain { n: 1 },
+        &EnqueueOptions::new().ordering_key("x".repeat(255)),
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    db.drop_db().await;
+}
