@@ -1000,6 +1000,18 @@ impl Handler for ConfirmationEmail {
     }
 }
 
+/// StayHub's guest record: always succeeds, so a message whose email died shows it done.
+struct GuestRecord;
+
+#[outbox::async_trait]
+impl Handler for GuestRecord {
+    type Event = BookingCreated;
+    const NAME: &'static str = "guest-record";
+    async fn handle(&self, _: BookingCreated, _: &Context) -> Result<(), HandlerError> {
+        Ok(())
+    }
+}
+
 /// StayHub's property index.
 struct PropertyIndexer;
 
@@ -1058,6 +1070,7 @@ async fn stayhub_in_the_console() {
     tx.commit().await.unwrap();
     let worker = Worker::builder(&db.pool)
         .handler(ConfirmationEmail)
+        .handler(GuestRecord)
         .handler(PropertyIndexer)
         .config(outbox::WorkerConfig::default().shutdown_timeout(Duration::from_secs(1)))
         .build()
@@ -1146,6 +1159,8 @@ async fn stayhub_in_the_console() {
         .text("#last-error")
         .await
         .contains("erin@example.com does not exist"));
+    assert!(b.text("#handlers-done").await.starts_with("guest-record"));
+    assert!(b.text("#idempotency-key").await.starts_with("none"));
     b.screenshot("console-dead-letter.png").await;
     b.close().await;
     let _ = stop.send(());

@@ -190,6 +190,14 @@ pub struct MessageInfo {
     pub available_at: DateTime<Utc>,
     /// When it became dead.
     pub processed_at: Option<DateTime<Utc>>,
+    /// The idempotency key given at enqueue, if any (handlers otherwise get
+    /// `"{id}:{handler}"`).
+    pub idempotency_key: Option<String>,
+    /// The ordering key, if it has one.
+    pub ordering_key: Option<String>,
+    /// The handlers that already succeeded for it, with when: a message with several handlers
+    /// retries only the others. Filled by [`Store::message`]; empty in listings.
+    pub handlers_done: Vec<(String, DateTime<Utc>)>,
 }
 
 /// A worker as its heartbeat row shows it.

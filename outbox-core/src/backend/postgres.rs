@@ -73,12 +73,15 @@ fn message_info(r: &sqlx::postgres::PgRow) -> Result<MessageInfo, sqlx::Error> {
         created_at: r.try_get("created_at")?,
         available_at: r.try_get("available_at")?,
         processed_at: r.try_get("processed_at")?,
+        idempotency_key: r.try_get("idempotency_key")?,
+        ordering_key: r.try_get("ordering_key")?,
+        handlers_done: Vec::new(),
     })
 }
 
 const DEAD_COLUMNS: &str =
     "id, topic, 'dead' AS status, attempts, payload::text AS payload, last_error, \
-     created_at, dead_at AS available_at, dead_at AS processed_at";
+     created_at, dead_at AS available_at, dead_at AS processed_at, idempotency_key, ordering_key";
 
 pub(crate) struct PgBackend {
     pool: PgPool,
@@ -693,12 +696,23 @@ impl Backend for PgBackend {
         let sql = sqlx::AssertSqlSafe(format!(
             "SELECT id, topic, CASE WHEN locked_until >= now() THEN 'running' ELSE 'pending' END AS status, \
                     attempts, payload::text AS payload, last_error, created_at, \
-                    coalesce(locked_until, available_at) AS available_at, NULL::timestamptz AS processed_at \
+                    coalesce(locked_until, available_at) AS available_at, NULL::timestamptz AS processed_at, \
+                    idempotency_key, ordering_key \
              FROM outbox_messages WHERE id = $1 \
              UNION ALL SELECT {DEAD_COLUMNS} FROM outbox_dead WHERE id = $1"
         ));
         let row = sqlx::query(sql).bind(id).fetch_optional(&self.pool).await?;
-        Ok(row.as_ref().map(message_info).transpose()?)
+        let Some(mut info) = row.as_ref().map(message_info).transpose()? else {
+            return Ok(None);
+        };
+        info.handlers_done = sqlx::query_as(
+            "SELECT handler, completed_at FROM outbox_deliveries WHERE message_id = $1 \
+             ORDER BY completed_at, handler",
+        )
+        .bind(id)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(Some(info))
     }
 
     async fn outbox_dead_retry(&self, which: &DeadSelection) -> Result<u64> {

@@ -59,7 +59,7 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
 
 const DEAD_COLUMNS: &str =
     "id, topic, 'dead' AS status, attempts, payload, last_error, created_at, \
-     dead_at AS available_at, dead_at AS processed_at";
+     dead_at AS available_at, dead_at AS processed_at, idempotency_key, ordering_key";
 
 fn time(ms: i64) -> DateTime<Utc> {
     DateTime::<Utc>::from_timestamp_millis(ms).unwrap_or_default()
@@ -82,6 +82,9 @@ fn message_info(r: &sqlx::sqlite::SqliteRow) -> Result<MessageInfo, sqlx::Error>
         created_at: time(r.try_get("created_at")?),
         available_at: time(r.try_get("available_at")?),
         processed_at: processed.map(time),
+        idempotency_key: r.try_get("idempotency_key")?,
+        ordering_key: r.try_get("ordering_key")?,
+        handlers_done: Vec::new(),
     })
 }
 
@@ -790,7 +793,8 @@ impl Backend for SqliteBackend {
         let sql = sqlx::AssertSqlSafe(format!(
             "SELECT id, topic, CASE WHEN locked_until >= ?2 THEN 'running' ELSE 'pending' END AS status, \
                     attempts, payload, last_error, created_at, \
-                    coalesce(locked_until, available_at) AS available_at, NULL AS processed_at \
+                    coalesce(locked_until, available_at) AS available_at, NULL AS processed_at, \
+                    idempotency_key, ordering_key \
              FROM outbox_messages WHERE id = ?1 \
              UNION ALL SELECT {DEAD_COLUMNS} FROM outbox_dead WHERE id = ?1"
         ));
@@ -799,7 +803,18 @@ impl Backend for SqliteBackend {
             .bind(now_ms())
             .fetch_optional(&self.pool)
             .await?;
-        Ok(row.as_ref().map(message_info).transpose()?)
+        let Some(mut info) = row.as_ref().map(message_info).transpose()? else {
+            return Ok(None);
+        };
+        let done: Vec<(String, i64)> = sqlx::query_as(
+            "SELECT handler, completed_at FROM outbox_deliveries WHERE message_id = ?1 \
+             ORDER BY completed_at, handler",
+        )
+        .bind(id.to_string())
+        .fetch_all(&self.pool)
+        .await?;
+        info.handlers_done = done.into_iter().map(|(h, at)| (h, time(at))).collect();
+        Ok(Some(info))
     }
 
     async fn outbox_dead_retry(&self, which: &DeadSelection) -> Result<u64> {

@@ -146,6 +146,19 @@ pub(super) async fn overview(
             names.join(", ")
         );
     }
+    if stats.total.blocked_by_dead > 0 {
+        let _ = write!(
+            b,
+            "<div class=\"notice bad\" id=\"blocked\"><strong>{}</strong> behind a dead letter of their \
+             ordering key (oldest {}): retry or discard the dead letters to let them run.</div>",
+            plural(
+                u64::try_from(stats.total.blocked_by_dead).unwrap_or(0),
+                "message waits",
+                "messages wait"
+            ),
+            opt_age(stats.total.oldest_blocked_age)
+        );
+    }
     if stats.total.stalled > 0 {
         let _ = write!(
             b,
@@ -206,7 +219,9 @@ pub(super) async fn overview(
     } else {
         b.push_str(
             "<table class=\"grid\" id=\"topics\"><thead><tr><th>Topic</th><th class=\"n\">Ready</th>\
-             <th class=\"n\">Scheduled</th><th class=\"n\">In flight</th><th class=\"n\">Stalled</th>\
+             <th class=\"n\">Scheduled</th><th class=\"n\">In flight</th>\
+             <th class=\"n\" title=\"waiting behind an earlier message of their ordering key\">Blocked</th>\
+             <th class=\"n\">Stalled</th>\
              <th class=\"n\">Dead</th><th class=\"n\">Done (5 min)</th><th class=\"n\">Oldest ready</th>\
              <th class=\"n\">Live workers</th></tr></thead><tbody>",
         );
@@ -301,11 +316,27 @@ fn topic_row(b: &mut String, f: &Frame<'_>, t: &TopicStats, total: bool) {
     let cell = |class: &str, v: String| format!("<td class=\"n {class}\">{v}</td>");
     let _ = write!(
         b,
-        "<tr data-topic=\"{}\"{class}>{name}{}{}{}{}{}{}{}{}</tr>",
+        "<tr data-topic=\"{}\"{class}>{name}{}{}{}{}{}{}{}{}{}</tr>",
         esc(&t.topic),
         cell("ready", num(t.ready)),
         cell("scheduled", num(t.scheduled)),
         cell("in-flight", num(t.in_flight)),
+        cell(
+            if t.blocked_by_dead > 0 {
+                "blocked bad"
+            } else {
+                "blocked"
+            },
+            if t.blocked_by_dead > 0 {
+                format!(
+                    "{} <span class=\"muted\">({} by dead)</span>",
+                    num(t.blocked),
+                    num(t.blocked_by_dead)
+                )
+            } else {
+                num(t.blocked)
+            }
+        ),
         cell(
             if t.stalled > 0 {
                 "stalled warn"
@@ -922,6 +953,33 @@ pub(super) async fn message(
     );
     if !dead {
         let _ = write!(b, "<dt>Processed</dt><dd>{}</dd>", ts(m.processed_at));
+    }
+    let _ = write!(
+        b,
+        "<dt>Idempotency key</dt><dd class=\"mono\" id=\"idempotency-key\">{}</dd>",
+        m.idempotency_key.as_deref().map_or_else(
+            || "<span class=\"muted\">none: each handler gets {id}:{handler}</span>".to_string(),
+            esc
+        )
+    );
+    if let Some(key) = &m.ordering_key {
+        let _ = write!(
+            b,
+            "<dt>Ordering key</dt><dd class=\"mono\" id=\"ordering-key\">{}</dd>",
+            esc(key)
+        );
+    }
+    if !m.handlers_done.is_empty() {
+        let done: Vec<String> = m
+            .handlers_done
+            .iter()
+            .map(|(h, at)| format!("{} <span class=\"muted\">{}</span>", esc(h), when(*at, now)))
+            .collect();
+        let _ = write!(
+            b,
+            "<dt>Handlers done</dt><dd id=\"handlers-done\">{}</dd>",
+            done.join("<br>")
+        );
     }
     b.push_str("</dl>");
     if dead && !c.config.read_only {
