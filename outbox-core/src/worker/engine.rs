@@ -270,15 +270,18 @@ async fn claim_loop(shared: &Arc<Shared>, wake: &Arc<Wakeups>, stop: &Cancellati
             // Handlers first: the flag write below must not delay them.
             shared.start_all(claimed).await;
             hot_until = Instant::now() + HOT_WINDOW;
-            // A worker that found work clears its waiting flag before it sleeps the claim
-            // interval: while the flag is set every producer transaction notifies it, and at
-            // the start of a stream, when several workers of the topic wake one after another,
-            // a flag kept through that sleep cost producers one NOTIFY per transaction
-            // (2.5% of them with 8 workers). Under a trickle this costs two writes of the
-            // worker's own row per message, nothing on the producers' side.
+            // A worker that found work clears its waiting flag: while the flag is set every
+            // producer transaction notifies it, and at the start of a stream, when several
+            // workers of the topic wake one after another, a flag kept through the claim
+            // interval cost producers one NOTIFY per transaction (2.5% of them with 8
+            // workers). It then looks again at once rather than after the claim interval, so
+            // under a trickle the flag is back within two round trips (a message committed in
+            // between is found by the look that follows the flag), and a stream that is
+            // starting is found still flowing, the flag left clear.
             if waiting.is_some() {
                 waiting = None;
                 shared.set_waiting(false).await;
+                continue;
             }
             if got == want {
                 continue; // a full batch: there is probably more
