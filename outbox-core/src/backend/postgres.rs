@@ -800,8 +800,12 @@ impl Backend for PgBackend {
                 INSERT INTO outbox_workers (id, name, waiting, topics) \
                 SELECT $1, $2, $3, $4::text[] FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit \
                 ON CONFLICT (id) DO UPDATE SET waiting = $3, topics = $4::text[], heartbeat_at = now() \
+             ), woke AS ( \
+                SELECT pg_notify('{WAKEUP_CHANNEL}', w.id::text) FROM outbox_workers w \
+                WHERE $5 AND w.id <> $1 AND w.waiting AND w.topics && $4::text[] \
+                  AND w.heartbeat_at > now() - interval '{LIVE_SECS} seconds' LIMIT 1 \
              ) \
-             SELECT 1 + count(*) FROM outbox_workers \
+             SELECT 1 + count(*) + (SELECT count(*) FROM woke) * 0 FROM outbox_workers \
              WHERE id <> $1 AND topics && $4::text[] AND heartbeat_at > now() - interval '{LIVE_SECS} seconds'"
         ));
         Ok(sqlx::query_scalar(sql)
@@ -809,6 +813,7 @@ impl Backend for PgBackend {
             .bind(b.name)
             .bind(b.waiting)
             .bind(b.topics)
+            .bind(b.wake_peer)
             .fetch_one(&self.pool)
             .await?)
     }

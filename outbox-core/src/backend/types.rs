@@ -70,4 +70,7 @@ pub(crate) struct Beat<'a> {
     pub(crate) topics: &'a [&'a str],
     /// Sleeping until a producer wakes it: only then do producers of its topics notify.
     pub(crate) waiting: bool,
+    /// Wake one other waiting worker of these topics: this one was woken and claimed a full
+    /// batch, so a burst is waiting that one worker alone would drain slowly.
+    pub(crate) wake_peer: bool,
 }

@@ -278,9 +278,12 @@ async fn claim_loop(shared: &Arc<Shared>, wake: &Arc<Wakeups>, stop: &Cancellati
             // under a trickle the flag is back within two round trips (a message committed in
             // between is found by the look that follows the flag), and a stream that is
             // starting is found still flowing, the flag left clear.
+            // A worker woken into a full batch wakes one waiting peer of its topic on the way
+            // (which does the same if it too finds a full batch): one producer transaction
+            // notifies one worker, and a burst still spreads over all of them.
             if waiting.is_some() {
                 waiting = None;
-                shared.set_waiting(false).await;
+                shared.set_waiting(false, got == want).await;
                 continue;
             }
             if got == want {
@@ -308,7 +311,7 @@ async fn claim_loop(shared: &Arc<Shared>, wake: &Arc<Wakeups>, stop: &Cancellati
             if waiting.is_none() {
                 waiting = Some(now);
                 settled_from = now;
-                shared.set_waiting(true).await;
+                shared.set_waiting(true, false).await;
                 continue;
             }
             // The next settle look still ahead, else the poll interval.
@@ -339,19 +342,23 @@ async fn claim_loop(shared: &Arc<Shared>, wake: &Arc<Wakeups>, stop: &Cancellati
         }
     }
     if waiting.is_some() {
-        shared.set_waiting(false).await;
+        shared.set_waiting(false, false).await;
     }
 }
 
 impl Shared {
-    async fn set_waiting(&self, waiting: bool) {
+    async fn set_waiting(&self, waiting: bool, wake_peer: bool) {
         self.waiting.store(waiting, Ordering::Relaxed);
-        self.heartbeat().await;
+        self.beat(wake_peer).await;
     }
 
     /// Writes the worker's row (topics, waiting flag, heartbeat) and learns how many live
     /// workers share its topics.
     async fn heartbeat(&self) {
+        self.beat(false).await;
+    }
+
+    async fn beat(&self, wake_peer: bool) {
         let inner = &self.worker.inner;
         let topics: Vec<&str> = inner.topics.keys().copied().collect();
         let beat = Beat {
@@ -359,6 +366,7 @@ impl Shared {
             name: &inner.config.name,
             topics: &topics,
             waiting: self.waiting.load(Ordering::Relaxed),
+            wake_peer,
         };
         match self.backend.worker_heartbeat(&beat).await {
             Ok(peers) => self.peers.store(peers.max(1), Ordering::Relaxed),
