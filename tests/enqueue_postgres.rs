@@ -87,3 +87,57 @@ async fn migrate_is_idempotent_and_safe_concurrently() {
     assert_eq!(sqlx_table, None);
     db.drop_db().await;
 }
+
+/// The key of the advisory lock `migrate` takes ("outbox" in ASCII).
+const MIGRATION_LOCK: i64 = 0x6f75_7462_6f78;
+
+#[tokio::test]
+async fn a_cancelled_migrate_leaves_no_session_holding_the_lock() {
+    use sqlx::Connection as _;
+    let db = outbox_tests::pg_empty().await;
+    // Another process is migrating: it holds the lock, so our migrate waits for it.
+    let mut other = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    sqlx::query("SELECT pg_advisory_lock($1)")
+        .bind(MIGRATION_LOCK)
+        .execute(&mut other)
+        .await
+        .unwrap();
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(2)
+        .connect(&db.url)
+        .await
+        .unwrap();
+    let cancelled = tokio::time::timeout(
+        std::time::Duration::from_millis(300),
+        outbox::migrate(&pool),
+    )
+    .await;
+    assert!(
+        cancelled.is_err(),
+        "migrate should still be waiting for the lock"
+    );
+    sqlx::query("SELECT pg_advisory_unlock($1)")
+        .bind(MIGRATION_LOCK)
+        .execute(&mut other)
+        .await
+        .unwrap();
+
+    // Had the cancelled call's session gone back to the pool with its lock request queued, it
+    // would now hold the lock for good, and every later migrate would wait forever.
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let held: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted \
+         AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+    )
+    .fetch_one(&mut other)
+    .await
+    .unwrap();
+    assert_eq!(held, 0, "no session holds the migration lock");
+    tokio::time::timeout(std::time::Duration::from_secs(10), outbox::migrate(&pool))
+        .await
+        .expect("migrate after a cancelled one finishes")
+        .unwrap();
+    other.close().await.unwrap();
+    pool.close().await;
+    db.drop_db().await;
+}

@@ -92,6 +92,7 @@ mod health;
 mod message_id;
 pub mod metrics;
 mod migrate;
+mod model;
 #[cfg(feature = "prometheus")]
 pub mod observe;
 mod ops;
@@ -121,10 +122,11 @@ pub use handler::{
 pub use health::{Health, Unhealthy};
 pub use message_id::{message_sequence, new_message_id};
 pub use migrate::migrate;
-pub use ops::{
+pub use model::{
     DeadCursor, DeadLetterFilter, DeadSelection, MessageInfo, MessageStatus, Stats, TopicStats,
-    UnknownStatus, WorkerInfo, DEFAULT_PURGE_BATCH,
+    UnknownStatus, WorkerInfo,
 };
+pub use ops::DEFAULT_PURGE_BATCH;
 pub use registry::{
     assert_all_events_handled, HandlerInfo, HandlerRegistration, Registry, RegistryError,
 };

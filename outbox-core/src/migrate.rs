@@ -10,21 +10,6 @@
 use crate::error::Result;
 use crate::store::Store;
 
-/// One embedded migration.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Migration {
-    pub(crate) version: i64,
-    pub(crate) description: &'static str,
-    pub(crate) sql: &'static str,
-}
-
-impl Migration {
-    /// A stable checksum of the SQL (FNV-1a), to detect a migration edited after release.
-    pub(crate) fn checksum(&self) -> i64 {
-        i64::from_ne_bytes(crate::__private::fnv1a(self.sql.as_bytes()).to_ne_bytes())
-    }
-}
-
 /// Creates or upgrades the outbox tables. Idempotent; safe to call from several processes at once.
 ///
 /// # Errors
@@ -37,7 +22,9 @@ impl Migration {
 /// # Cancellation safety
 ///
 /// Each migration runs in its own transaction; dropping the future leaves the schema at a
-/// migration boundary, and the next call carries on.
+/// migration boundary, and the next call carries on. On PostgreSQL the lock is held by a
+/// connection taken out of the pool for the purpose, which closes if the future is dropped: no
+/// pooled connection is ever left holding it.
 ///
 /// # Example
 ///

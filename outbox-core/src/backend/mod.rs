@@ -13,14 +13,15 @@ pub(crate) mod postgres;
 #[cfg(any(feature = "sqlite", feature = "sqlite-unbundled"))]
 pub(crate) mod sqlite;
 
+pub(crate) mod schema;
 pub(crate) mod types;
 
 /// The (public id, topic) a selection of dead letters filters on; `None` means any.
-pub(crate) fn selection(which: &crate::ops::DeadSelection) -> (Option<uuid::Uuid>, Option<&str>) {
+pub(crate) fn selection(which: &crate::model::DeadSelection) -> (Option<uuid::Uuid>, Option<&str>) {
     match which {
-        crate::ops::DeadSelection::One(id) => (Some(*id), None),
-        crate::ops::DeadSelection::Topic(t) => (None, Some(t.as_str())),
-        crate::ops::DeadSelection::All => (None, None),
+        crate::model::DeadSelection::One(id) => (Some(*id), None),
+        crate::model::DeadSelection::Topic(t) => (None, Some(t.as_str())),
+        crate::model::DeadSelection::All => (None, None),
     }
 }
 pub(crate) use types::*;
@@ -99,7 +100,7 @@ pub(crate) trait Backend: Send + Sync + 'static {
     async fn outbox_unknown_topics(&self, known: &[&str]) -> Result<Vec<(String, i64)>>;
 
     /// Per-topic counts for [`Store::stats`](crate::Store::stats).
-    async fn outbox_stats(&self) -> Result<Vec<crate::ops::TopicStats>>;
+    async fn outbox_stats(&self) -> Result<Vec<crate::model::TopicStats>>;
 
     /// Messages done per minute over the last `minutes` minutes, oldest first: `(minute start,
     /// count)`, minutes without any left out.
@@ -111,17 +112,17 @@ pub(crate) trait Backend: Send + Sync + 'static {
     /// Dead letters, newest first.
     async fn outbox_dead_list(
         &self,
-        filter: &crate::ops::DeadLetterFilter,
-    ) -> Result<Vec<crate::ops::MessageInfo>>;
+        filter: &crate::model::DeadLetterFilter,
+    ) -> Result<Vec<crate::model::MessageInfo>>;
 
     /// One message by id, live or dead.
-    async fn outbox_message(&self, id: uuid::Uuid) -> Result<Option<crate::ops::MessageInfo>>;
+    async fn outbox_message(&self, id: uuid::Uuid) -> Result<Option<crate::model::MessageInfo>>;
 
     /// Dead letters back to pending, attempts reset.
-    async fn outbox_dead_retry(&self, which: &crate::ops::DeadSelection) -> Result<u64>;
+    async fn outbox_dead_retry(&self, which: &crate::model::DeadSelection) -> Result<u64>;
 
     /// Deletes dead letters.
-    async fn outbox_dead_discard(&self, which: &crate::ops::DeadSelection) -> Result<u64>;
+    async fn outbox_dead_discard(&self, which: &crate::model::DeadSelection) -> Result<u64>;
 
     /// Deletes one batch of per-minute done counts older than `older_than`.
     async fn outbox_purge_done(&self, older_than: std::time::Duration, batch: i64) -> Result<u64>;
@@ -138,7 +139,7 @@ pub(crate) trait Backend: Send + Sync + 'static {
     async fn worker_heartbeat(&self, beat: &Beat<'_>) -> Result<i64>;
 
     /// Registered workers, live ones first.
-    async fn worker_list(&self) -> Result<Vec<crate::ops::WorkerInfo>>;
+    async fn worker_list(&self) -> Result<Vec<crate::model::WorkerInfo>>;
 
     /// Removes a worker on shutdown.
     async fn worker_deregister(&self, id: uuid::Uuid) -> Result<()>;

@@ -7,14 +7,14 @@ use sqlx::postgres::{PgListener, PgPool};
 use sqlx::{PgConnection, Row};
 use uuid::Uuid;
 
+use super::schema::{self, Migration};
 use super::selection;
 use super::{
     Backend, Beat, ClaimParams, ClaimedMessage, Done, Failure, Fence, Wake, WakeupListener,
 };
 use crate::__private::NewMessage;
-use crate::error::{Error, Result};
-use crate::migrate::Migration;
-use crate::ops::{DeadLetterFilter, DeadSelection, MessageInfo, TopicStats};
+use crate::error::Result;
+use crate::model::{DeadLetterFilter, DeadSelection, MessageInfo, TopicStats};
 
 /// The channel producers notify when a worker is waiting.
 pub(crate) const WAKEUP_CHANNEL: &str = "outbox_wakeup";
@@ -355,16 +355,21 @@ fn fences(f: &[Fence]) -> (Vec<Uuid>, Vec<Uuid>) {
 #[async_trait]
 impl Backend for PgBackend {
     async fn migrate(&self) -> Result<()> {
-        let mut conn = self.pool.acquire().await?;
+        // A connection of its own, out of the pool: the advisory lock is the session's, and if
+        // this future is dropped mid-way the connection closes with it (releasing the lock)
+        // rather than going back to the pool still holding it.
+        let mut conn = self.pool.acquire().await?.detach();
         sqlx::query("SELECT pg_advisory_lock($1)")
             .bind(MIGRATION_LOCK)
-            .execute(&mut *conn)
+            .execute(&mut conn)
             .await?;
         let result = apply_migrations(&mut conn).await;
+        // Closing the session releases the lock; an unlock first says so explicitly.
         let unlock = sqlx::query("SELECT pg_advisory_unlock($1)")
             .bind(MIGRATION_LOCK)
-            .execute(&mut *conn)
+            .execute(&mut conn)
             .await;
+        let _ = sqlx::Connection::close(conn).await;
         result?;
         unlock?;
         Ok(())
@@ -818,7 +823,7 @@ impl Backend for PgBackend {
             .await?)
     }
 
-    async fn worker_list(&self) -> Result<Vec<crate::ops::WorkerInfo>> {
+    async fn worker_list(&self) -> Result<Vec<crate::model::WorkerInfo>> {
         type Row = (
             Uuid,
             String,
@@ -838,7 +843,7 @@ impl Backend for PgBackend {
             .into_iter()
             .map(
                 |(id, name, topics, waiting, started_at, heartbeat_at, live)| {
-                    crate::ops::WorkerInfo {
+                    crate::model::WorkerInfo {
                         id,
                         name,
                         topics,
@@ -908,20 +913,7 @@ async fn apply_migrations(conn: &mut PgConnection) -> Result<()> {
         sqlx::query_as("SELECT version, checksum FROM outbox_migrations ORDER BY version")
             .fetch_all(&mut *conn)
             .await?;
-    if let Some((v, _)) = applied
-        .iter()
-        .find(|(v, _)| MIGRATIONS.iter().all(|m| m.version != *v))
-    {
-        return Err(Error::MigrationUnknown { version: *v });
-    }
-    for m in MIGRATIONS {
-        match applied.iter().find(|(v, _)| *v == m.version) {
-            Some((_, sum)) if *sum != m.checksum() => {
-                return Err(Error::MigrationChanged { version: m.version })
-            }
-            Some(_) => continue,
-            None => {}
-        }
+    for m in schema::pending(MIGRATIONS, &applied)? {
         let mut tx = sqlx::Connection::begin(&mut *conn).await?;
         sqlx::raw_sql(m.sql).execute(&mut *tx).await?;
         sqlx::query(

@@ -15,14 +15,14 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePo
 use sqlx::{Row, SqliteConnection};
 use uuid::Uuid;
 
+use super::schema::{self, Migration};
 use super::selection;
 use super::{
     Backend, Beat, ClaimParams, ClaimedMessage, Done, Failure, Fence, Wake, WakeupListener,
 };
 use crate::__private::NewMessage;
 use crate::error::{Error, Result};
-use crate::migrate::Migration;
-use crate::ops::{DeadLetterFilter, DeadSelection, MessageInfo, TopicStats};
+use crate::model::{DeadLetterFilter, DeadSelection, MessageInfo, TopicStats};
 
 pub(crate) const MIGRATIONS: &[Migration] = &[
     Migration {
@@ -397,19 +397,7 @@ impl Backend for SqliteBackend {
             sqlx::query_as("SELECT version, checksum FROM outbox_migrations ORDER BY version")
                 .fetch_all(&mut *tx)
                 .await?;
-        for (v, sum) in &applied {
-            match MIGRATIONS.iter().find(|m| m.version == *v) {
-                None => return Err(Error::MigrationUnknown { version: *v }),
-                Some(m) if m.checksum() != *sum => {
-                    return Err(Error::MigrationChanged { version: *v })
-                }
-                Some(_) => {}
-            }
-        }
-        for m in MIGRATIONS
-            .iter()
-            .filter(|m| applied.iter().all(|(v, _)| *v != m.version))
-        {
+        for m in schema::pending(MIGRATIONS, &applied)? {
             sqlx::raw_sql(m.sql).execute(&mut *tx).await?;
             sqlx::query("INSERT INTO outbox_migrations (version, description, checksum, applied_at) VALUES (?1, ?2, ?3, ?4)")
                 .bind(m.version)
@@ -929,7 +917,7 @@ impl Backend for SqliteBackend {
         Ok(peers.max(1))
     }
 
-    async fn worker_list(&self) -> Result<Vec<crate::ops::WorkerInfo>> {
+    async fn worker_list(&self) -> Result<Vec<crate::model::WorkerInfo>> {
         let now = now_ms();
         let rows: Vec<(String, String, String, bool, i64, i64)> = sqlx::query_as(
             "SELECT id, name, topics, waiting, started_at, heartbeat_at FROM outbox_workers \
@@ -940,7 +928,7 @@ impl Backend for SqliteBackend {
         .await?;
         rows.into_iter()
             .map(|(id, name, topics, waiting, started, beat)| {
-                Ok(crate::ops::WorkerInfo {
+                Ok(crate::model::WorkerInfo {
                     id: parse_uuid(&id)?,
                     name,
                     topics: serde_json::from_str(&topics).unwrap_or_default(),

@@ -18,7 +18,7 @@ use super::{
     body_bytes, csrf_ok, csrf_refused, field, form, same_secret, session_cookie, Base, Console,
     Credentials, Shared,
 };
-use crate::ops::{DeadCursor, DeadLetterFilter, DeadSelection, MessageStatus, Stats, TopicStats};
+use crate::model::{DeadCursor, DeadLetterFilter, DeadSelection, MessageStatus, Stats, TopicStats};
 use crate::store::Store;
 
 /// A place in the dead-letter listing as a link carries it: `{dead_at in µs}.{id}`.
