@@ -11,12 +11,12 @@
 //! | W1  | drain 20,000 pending ~200-byte messages with a no-op handler, timed from building a new pool and worker (a cold start, as a worker binary's) until no live message is left: concurrency 1, a sweep of settings, the default `WorkerConfig` and the best setting (median of `--repeat` runs, every run's figure and the largest deviation from the median); with `--peer`, the peer's drain alternates with the default's (after one untimed round of each) and their ratio is reported |
 //! | W2  | 5,000 transactions (business `INSERT` + `enqueue`) from 1 and 8 producers with a worker running, against the same transactions without `enqueue`, and their ratio |
 //! | W3  | a fresh default worker (new pool, nothing handled before), idle; one message committed every 10 ms for 5 s: p50 and p99 of handler start - commit |
-//! | W4  | W1 (best setting) with 2,000,000 done rows in the table (a second database); ratio to W1 runs paired with it |
-//! | W5  | W1 (best setting) with 10,000 pending messages of an unhandled topic due earlier; ratio to W1 runs paired with it |
+//! | W4  | W1 (best setting) with 2,000,000 done rows in the table (a second database); ratio to W1 as the median of at least 5 pairs' ratios, each pair's order alternating |
+//! | W5  | W1 (best setting) with 10,000 pending messages of an unhandled topic due earlier; ratio to W1 as the median of at least 5 pairs' ratios, each pair's order alternating |
 //! | W6  | `enqueue_many` of 100,000 messages in batches of 1,000 |
 //! | W7  | PostgreSQL and NATS: 20,000 pending messages relayed into a file-backed JetStream stream by a default worker (the publisher as a raw handler), timed from worker start until none is live; beside raw async-nats publishing of the same payloads, as many awaiting their acknowledgement at once as the worker's concurrency, alternating (`--repeat` rounds); and their ratio |
 //! | W8  | the inbox consuming the 20,000 messages W7's relay left in the stream, each in a transaction with its processed-id record, until all are acknowledged |
-//! | W9  | W1 (best setting) of 20,000 messages with ordering keys, 1,000 keys interleaved; ratio to W1 runs paired with it; and one key of 2,000 messages, drained serially (default `WorkerConfig`), every call checked to come in enqueue order |
+//! | W9  | W1 (best setting) of 20,000 messages with ordering keys, 1,000 keys interleaved; ratio to W1 as the median of at least 5 pairs' ratios, each pair's order alternating; and one key of 2,000 messages, drained serially (default `WorkerConfig`), every call checked to come in enqueue order |
 //! | W10 | PostgreSQL: 8 producers, 2,000 transactions each (business `INSERT` + `enqueue`), against 1, 4 and 8 default workers (a pool each) and against 4 beside an idle worker of another topic; `Wakeup::Listen` alternating with `Wakeup::Poll` (`--repeat` pairs, at most 3): producer tx/s, the ratio listen/poll and the share of transactions that sent a NOTIFY (counted by a LISTENer on the wake-up channel) |
 //! | RSS | peak RSS (VmHWM) of a worker process draining a 100,000-message backlog |
 //!
@@ -243,32 +243,70 @@ fn ratio(a: &Result<Sample>, b: &Result<Sample>) -> Result<f64> {
     }
 }
 
-/// W4's runs: `done` done rows go into `big` once, then each W1 run on `db` is paired with one
-/// on `big`.
-async fn w4_pairs(
+/// What a W1 run is paired with: W4's database holding done rows, W5's unhandled messages due
+/// earlier, W9's ordering keys.
+#[derive(Clone, Copy)]
+enum Against<'a> {
+    /// W4: the same drain on this database, which holds many done rows.
+    DoneRows(&'a Db),
+    /// W5: the same drain behind this many messages of a topic nobody handles.
+    Unhandled(u64),
+    /// W9: the drain with ordering keys, this many keys interleaved.
+    Keys(u64),
+}
+
+/// The fewest pairs behind a paired ratio, whatever `--repeat` says: one pair decides nothing on
+/// a disk whose speed drifts by a third over a minute.
+const MIN_PAIRS: usize = 5;
+
+/// Runs W1 at `setting` and the workload it is `against` in pairs, at least [`MIN_PAIRS`] of
+/// them, alternating which of the two goes first, so a drift within a pair (a checkpoint, a
+/// cache warming) favours each side equally often.
+async fn paired(
     db: &mut Db,
-    big: &Db,
-    done: u64,
     n: u64,
     setting: Setting,
     repeat: usize,
+    against: Against<'_>,
 ) -> Result<Vec<(Result<Sample>, Result<Sample>)>> {
-    big.insert_done(done, "bench.message", &workloads::sample_payload())
-        .await?;
-    big.analyze().await?;
     let mut pairs = Vec::new();
-    for _ in 0..repeat {
-        db.reset().await?;
-        pairs.push((
-            workloads::w1(db, n, setting.config()).await,
-            workloads::w1(big, n, setting.config()).await,
-        ));
+    for i in 0..repeat.max(MIN_PAIRS) {
+        let (mut alone, mut with) = (None, None);
+        let order = if i % 2 == 0 {
+            [false, true]
+        } else {
+            [true, false]
+        };
+        for paired_side in order {
+            if !paired_side {
+                db.reset().await?;
+                alone = Some(workloads::w1(db, n, setting.config()).await);
+                continue;
+            }
+            with = Some(match against {
+                Against::DoneRows(big) => workloads::w1(big, n, setting.config()).await,
+                Against::Unhandled(ahead) => {
+                    db.reset().await?;
+                    db.seed(&workloads::unhandled(ahead)).await?;
+                    db.push_ahead("bench.unhandled").await?;
+                    workloads::w1(db, n, setting.config()).await
+                }
+                Against::Keys(keys) => {
+                    db.reset().await?;
+                    workloads::w9(db, n, keys, setting.config()).await
+                }
+            });
+        }
+        if let (Some(alone), Some(with)) = (alone, with) {
+            pairs.push((alone, with));
+        }
     }
     Ok(pairs)
 }
 
 /// Reports a workload compared with W1 at the same setting, run in (W1, workload) pairs: the
-/// median of each side, and the ratio of the medians.
+/// median of each side, and the median of the pairs' ratios (each pair ran within seconds, so
+/// its ratio is free of the drift between pairs).
 fn push_paired(
     report: &mut Report,
     id: &'static str,
@@ -277,14 +315,18 @@ fn push_paired(
     setting: Setting,
     target: Option<Target>,
 ) {
-    let (alone, with) = match pairs {
+    let (alone, with, ratio) = match pairs {
         Ok(pairs) => {
+            let ratios = pairs.iter().map(|(a, w)| ratio(w, a)).collect();
             let (a, w): (Vec<_>, Vec<_>) = pairs.into_iter().unzip();
-            (median_sample(a), median_sample(w))
+            (median_sample(a), median_sample(w), median(ratios))
         }
-        Err(e) => (Err(anyhow::anyhow!("{e:#}")), Err(e)),
+        Err(e) => (
+            Err(anyhow::anyhow!("{e:#}")),
+            Err(anyhow::anyhow!("{e:#}")),
+            Err(e),
+        ),
     };
-    let ratio = ratio(&with, &alone);
     report.push_sample(
         "W1",
         format!("drain, paired with {id} ({setting})"),
@@ -293,7 +335,7 @@ fn push_paired(
         None,
     );
     report.push_sample(id, what.to_string(), with, "msgs/s", None);
-    report.push(id, "ratio to W1", ratio, "x", target);
+    report.push(id, "ratio to W1, median of the pairs", ratio, "x", target);
 }
 
 /// W1 with the default `WorkerConfig`, `--repeat` runs; with `--peer` (on PostgreSQL), each
@@ -702,14 +744,25 @@ async fn run(args: &Args, db: &mut Db, report: &mut Report) -> Result<()> {
         }
     }
 
-    // W4 and W5 compare with W1 at the same setting, run in pairs (one W1 run, then one of
-    // theirs), so that drift over the bench (a warming cache, a checkpoint) cancels out.
+    let pairs_n = repeat.max(MIN_PAIRS);
+    // W4, W5 and W9 compare with W1 at the same setting, run in pairs (see `paired`), so that
+    // drift over the bench (a warming cache, a checkpoint) cancels out.
     if args.wants("w4") {
         let done = args.scaled(2_000_000);
         eprintln!("  W4 inserting {done} done rows into a second database");
         let big = Db::create(db.kind, &args.database_url).await;
         let pairs = match &big {
-            Ok(big) => w4_pairs(db, big, done, n1, best_setting, repeat).await,
+            Ok(big) => {
+                let filled = async {
+                    big.insert_done(done, "bench.message", &workloads::sample_payload())
+                        .await?;
+                    big.analyze().await
+                };
+                match filled.await {
+                    Ok(()) => paired(db, n1, best_setting, repeat, Against::DoneRows(big)).await,
+                    Err(e) => Err(e),
+                }
+            }
             Err(e) => Err(anyhow::anyhow!("{e:#}")),
         };
         if let Ok(big) = big {
@@ -718,7 +771,7 @@ async fn run(args: &Args, db: &mut Db, report: &mut Report) -> Result<()> {
         push_paired(
             report,
             "W4",
-            &runs(&format!("drain with {done} done rows ({best_setting})")),
+            &format!("drain with {done} done rows ({best_setting}), median of {pairs_n} pairs"),
             pairs,
             best_setting,
             Target::at_least(0.9),
@@ -726,23 +779,11 @@ async fn run(args: &Args, db: &mut Db, report: &mut Report) -> Result<()> {
     }
     if args.wants("w5") {
         let ahead = args.scaled(10_000);
-        let pairs = async {
-            let mut pairs = Vec::new();
-            for _ in 0..repeat {
-                db.reset().await?;
-                let alone = workloads::w1(db, n1, best_setting.config()).await;
-                db.reset().await?;
-                db.seed(&workloads::unhandled(ahead)).await?;
-                db.push_ahead("bench.unhandled").await?;
-                pairs.push((alone, workloads::w1(db, n1, best_setting.config()).await));
-            }
-            Ok::<_, anyhow::Error>(pairs)
-        }
-        .await;
+        let pairs = paired(db, n1, best_setting, repeat, Against::Unhandled(ahead)).await;
         push_paired(
             report,
             "W5",
-            &runs(&format!("drain behind {ahead} unhandled ({best_setting})")),
+            &format!("drain behind {ahead} unhandled ({best_setting}), median of {pairs_n} pairs"),
             pairs,
             best_setting,
             Target::at_least(0.9),
@@ -752,26 +793,13 @@ async fn run(args: &Args, db: &mut Db, report: &mut Report) -> Result<()> {
     // W9: ordered messages, many keys (paired with W1 like W4 and W5), then one key.
     if args.wants("w9") {
         let keys = args.scaled(1_000);
-        let pairs = async {
-            let mut pairs = Vec::new();
-            for _ in 0..repeat {
-                db.reset().await?;
-                let alone = workloads::w1(db, n1, best_setting.config()).await;
-                db.reset().await?;
-                pairs.push((
-                    alone,
-                    workloads::w9(db, n1, keys, best_setting.config()).await,
-                ));
-            }
-            Ok::<_, anyhow::Error>(pairs)
-        }
-        .await;
+        let pairs = paired(db, n1, best_setting, repeat, Against::Keys(keys)).await;
         push_paired(
             report,
             "W9",
-            &runs(&format!(
-                "keyed drain, {n1} msgs over {keys} keys ({best_setting})"
-            )),
+            &format!(
+                "keyed drain, {n1} msgs over {keys} keys ({best_setting}), median of {pairs_n} pairs"
+            ),
             pairs,
             best_setting,
             Target::at_least(0.8),
