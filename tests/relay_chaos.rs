@@ -21,7 +21,7 @@ use outbox_handlers::lapin::options::BasicConsumeOptions;
 use outbox_handlers::lapin::types::{AMQPValue, FieldTable};
 use outbox_handlers::relay::headers;
 use outbox_tests::rabbitmq::{amqp_url, Topology};
-use outbox_tests::{pg, TestDb};
+use outbox_tests::{pg, random_ms, sigkill, TestDb};
 use serde::{Deserialize, Serialize};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::process::{Child, Command};
@@ -236,15 +236,6 @@ fn spawn_worker(db: &TestDb, brokers: &Brokers, nats: &Proxy, amqp: &Proxy) -> C
         .expect("spawn relay-worker")
 }
 
-fn sigkill(child: &Child) {
-    let pid = child.id().expect("the worker is running");
-    let status = std::process::Command::new("kill")
-        .args(["-KILL", &pid.to_string()])
-        .status()
-        .expect("run kill");
-    assert!(status.success(), "kill -KILL {pid}: {status}");
-}
-
 async fn live(db: &TestDb) -> (i64, i64) {
     sqlx::query_as(
         "SELECT (SELECT count(*) FROM outbox_messages), (SELECT count(*) FROM outbox_dead)",
@@ -275,7 +266,7 @@ async fn relayed_exactly_once_into_jetstream_and_at_least_once_into_rabbitmq_thr
         .collect();
     let started = Instant::now();
     let (mut kills, mut drops) = (0usize, 0usize);
-    let mut next_kill = started + Duration::from_millis(1000 + fastrand_ms(2000));
+    let mut next_kill = started + Duration::from_millis(1000 + random_ms(2000));
     let mut next_drop = started + Duration::from_millis(1500);
     let mut left = (MESSAGES, 0);
     while started.elapsed() < LIMIT {
@@ -290,7 +281,7 @@ async fn relayed_exactly_once_into_jetstream_and_at_least_once_into_rabbitmq_thr
             let _ = workers[victim].wait().await;
             workers[victim] = spawn_worker(&db, &brokers, &nats, &amqp);
             kills += 1;
-            next_kill = now + Duration::from_millis(1000 + fastrand_ms(2000));
+            next_kill = now + Duration::from_millis(1000 + random_ms(2000));
         }
         if now >= next_drop {
             if nats.drop_all() + amqp.drop_all() > 0 {
@@ -342,10 +333,4 @@ async fn relayed_exactly_once_into_jetstream_and_at_least_once_into_rabbitmq_thr
     drop((nats, amqp));
     brokers.delete().await;
     db.drop_db().await;
-}
-
-/// A random number of milliseconds below `below`.
-fn fastrand_ms(below: u64) -> u64 {
-    use std::hash::BuildHasher;
-    std::collections::hash_map::RandomState::new().hash_one(Instant::now()) % below
 }

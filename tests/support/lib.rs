@@ -39,6 +39,24 @@ pub struct TestDb {
     pub name: String,
 }
 
+/// Sends SIGKILL to a child process: it dies at once, as in a crash or an OOM kill, with no
+/// chance to clean up.
+pub fn sigkill(child: &tokio::process::Child) {
+    let pid = child.id().expect("the child is running");
+    let status = std::process::Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status()
+        .expect("run kill");
+    assert!(status.success(), "kill -KILL {pid}: {status}");
+}
+
+/// A number of milliseconds below `below`, different from run to run: when the next kill of a
+/// chaos test falls.
+pub fn random_ms(below: u64) -> u64 {
+    use std::hash::BuildHasher;
+    std::collections::hash_map::RandomState::new().hash_one(Instant::now()) % below.max(1)
+}
+
 /// Creates a fresh database, applies the outbox migrations and returns it.
 ///
 /// # Panics
