@@ -95,6 +95,89 @@ async fn an_idle_worker_wakes_long_before_its_poll_interval() {
 }
 
 #[tokio::test]
+async fn dead_letters_retried_from_another_process_wake_an_idle_worker() {
+    let db = pg().await;
+    let (counts, stop_tx, running) =
+        start(&db.pool, config().poll_interval(Duration::from_secs(30)));
+    put(&db, &[job(1, Mode::Permanent)]).await;
+    wait_until(Duration::from_secs(10), "the job died", async || {
+        db.count_status("dead").await == 1
+    })
+    .await;
+    assert_eq!(counts.get(), 1);
+    until_idle(&db).await;
+    // Past the looks a worker takes just after it goes idle: from here only a wake-up or the
+    // 30 s poll brings it back.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    // The operator's `outbox dead retry`: another pool, as another process would have.
+    let operator = sqlx::PgPool::connect(&db.url).await.unwrap();
+    let retried = outbox::Store::from(&operator)
+        .retry_dead(&outbox::DeadSelection::All)
+        .await
+        .unwrap();
+    assert_eq!(retried, 1);
+    wait_until(
+        Duration::from_secs(5),
+        "the retried job waits for the worker's next poll (30 s): the worker was not woken",
+        async || counts.get() == 2,
+    )
+    .await;
+    operator.close().await;
+    let _ = stop_tx.send(());
+    running.await.unwrap().unwrap();
+    db.drop_db().await;
+}
+
+#[tokio::test]
+async fn discarding_a_dead_letter_wakes_an_idle_worker_for_the_messages_of_its_key() {
+    let db = pg().await;
+    let (counts, stop_tx, running) =
+        start(&db.pool, config().poll_interval(Duration::from_secs(30)));
+    let key = outbox::EnqueueOptions::new().ordering_key("booking:42");
+    let mut tx = db.pool.begin().await.unwrap();
+    outbox::enqueue_with(&mut *tx, &job(1, Mode::Permanent), &key)
+        .await
+        .unwrap();
+    let blocked = outbox::enqueue_with(&mut *tx, &job(2, Mode::Ok), &key)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    wait_until(
+        Duration::from_secs(10),
+        "the first job of the key died",
+        async || db.count_status("dead").await == 1,
+    )
+    .await;
+    until_idle(&db).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(counts.get(), 1, "the second job waits behind the dead one");
+
+    let operator = sqlx::PgPool::connect(&db.url).await.unwrap();
+    let discarded = outbox::Store::from(&operator)
+        .discard_dead(&outbox::DeadSelection::All)
+        .await
+        .unwrap();
+    assert_eq!(discarded, 1);
+    wait_until(
+        Duration::from_secs(5),
+        "the unblocked job waits for the worker's next poll (30 s): the worker was not woken",
+        async || counts.get() == 2,
+    )
+    .await;
+    wait_until(
+        Duration::from_secs(5),
+        "the unblocked job is done",
+        async || db.state(blocked).await.is_none(),
+    )
+    .await;
+    operator.close().await;
+    let _ = stop_tx.send(());
+    running.await.unwrap().unwrap();
+    db.drop_db().await;
+}
+
+#[tokio::test]
 async fn build_refuses_a_lease_it_cannot_renew_in_time() {
     // The lease is renewed every fifth of it while a handler runs, so it need not outlast the
     // handler timeout any more (see the next test); but under 1 s it is refused.

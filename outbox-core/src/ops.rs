@@ -109,6 +109,9 @@ impl Store {
 
     /// Sends dead letters back to pending, due now, with their attempts reset. Returns how many.
     ///
+    /// On PostgreSQL the same statement wakes the idle workers of their topics, from whatever
+    /// process it runs in; SQLite workers find them at their next poll.
+    ///
     /// # Errors
     ///
     /// [`Error::Database`] when the update fails.
@@ -121,6 +124,9 @@ impl Store {
     }
 
     /// Deletes dead letters for good. Returns how many.
+    ///
+    /// A dead letter with an ordering key held back the later messages of its key; on
+    /// PostgreSQL the same statement wakes the idle workers to take them.
     ///
     /// # Errors
     ///

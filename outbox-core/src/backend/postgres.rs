@@ -722,7 +722,9 @@ impl Backend for PgBackend {
 
     async fn outbox_dead_retry(&self, which: &DeadSelection) -> Result<u64> {
         let (id, topic) = selection(which);
-        let n: i64 = sqlx::query_scalar(
+        // Waiting workers of the retried topics are woken, as a producer would wake them: the
+        // operator may run this from another process, long before their next poll.
+        let sql = sqlx::AssertSqlSafe(format!(
             "WITH del AS ( \
                 DELETE FROM outbox_dead \
                 WHERE ($1::uuid IS NULL OR id = $1) AND ($2::text IS NULL OR topic = $2) \
@@ -733,32 +735,44 @@ impl Backend for PgBackend {
                 SELECT id, topic, payload, idempotency_key, last_error, created_at, ordering_key, releases_key \
                 FROM del \
                 RETURNING topic \
+             ), woke AS ( \
+                SELECT pg_notify('{WAKEUP_CHANNEL}', w.id::text) FROM outbox_workers w \
+                WHERE w.waiting AND w.heartbeat_at > now() - interval '{LIVE_SECS} seconds' \
+                  AND w.topics && ARRAY(SELECT DISTINCT topic FROM ins) \
              ) \
-             SELECT count(*) FROM ins",
-        )
-        .bind(id)
-        .bind(topic)
-        .fetch_one(&self.pool)
-        .await?;
+             SELECT count(*) + 0 * (SELECT count(*) FROM woke) FROM ins"
+        ));
+        let n: i64 = sqlx::query_scalar(sql)
+            .bind(id)
+            .bind(topic)
+            .fetch_one(&self.pool)
+            .await?;
         Ok(u64::try_from(n).unwrap_or(0))
     }
 
     async fn outbox_dead_discard(&self, which: &DeadSelection) -> Result<u64> {
         let (id, topic) = selection(which);
-        let n: i64 = sqlx::query_scalar(
+        // A discarded dead letter with an ordering key unblocks the later messages of its key:
+        // waiting workers are woken to take them.
+        let sql = sqlx::AssertSqlSafe(format!(
             "WITH del AS ( \
                 DELETE FROM outbox_dead \
                 WHERE ($1::uuid IS NULL OR id = $1) AND ($2::text IS NULL OR topic = $2) \
-                RETURNING id \
+                RETURNING id, ordering_key \
              ), progress AS ( \
                 DELETE FROM outbox_deliveries WHERE message_id IN (SELECT id FROM del) \
+             ), woke AS ( \
+                SELECT pg_notify('{WAKEUP_CHANNEL}', w.id::text) FROM outbox_workers w \
+                WHERE w.waiting AND w.heartbeat_at > now() - interval '{LIVE_SECS} seconds' \
+                  AND EXISTS (SELECT 1 FROM del WHERE ordering_key IS NOT NULL) \
              ) \
-             SELECT count(*) FROM del",
-        )
-        .bind(id)
-        .bind(topic)
-        .fetch_one(&self.pool)
-        .await?;
+             SELECT count(*) + 0 * (SELECT count(*) FROM woke) FROM del"
+        ));
+        let n: i64 = sqlx::query_scalar(sql)
+            .bind(id)
+            .bind(topic)
+            .fetch_one(&self.pool)
+            .await?;
         Ok(u64::try_from(n).unwrap_or(0))
     }
 
