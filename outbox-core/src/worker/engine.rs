@@ -289,11 +289,13 @@ async fn claim_loop(shared: &Arc<Shared>, wake: &Arc<Wakeups>, stop: &Cancellati
             if got == want {
                 continue; // a full batch: there is probably more
             }
-            // A trickle: let a few more messages arrive, so the next claim takes several.
+            // A trickle: let a few more messages arrive, so the next claim takes several; but
+            // look at once when this worker's done write released the next messages of keys.
             if !cfg.claim_interval.is_zero() {
                 tokio::select! {
                     () = stop.cancelled() => break,
                     () = tokio::time::sleep(shared_interval) => {}
+                    () = wake.released.notified() => {}
                 }
             }
             continue;
@@ -306,6 +308,12 @@ async fn claim_loop(shared: &Arc<Shared>, wake: &Arc<Wakeups>, stop: &Cancellati
         // poll interval.
         let now = Instant::now();
         let nap = if listening && fast {
+            shared_interval.max(HOT_POLL)
+        } else if listening && waiting.is_none() && shared.ordered_in_flight() {
+            // Ordered messages of this worker are running: when they are done, its own write
+            // wakes it for the next of their keys. Setting and clearing the waiting flag around
+            // each of those steps would cost two writes per message of a key; it looks at the
+            // claim interval instead, as under a fast stream.
             shared_interval.max(HOT_POLL)
         } else if listening {
             if waiting.is_none() {
@@ -347,6 +355,11 @@ async fn claim_loop(shared: &Arc<Shared>, wake: &Arc<Wakeups>, stop: &Cancellati
 }
 
 impl Shared {
+    /// Whether a message with an ordering key is claimed by this worker and not yet finished.
+    fn ordered_in_flight(&self) -> bool {
+        lock(&self.flights).values().any(|f| f.ordered)
+    }
+
     async fn set_waiting(&self, waiting: bool, wake_peer: bool) {
         self.waiting.store(waiting, Ordering::Relaxed);
         self.beat(wake_peer).await;

@@ -16,9 +16,9 @@ use crate::backend::{Backend, Done};
 pub(crate) const FLUSH_MAX: usize = 1000;
 
 /// Collects done messages and writes them every `interval` or every `max` messages, until
-/// every sender is gone and the last batch is written. A batch with ordered messages wakes the
-/// worker's claim loop once written: the next messages of their keys may start now, and no
-/// producer's commit will announce them.
+/// every sender is gone and the last batch is written. A batch with ordered messages is written
+/// without waiting out the interval, and wakes the worker's claim loop once written: the next
+/// messages of their keys may start now, and no producer's commit will announce them.
 pub(crate) async fn run_flusher(
     backend: Arc<dyn Backend>,
     worker: Uuid,
@@ -44,11 +44,26 @@ pub(crate) async fn run_flusher(
         if open {
             let deadline = tokio::time::sleep(interval);
             tokio::pin!(deadline);
+            let mut ordered = buf.iter().any(|d| d.ordered);
             while buf.len() < max {
+                // An ordered message's key waits for this write: take what has already come
+                // and write now. Writes follow one another, so batches still form under load.
+                if ordered {
+                    while buf.len() < max {
+                        match rx.try_recv() {
+                            Ok(f) => buf.push(f),
+                            Err(_) => break,
+                        }
+                    }
+                    break;
+                }
                 tokio::select! {
                     biased;
                     f = rx.recv() => match f {
-                        Some(f) => buf.push(f),
+                        Some(f) => {
+                            ordered |= f.ordered;
+                            buf.push(f);
+                        }
                         None => break,
                     },
                     () = &mut deadline => break,
