@@ -291,7 +291,7 @@ async fn purge_deletes_old_records_in_bounded_batches() {
     .execute(&db.pool)
     .await
     .unwrap();
-    let retention = DedupConfig::from_toml_str("[dedup]\nretention_secs = 3600\npurge_batch = 20")
+    let retention = DedupConfig::from_toml_str("[dedup]\nretention = '1h'\npurge_batch = 20")
         .unwrap()
         .retention()
         .unwrap();

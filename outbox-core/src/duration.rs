@@ -6,11 +6,11 @@ use std::time::Duration;
 /// The longest duration read: 100 years (of 365.25 days, as `100y` is read), far beyond any
 /// sensible setting and well inside every timestamp type, so an absurd value is refused before
 /// it reaches SQL.
-pub const MAX_DURATION: Duration = Duration::from_secs(100 * 36525 * 24 * 36);
+pub(crate) const MAX_DURATION: Duration = Duration::from_secs(100 * 36525 * 24 * 36);
 
 /// Reads a duration in the human format: `500ms`, `30s`, `5m`, `12h`, `7d` (units may be
 /// combined: `1h30m`). A bare number counts as seconds (`2`, `0.5`), as earlier versions read
-/// the worker's flags and the handlers' `timeout_secs`.
+/// the worker's flags and the handlers' `timeout_secs` (their old name of `timeout`).
 ///
 /// The error says what was given and how to write it.
 pub(crate) fn parse(s: &str) -> Result<Duration, String> {

@@ -277,8 +277,10 @@ fn redact_query(rest: &str) -> String {
     format!("{head}?{}", pairs.join("&"))
 }
 
-/// The longest duration any flag takes: 100 years.
-pub use crate::duration::MAX_DURATION;
+/// The longest duration any flag takes: 100 years (of 365.25 days, as `100y` is read), far
+/// beyond any sensible setting and well inside every timestamp type, so an absurd value is
+/// refused before it reaches SQL.
+pub const MAX_DURATION: Duration = crate::duration::MAX_DURATION;
 
 /// Every duration the command lines take, in the one human format of
 /// [`duration::parse`](crate::duration::parse): `500ms`, `30s`, `5m`, `12h`, `7d`; a bare number
