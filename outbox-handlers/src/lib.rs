@@ -55,6 +55,7 @@
 //! | `email` | yes | [`email`]: the email handler, the HTTP provider transport and the file transport |
 //! | `search` | yes | [`search`]: the search-index handler (Elasticsearch/OpenSearch, external versions) |
 //! | `dedup` | no | [`dedup`]: the processed-id wrapper and its purge, for PostgreSQL (turns on `outbox/postgres`) |
+//! | `dedup-sqlite` | no | [`dedup`] for SQLite (turns on `outbox/sqlite`); with `dedup` too, both databases |
 //! | `nats` | no | `relay::nats`: the JetStream relay; `inbox`: the JetStream inbox (with `dedup`) |
 //! | `rabbitmq` | no | `relay::rabbitmq`: the RabbitMQ relay with publisher confirms |
 
@@ -65,7 +66,7 @@ mod config;
 #[cfg(feature = "http")]
 mod http;
 
-#[cfg(feature = "dedup")]
+#[cfg(any(feature = "dedup", feature = "dedup-sqlite"))]
 pub mod dedup;
 #[cfg(feature = "email")]
 pub mod email;

@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
+use outbox::Store;
 use serde::Deserialize;
-use sqlx::PgPool;
 
 use crate::config::{self, ConfigError};
 
@@ -17,7 +17,8 @@ pub const DEFAULT_PURGE_BATCH: usize = outbox::DEFAULT_PURGE_BATCH;
 const MAX_PURGE_BATCH: usize = 100_000;
 
 /// Deletes the processed records older than `older_than`, `batch` rows per statement, until none
-/// is left; returns how many were deleted.
+/// is left; returns how many were deleted. `pool` is a `PgPool` or a `SqlitePool` (or a
+/// reference to one, or a [`Store`]).
 ///
 /// The same as [`outbox::Store::purge_processed`]: each statement deletes at most `batch`
 /// rows, so locks and transactions stay short however many records have piled up.
@@ -47,13 +48,11 @@ const MAX_PURGE_BATCH: usize = 100_000;
 /// # Ok(()) }
 /// ```
 pub async fn purge_processed(
-    pool: &PgPool,
+    pool: impl Into<Store>,
     older_than: Duration,
     batch: usize,
 ) -> outbox::Result<u64> {
-    outbox::Store::from(pool)
-        .purge_processed(older_than, batch)
-        .await
+    pool.into().purge_processed(older_than, batch).await
 }
 
 /// How long processed records are kept, and how many a purge deletes per statement.
@@ -126,7 +125,7 @@ impl Retention {
     /// # Cancellation safety
     ///
     /// As [`purge_processed`].
-    pub async fn purge(&self, pool: &PgPool) -> outbox::Result<u64> {
+    pub async fn purge(&self, pool: impl Into<Store>) -> outbox::Result<u64> {
         purge_processed(pool, self.older_than, self.batch).await
     }
 }
