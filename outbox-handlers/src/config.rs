@@ -257,7 +257,10 @@ fn deserialize<'de, T: DeserializeOwned, D: Deserializer<'de>>(
             Some(serde_path_to_error::Segment::Map { key }) => Some(key.as_str()),
             _ => None,
         };
-        let reason = message(e.inner());
+        // serde names the primitive types as Rust does; say it for whoever writes the file.
+        let reason = message(e.inner())
+            .replace("expected u64", "expected a whole number of 0 or more")
+            .replace("expected f64", "expected a number");
         match name {
             Some(name) if !fields.contains(&name) => ConfigError::Unknown {
                 key: format!("{section}.{name}"),
@@ -558,7 +561,15 @@ mod tests {
             "email.flag: invalid value: string \"maybe\", expected true or false"
         );
         let e = env(&[("P_BATCH", "-5")]).unwrap_err();
-        assert_eq!(e.key(), Some("email.batch"));
+        assert_eq!(
+            e.to_string(),
+            "email.batch: invalid value: string \"-5\", expected a whole number of 0 or more"
+        );
+        let e = from_toml_str::<Section>("email", "[email]\nbatch = -5").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "email.batch: invalid value: integer `-5`, expected a whole number of 0 or more"
+        );
         let e = env(&[("P_TIMEOUT", "1s"), ("P_TIMEOUT_SECS", "1")]).unwrap_err();
         assert_eq!(e.to_string(), "email: duplicate field `timeout`");
     }
