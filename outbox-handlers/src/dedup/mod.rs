@@ -96,6 +96,9 @@ pub type DefaultDatabase = sqlx::Sqlite;
 /// Do every write of the effect on `tx`, and nothing outside the database that cannot be undone
 /// (an email, an HTTP call): those are not rolled back when the transaction is.
 ///
+/// `Event` is the payload type, a type with `#[outbox_event]`; its topic decides which messages
+/// reach the handler.
+///
 /// # About type parameter `DB`
 ///
 /// The database the effect is written to, `sqlx::Postgres` or `sqlx::Sqlite`: the one of the
