@@ -541,7 +541,7 @@ async fn configuration_builds_working_handlers() {
         ("OUTBOX_EMAIL_PATH", "/v1/send"),
         ("OUTBOX_EMAIL_API_KEY", KEY),
         ("OUTBOX_EMAIL_FROM", "env@stayhub.example"),
-        ("OUTBOX_EMAIL_TIMEOUT_SECS", "2"),
+        ("OUTBOX_EMAIL_TIMEOUT", "2s"),
     ];
     let config = EmailConfig::from_lookup("OUTBOX_EMAIL_", |name| {
         vars.iter()

@@ -629,7 +629,7 @@ async fn configuration_builds_working_handlers() {
     let vars = [
         ("APP_SEARCH_BASE_URL", app.url.clone()),
         ("APP_SEARCH_API_KEY", "ak-env".to_string()),
-        ("APP_SEARCH_TIMEOUT_SECS", "1.5".to_string()),
+        ("APP_SEARCH_TIMEOUT", "1500ms".to_string()),
     ];
     let config = SearchConfig::from_lookup("APP_SEARCH_", |name| {
         vars.iter()

@@ -206,7 +206,7 @@ async fn no_secret_reaches_a_log_line_an_error_or_a_debug() {
         "E_BASE_URL" => Some(mail_server.uri()),
         "E_API_KEY" => Some(EMAIL_KEY.into()),
         "E_FROM" => Some("bookings@stayhub.example".into()),
-        "E_TIMEOUT_SECS" => Some("2".into()),
+        "E_TIMEOUT" => Some("2s".into()),
         _ => None,
     })
     .unwrap();
@@ -221,7 +221,7 @@ async fn no_secret_reaches_a_log_line_an_error_or_a_debug() {
 
     // Search, from configuration with basic auth, and from a builder with an API key.
     let search_config = SearchConfig::from_toml_str(&format!(
-        "[search]\nbase_url = '{}'\nindex = 'hotels'\nusername = 'indexer'\npassword = '{SEARCH_PASSWORD}'\ntimeout_secs = 2\n",
+        "[search]\nbase_url = '{}'\nindex = 'hotels'\nusername = 'indexer'\npassword = '{SEARCH_PASSWORD}'\ntimeout = '2s'\n",
         search_server.uri()
     ))
     .unwrap();

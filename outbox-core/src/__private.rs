@@ -43,3 +43,14 @@ pub fn fnv1a(bytes: &[u8]) -> u64 {
     }
     h
 }
+
+/// Reads a duration in the outbox's one human format (`500ms`, `5m`, `7d`; a bare number is
+/// seconds), at most 100 years: the parser of the command-line flags, for the handlers'
+/// configuration.
+///
+/// # Errors
+///
+/// A message naming the value and how to write it.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    crate::duration::parse(s)
+}

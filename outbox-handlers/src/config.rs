@@ -1,23 +1,27 @@
 //! Configuration shared by the handlers: [`ConfigError`], [`Secret`], and reading a section from
-//! environment variables or a TOML document.
+//! environment variables or a TOML document through serde.
 //!
 //! Every handler's configuration has the same two sources, with the same key names:
 //!
 //! | TOML (`[email]` table) | environment (prefix `OUTBOX_EMAIL_`) |
 //! |------------------------|--------------------------------------|
 //! | `base_url = "..."`     | `OUTBOX_EMAIL_BASE_URL=...`          |
-//! | `timeout_secs = 10`    | `OUTBOX_EMAIL_TIMEOUT_SECS=10`       |
+//! | `timeout = "10s"`      | `OUTBOX_EMAIL_TIMEOUT=10s`           |
 //!
-//! Errors name the key as `section.key` (`email.base_url: not a valid URL (got `foo`)`), whichever
-//! source it came from. Empty environment variables count as unset.
+//! Both go through the configuration type's `Deserialize`, so a key reads the same way from
+//! either, and errors name the key as `section.key` (`email.base_url: not a valid URL (got
+//! `foo`)`) whichever source it came from. Durations take the outbox's one human format
+//! (`500ms`, `10s`, `5m`, `7d`; a bare number is seconds). Empty environment variables count as
+//! unset.
 
 // Without the HTTP handlers, some helpers have no user.
 #![cfg_attr(not(feature = "http"), allow(dead_code))]
 
 use std::fmt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use serde::de::{self, value, DeserializeOwned, Deserializer, IntoDeserializer, Visitor};
 use serde::Deserialize;
 
 /// The longest timeout a handler accepts: anything longer is a typo.
@@ -47,7 +51,9 @@ pub enum ConfigError {
         /// The value that was given (cut to 100 characters).
         got: String,
     },
-    /// A value is refused, and repeating it would print a secret (or there is no single value).
+    /// A value is refused: it does not read as the key's type, or it would print a secret to
+    /// repeat it. The reason says what was expected, and quotes the value only when it is no
+    /// secret.
     #[error("{key}: {reason}")]
     Rejected {
         /// The key, as `section.key`.
@@ -129,7 +135,8 @@ impl ConfigError {
 ///
 /// It has no `Display` and is not `Serialize`, so it cannot end up in a log line, a JSON dump
 /// of a configuration or an error message by accident: [`expose`](Self::expose) is the one way
-/// to the value. It is `Deserialize`, to be read from configuration.
+/// to the value. It is `Deserialize`, to be read from configuration; a value of the wrong type
+/// is refused without repeating it.
 ///
 /// ```
 /// use outbox_handlers::Secret;
@@ -148,8 +155,7 @@ impl ConfigError {
 /// // No Display.
 /// let _ = format!("{}", outbox_handlers::Secret::new("sk_live_123"));
 /// ```
-#[derive(Clone, PartialEq, Eq, Deserialize)]
-#[serde(transparent)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct Secret(String);
 
 impl Secret {
@@ -161,6 +167,15 @@ impl Secret {
     /// The secret itself, to put in a request header.
     pub fn expose(&self) -> &str {
         &self.0
+    }
+}
+
+impl<'de> Deserialize<'de> for Secret {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        // serde's own message would quote the value (`invalid type: integer `12345`...`).
+        String::deserialize(d).map(Secret).map_err(|_| {
+            de::Error::custom("expected a string (the value is not repeated: it is a secret)")
+        })
     }
 }
 
@@ -182,215 +197,210 @@ impl From<&str> for Secret {
     }
 }
 
-/// Where a section's values come from.
-enum Source<'a> {
-    Env {
-        prefix: &'a str,
-        lookup: &'a dyn Fn(&str) -> Option<String>,
-    },
-    Toml(toml::Table),
+/// Reads `T` from the variables `{prefix}{FIELD}` (each field name of `T` in upper case) through
+/// `lookup`; empty values count as unset. Errors name the key as `section.field`.
+pub(crate) fn from_lookup<T: DeserializeOwned>(
+    section: &str,
+    prefix: &str,
+    lookup: impl Fn(&str) -> Option<String>,
+) -> Result<T, ConfigError> {
+    let vars = field_names::<T>().iter().filter_map(|name| {
+        let value = lookup(&format!("{prefix}{}", name.to_ascii_uppercase()))?;
+        (!value.is_empty()).then_some((*name, EnvValue(value)))
+    });
+    let map = value::MapDeserializer::<_, value::Error>::new(vars);
+    deserialize(section, map, |e| e.to_string())
 }
 
-/// One section of configuration (`email`, `search`, `dedup`) being read key by key.
-pub(crate) struct Fields<'a> {
-    section: &'static str,
-    known: &'static [&'static str],
-    source: Source<'a>,
-}
-
-impl<'a> Fields<'a> {
-    /// Reads `{prefix}{KEY}` variables through `lookup` (empty values count as unset).
-    pub(crate) fn env(
-        section: &'static str,
-        known: &'static [&'static str],
-        prefix: &'a str,
-        lookup: &'a dyn Fn(&str) -> Option<String>,
-    ) -> Self {
-        Fields {
+/// Reads `T` from the `[section]` table of a TOML document.
+pub(crate) fn from_toml_str<T: DeserializeOwned>(
+    section: &str,
+    document: &str,
+) -> Result<T, ConfigError> {
+    let mut doc: toml::Table = toml::from_str(document).map_err(ConfigError::Syntax)?;
+    match doc.remove(section) {
+        Some(toml::Value::Table(table)) => deserialize(section, table, |e| e.message().to_owned()),
+        Some(other) => Err(ConfigError::invalid(
             section,
-            known,
-            source: Source::Env { prefix, lookup },
-        }
-    }
-
-    /// Reads the `[section]` table of a TOML document.
-    pub(crate) fn toml(
-        section: &'static str,
-        known: &'static [&'static str],
-        document: &str,
-    ) -> Result<Self, ConfigError> {
-        let mut doc: toml::Table = toml::from_str(document).map_err(ConfigError::Syntax)?;
-        let table = match doc.remove(section) {
-            Some(toml::Value::Table(t)) => t,
-            Some(other) => {
-                return Err(ConfigError::invalid(
-                    section,
-                    format!("expected a table `[{section}]`"),
-                    &other.to_string(),
-                ))
-            }
-            None => {
-                return Err(ConfigError::missing(
-                    section,
-                    format!("add a `[{section}]` table to the configuration"),
-                ))
-            }
-        };
-        Ok(Fields {
+            format!("expected a table `[{section}]`"),
+            &other.to_string(),
+        )),
+        None => Err(ConfigError::missing(
             section,
-            known,
-            source: Source::Toml(table),
-        })
-    }
-
-    /// The `section.name` of a key.
-    pub(crate) fn key(&self, name: &str) -> String {
-        format!("{}.{name}", self.section)
-    }
-
-    fn env_name(prefix: &str, name: &str) -> String {
-        format!("{prefix}{}", name.to_ascii_uppercase())
-    }
-
-    /// A string value.
-    pub(crate) fn string(&mut self, name: &str) -> Result<Option<String>, ConfigError> {
-        match &mut self.source {
-            Source::Env { prefix, lookup } => {
-                Ok(lookup(&Self::env_name(prefix, name)).filter(|v| !v.is_empty()))
-            }
-            Source::Toml(t) => match t.remove(name) {
-                None => Ok(None),
-                Some(toml::Value::String(s)) => Ok(Some(s)),
-                Some(other) => Err(ConfigError::invalid(
-                    self.key(name),
-                    "expected a string",
-                    &other.to_string(),
-                )),
-            },
-        }
-    }
-
-    /// A secret string value; a wrong type is reported without the value.
-    pub(crate) fn secret(&mut self, name: &str) -> Result<Option<Secret>, ConfigError> {
-        let key = self.key(name);
-        match &mut self.source {
-            Source::Toml(t) => match t.remove(name) {
-                None => Ok(None),
-                Some(toml::Value::String(s)) => Ok(Some(Secret(s))),
-                Some(_) => Err(ConfigError::rejected(key, "expected a string")),
-            },
-            Source::Env { .. } => Ok(self.string(name)?.map(Secret)),
-        }
-    }
-
-    /// A number (integer or float).
-    pub(crate) fn number(&mut self, name: &str) -> Result<Option<f64>, ConfigError> {
-        match &mut self.source {
-            Source::Env { .. } => match self.string(name)? {
-                None => Ok(None),
-                Some(s) => s
-                    .trim()
-                    .parse::<f64>()
-                    .map(Some)
-                    .map_err(|_| ConfigError::invalid(self.key(name), "not a number", &s)),
-            },
-            Source::Toml(t) => match t.remove(name) {
-                None => Ok(None),
-                #[allow(clippy::cast_precision_loss)]
-                Some(toml::Value::Integer(i)) => Ok(Some(i as f64)),
-                Some(toml::Value::Float(f)) => Ok(Some(f)),
-                Some(other) => Err(ConfigError::invalid(
-                    self.key(name),
-                    "not a number",
-                    &other.to_string(),
-                )),
-            },
-        }
-    }
-
-    /// A boolean: `true` or `false` in TOML; `true`/`false`/`1`/`0`/`yes`/`no` in the environment.
-    #[cfg_attr(not(feature = "http"), allow(dead_code))] // only the HTTP handlers have flags
-    pub(crate) fn boolean(&mut self, name: &str) -> Result<Option<bool>, ConfigError> {
-        match &mut self.source {
-            Source::Env { .. } => match self.string(name)? {
-                None => Ok(None),
-                Some(s) => match s.trim().to_ascii_lowercase().as_str() {
-                    "true" | "1" | "yes" => Ok(Some(true)),
-                    "false" | "0" | "no" => Ok(Some(false)),
-                    _ => Err(ConfigError::invalid(
-                        self.key(name),
-                        "not a boolean: use true or false",
-                        &s,
-                    )),
-                },
-            },
-            Source::Toml(t) => match t.remove(name) {
-                None => Ok(None),
-                Some(toml::Value::Boolean(b)) => Ok(Some(b)),
-                Some(other) => Err(ConfigError::invalid(
-                    self.key(name),
-                    "not a boolean: use true or false",
-                    &other.to_string(),
-                )),
-            },
-        }
-    }
-
-    /// A whole number of zero or more.
-    #[cfg_attr(not(feature = "dedup"), allow(dead_code))] // only dedup has counts
-    pub(crate) fn count(&mut self, name: &str) -> Result<Option<u64>, ConfigError> {
-        match &mut self.source {
-            Source::Env { .. } => match self.string(name)? {
-                None => Ok(None),
-                Some(s) => s.trim().parse::<u64>().map(Some).map_err(|_| {
-                    ConfigError::invalid(self.key(name), "not a whole number of 0 or more", &s)
-                }),
-            },
-            Source::Toml(t) => match t.remove(name) {
-                None => Ok(None),
-                Some(toml::Value::Integer(i)) if i >= 0 => Ok(Some(i.unsigned_abs())),
-                Some(other) => Err(ConfigError::invalid(
-                    self.key(name),
-                    "not a whole number of 0 or more",
-                    &other.to_string(),
-                )),
-            },
-        }
-    }
-
-    /// Fails on keys of a TOML table that were not read.
-    pub(crate) fn finish(self) -> Result<(), ConfigError> {
-        if let Source::Toml(t) = &self.source {
-            if let Some(name) = t.keys().next() {
-                return Err(ConfigError::Unknown {
-                    key: self.key(name),
-                    expected: self.known.join(", "),
-                });
-            }
-        }
-        Ok(())
+            format!("add a `[{section}]` table to the configuration"),
+        )),
     }
 }
 
-/// Reads a configuration file to a string.
-pub(crate) fn read_file(path: &std::path::Path) -> Result<String, ConfigError> {
-    std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+/// Reads `T` from the `[section]` table of a TOML file.
+pub(crate) fn from_toml_file<T: DeserializeOwned>(
+    section: &str,
+    path: &Path,
+) -> Result<T, ConfigError> {
+    let document = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
         path: path.to_owned(),
         source,
+    })?;
+    from_toml_str(section, &document)
+}
+
+/// Deserializes `T`, turning an error into a [`ConfigError`] on the key path it happened at.
+/// `message` gives the error's text alone (a TOML error's `Display` would quote the document).
+fn deserialize<'de, T: DeserializeOwned, D: Deserializer<'de>>(
+    section: &str,
+    from: D,
+    message: impl Fn(&D::Error) -> String,
+) -> Result<T, ConfigError> {
+    serde_path_to_error::deserialize(from).map_err(|e| {
+        let fields = field_names::<T>();
+        let name = match e.path().iter().next_back() {
+            Some(serde_path_to_error::Segment::Map { key }) => Some(key.as_str()),
+            _ => None,
+        };
+        // serde names the primitive types as Rust does; say it for whoever writes the file.
+        let reason = message(e.inner())
+            .replace("expected u64", "expected a whole number of 0 or more")
+            .replace("expected f64", "expected a number");
+        match name {
+            Some(name) if !fields.contains(&name) => ConfigError::Unknown {
+                key: format!("{section}.{name}"),
+                expected: fields.join(", "),
+            },
+            Some(name) => ConfigError::rejected(format!("{section}.{name}"), reason),
+            // Errors of the whole table, such as a key given under its old name and its new.
+            None => ConfigError::rejected(section, reason),
+        }
     })
 }
 
-/// Checks a timeout given in seconds: above zero, at most an hour.
-pub(crate) fn timeout_from_secs(key: &str, secs: f64) -> Result<Duration, ConfigError> {
-    let bad = || {
-        ConfigError::invalid(
-            key,
-            "not a timeout in seconds: use a number above 0 and at most 3600",
-            &secs.to_string(),
-        )
-    };
-    let d = Duration::try_from_secs_f64(secs).map_err(|_| bad())?;
-    check_timeout(key, d).map_err(|_| bad())
+/// The field names of a struct `T` (aliases included), as its derived `Deserialize` gives them
+/// to `deserialize_struct`: the keys looked up in the environment and listed for unknown ones.
+fn field_names<T: DeserializeOwned>() -> &'static [&'static str] {
+    struct Probe<'a>(&'a mut &'static [&'static str]);
+
+    impl<'de> Deserializer<'de> for Probe<'_> {
+        type Error = value::Error;
+
+        fn deserialize_struct<V: Visitor<'de>>(
+            self,
+            _name: &'static str,
+            fields: &'static [&'static str],
+            _visitor: V,
+        ) -> Result<V::Value, value::Error> {
+            *self.0 = fields;
+            Err(de::Error::custom("only the field names were asked for"))
+        }
+
+        fn deserialize_any<V: Visitor<'de>>(self, _visitor: V) -> Result<V::Value, value::Error> {
+            Err(de::Error::custom("not a struct"))
+        }
+
+        serde::forward_to_deserialize_any! {
+            bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf
+            option unit unit_struct newtype_struct seq tuple tuple_struct map enum identifier
+            ignored_any
+        }
+    }
+
+    let mut fields: &'static [&'static str] = &[];
+    let _ = T::deserialize(Probe(&mut fields));
+    fields
+}
+
+/// An environment variable's value: text that reads as whatever type its key asks for (a
+/// number, `true`/`false`/`1`/`0`/`yes`/`no`, a string).
+struct EnvValue(String);
+
+impl IntoDeserializer<'_, value::Error> for EnvValue {
+    type Deserializer = Self;
+
+    fn into_deserializer(self) -> Self {
+        self
+    }
+}
+
+/// `deserialize_*` methods that parse the text as a number of their type.
+macro_rules! env_numbers {
+    ($($method:ident $visit:ident $ty:ty),*) => {$(
+        fn $method<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, value::Error> {
+            match self.0.trim().parse::<$ty>() {
+                Ok(n) => visitor.$visit(n),
+                Err(_) => Err(de::Error::invalid_value(de::Unexpected::Str(&self.0), &visitor)),
+            }
+        }
+    )*};
+}
+
+impl<'de> Deserializer<'de> for EnvValue {
+    type Error = value::Error;
+
+    fn deserialize_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, value::Error> {
+        visitor.visit_string(self.0)
+    }
+
+    fn deserialize_bool<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, value::Error> {
+        match self.0.trim().to_ascii_lowercase().as_str() {
+            "true" | "1" | "yes" => visitor.visit_bool(true),
+            "false" | "0" | "no" => visitor.visit_bool(false),
+            _ => Err(de::Error::invalid_value(
+                de::Unexpected::Str(&self.0),
+                &"true or false",
+            )),
+        }
+    }
+
+    fn deserialize_option<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, value::Error> {
+        visitor.visit_some(self)
+    }
+
+    fn deserialize_newtype_struct<V: Visitor<'de>>(
+        self,
+        _name: &'static str,
+        visitor: V,
+    ) -> Result<V::Value, value::Error> {
+        visitor.visit_newtype_struct(self)
+    }
+
+    env_numbers!(deserialize_i64 visit_i64 i64, deserialize_u64 visit_u64 u64,
+        deserialize_u32 visit_u32 u32, deserialize_f64 visit_f64 f64);
+
+    serde::forward_to_deserialize_any! {
+        i8 i16 i32 i128 u8 u16 u128 f32 char str string bytes byte_buf unit unit_struct seq
+        tuple tuple_struct map struct enum identifier ignored_any
+    }
+}
+
+/// Reads an optional duration in the outbox's human format (`500ms`, `10s`, `5m`, `7d`), or a
+/// number of seconds (so that the old `timeout_secs = 10` still reads); use with
+/// `#[serde(default, deserialize_with = "crate::config::duration")]`.
+pub(crate) fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+    struct Human;
+
+    impl Visitor<'_> for Human {
+        type Value = Duration;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a duration such as \"500ms\", \"10s\", \"5m\" or \"7d\"")
+        }
+
+        fn visit_str<E: de::Error>(self, v: &str) -> Result<Duration, E> {
+            outbox::__private::parse_duration(v).map_err(E::custom)
+        }
+
+        fn visit_i64<E: de::Error>(self, v: i64) -> Result<Duration, E> {
+            self.visit_str(&v.to_string())
+        }
+
+        fn visit_u64<E: de::Error>(self, v: u64) -> Result<Duration, E> {
+            self.visit_str(&v.to_string())
+        }
+
+        fn visit_f64<E: de::Error>(self, v: f64) -> Result<Duration, E> {
+            self.visit_str(&v.to_string())
+        }
+    }
+
+    d.deserialize_any(Human).map(Some)
 }
 
 /// Checks a timeout: above zero, at most an hour.
@@ -498,157 +508,120 @@ fn is_loopback(url: &reqwest::Url) -> bool {
     }
 }
 
-/// Writes the loaders every configuration section shares: `from_env`, `from_env_prefixed`,
-/// `from_lookup`, `from_toml_str` and `from_toml_file`, all ending in the type's own
-/// `fn read(Fields) -> Result<Self, ConfigError>`.
-#[cfg_attr(
-    not(any(feature = "email", feature = "search", feature = "dedup")),
-    allow(unused_macros)
-)]
-macro_rules! loaders {
-    ($ty:ident, $section:literal, $prefix:literal) => {
-        impl $ty {
-            #[doc = concat!("Reads the `", $prefix, "*` environment variables.")]
-            ///
-            /// # Errors
-            ///
-            /// A [`ConfigError`] naming the variable whose value does not parse.
-            pub fn from_env() -> Result<Self, ConfigError> {
-                Self::from_env_prefixed($prefix)
-            }
-
-            /// Reads the variables `{prefix}KEY` (the keys in upper case) from the environment.
-            ///
-            /// # Errors
-            ///
-            /// As [`from_env`](Self::from_env).
-            pub fn from_env_prefixed(prefix: &str) -> Result<Self, ConfigError> {
-                Self::from_lookup(prefix, |name| std::env::var(name).ok())
-            }
-
-            /// Reads the variables `{prefix}KEY` through `lookup`, for tests or other sources of
-            /// variables.
-            ///
-            /// # Errors
-            ///
-            /// As [`from_env`](Self::from_env).
-            pub fn from_lookup(
-                prefix: &str,
-                lookup: impl Fn(&str) -> Option<String>,
-            ) -> Result<Self, ConfigError> {
-                Self::read($crate::config::Fields::env($section, KEYS, prefix, &lookup))
-            }
-
-            #[doc = concat!("Reads the `[", $section, "]` table of a TOML document.")]
-            ///
-            /// # Errors
-            ///
-            /// [`ConfigError::Syntax`] when the document does not parse, and a [`ConfigError`]
-            /// naming the key for a missing table, an unknown key or a value of the wrong type.
-            pub fn from_toml_str(document: &str) -> Result<Self, ConfigError> {
-                Self::read($crate::config::Fields::toml($section, KEYS, document)?)
-            }
-
-            #[doc = concat!("Reads the `[", $section, "]` table of a TOML file.")]
-            ///
-            /// # Errors
-            ///
-            /// [`ConfigError::Read`] when the file cannot be read, then as
-            /// [`from_toml_str`](Self::from_toml_str).
-            pub fn from_toml_file(path: impl AsRef<std::path::Path>) -> Result<Self, ConfigError> {
-                Self::from_toml_str(&$crate::config::read_file(path.as_ref())?)
-            }
-        }
-    };
-}
-#[cfg_attr(
-    not(any(feature = "email", feature = "search", feature = "dedup")),
-    allow(unused_imports)
-)]
-pub(crate) use loaders;
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn env<'a>(vars: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
-        move |name| {
+    #[derive(Debug, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Section {
+        base_url: Option<String>,
+        api_key: Option<Secret>,
+        #[serde(default, deserialize_with = "duration", alias = "timeout_secs")]
+        timeout: Option<Duration>,
+        flag: Option<bool>,
+        batch: Option<u64>,
+    }
+
+    fn env(vars: &[(&str, &str)]) -> Result<Section, ConfigError> {
+        from_lookup("email", "P_", |name| {
             vars.iter()
                 .find(|(k, _)| *k == name)
                 .map(|(_, v)| (*v).to_string())
-        }
+        })
     }
 
     #[test]
-    fn env_values_are_read_with_the_prefix_and_empty_counts_as_unset() {
-        let vars = [
+    fn env_values_read_as_their_types_with_the_prefix_and_empty_counts_as_unset() {
+        let s = env(&[
             ("P_BASE_URL", "http://x"),
-            ("P_FROM", ""),
-            ("P_TIMEOUT_SECS", "2.5"),
-        ];
-        let lookup = env(&vars);
-        let mut f = Fields::env("email", &["base_url"], "P_", &lookup);
-        assert_eq!(f.string("base_url").unwrap().as_deref(), Some("http://x"));
-        assert_eq!(f.string("from").unwrap(), None);
-        assert_eq!(f.number("timeout_secs").unwrap(), Some(2.5));
-        f.finish().unwrap();
+            ("P_API_KEY", ""),
+            ("P_TIMEOUT", "2500ms"),
+            ("P_FLAG", "yes"),
+            ("P_BATCH", " 20 "),
+            ("P_OTHER", "ignored"),
+        ])
+        .unwrap();
+        assert_eq!(s.base_url.as_deref(), Some("http://x"));
+        assert!(s.api_key.is_none());
+        assert_eq!(s.timeout, Some(Duration::from_millis(2500)));
+        assert_eq!((s.flag, s.batch), (Some(true), Some(20)));
+        let old = env(&[("P_TIMEOUT_SECS", "2.5")]).unwrap();
+        assert_eq!(old.timeout, Some(Duration::from_millis(2500)));
     }
 
     #[test]
-    fn env_numbers_that_do_not_parse_name_the_key() {
-        let vars = [("P_TIMEOUT_SECS", "ten")];
-        let lookup = env(&vars);
-        let mut f = Fields::env("email", &[], "P_", &lookup);
-        let e = f.number("timeout_secs").unwrap_err();
+    fn env_values_that_do_not_read_name_the_key() {
+        let e = env(&[("P_TIMEOUT", "soon")]).unwrap_err();
+        assert_eq!(e.key(), Some("email.timeout"));
+        assert!(e.to_string().contains("write e.g. 500ms"), "{e}");
+        let e = env(&[("P_FLAG", "maybe")]).unwrap_err();
         assert_eq!(
             e.to_string(),
-            "email.timeout_secs: not a number (got `ten`)"
+            "email.flag: invalid value: string \"maybe\", expected true or false"
         );
+        let e = env(&[("P_BATCH", "-5")]).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "email.batch: invalid value: string \"-5\", expected a whole number of 0 or more"
+        );
+        let e = from_toml_str::<Section>("email", "[email]\nbatch = -5").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "email.batch: invalid value: integer `-5`, expected a whole number of 0 or more"
+        );
+        let e = env(&[("P_TIMEOUT", "1s"), ("P_TIMEOUT_SECS", "1")]).unwrap_err();
+        assert_eq!(e.to_string(), "email: duplicate field `timeout`");
     }
 
     #[test]
     fn toml_types_and_unknown_keys_name_the_key() {
-        let mut f = Fields::toml(
+        let s: Section = from_toml_str(
             "email",
-            &["base_url", "timeout_secs"],
-            "[email]\nbase_url = 3\ntimeout_secs = 4\nbsae_url = 'x'\n",
+            "[email]\ntimeout = '5m'\nflag = true\n[other]\nx = 1",
         )
         .unwrap();
-        let e = f.string("base_url").unwrap_err();
-        assert_eq!(e.to_string(), "email.base_url: expected a string (got `3`)");
-        assert_eq!(f.number("timeout_secs").unwrap(), Some(4.0));
-        let e = f.finish().unwrap_err();
+        assert_eq!(s.timeout, Some(Duration::from_secs(300)));
+        let s: Section = from_toml_str("email", "[email]\ntimeout_secs = 4").unwrap();
+        assert_eq!(s.timeout, Some(Duration::from_secs(4)));
+        let e = from_toml_str::<Section>("email", "[email]\nbase_url = 3").unwrap_err();
         assert_eq!(
             e.to_string(),
-            "email.bsae_url: unknown key; expected one of base_url, timeout_secs"
+            "email.base_url: invalid type: integer `3`, expected a string"
+        );
+        let e = from_toml_str::<Section>("email", "[email]\nbsae_url = 'x'").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "email.bsae_url: unknown key; expected one of base_url, api_key, timeout, \
+             timeout_secs, flag, batch"
         );
     }
 
     #[test]
-    fn toml_secrets_of_the_wrong_type_are_not_echoed() {
-        let mut f = Fields::toml("email", &[], "[email]\napi_key = 12345678\n").unwrap();
-        let e = f.secret("api_key").unwrap_err().to_string();
-        assert!(!e.contains("12345678"), "{e}");
+    fn secrets_of_the_wrong_type_are_not_echoed() {
+        let e = from_toml_str::<Section>("email", "[email]\napi_key = 12345678\n").unwrap_err();
+        assert_eq!(e.key(), Some("email.api_key"));
+        assert!(!format!("{e} {e:?}").contains("12345678"), "{e:?}");
     }
 
     #[test]
     fn a_missing_section_and_bad_syntax_are_reported() {
-        let e = Fields::toml("search", &[], "[email]\n").err().unwrap();
+        let e = from_toml_str::<Section>("search", "[email]\n").unwrap_err();
         assert_eq!(e.key(), Some("search"));
         assert!(matches!(
-            Fields::toml("search", &[], "[search").err().unwrap(),
+            from_toml_str::<Section>("search", "[search").unwrap_err(),
             ConfigError::Syntax(_)
         ));
+        let e = from_toml_file::<Section>("search", Path::new("no/such/file.toml")).unwrap_err();
+        assert!(matches!(e, ConfigError::Read { .. }), "{e:?}");
     }
 
     #[test]
     fn timeouts_are_bounded() {
-        assert!(timeout_from_secs("t", 0.0).is_err());
-        assert!(timeout_from_secs("t", -1.0).is_err());
-        assert!(timeout_from_secs("t", f64::NAN).is_err());
-        assert!(timeout_from_secs("t", 7200.0).is_err());
+        assert!(check_timeout("t", Duration::ZERO).is_err());
+        assert!(check_timeout("t", Duration::from_secs(7200)).is_err());
         assert_eq!(
-            timeout_from_secs("t", 1.5).unwrap(),
+            check_timeout("t", Duration::from_millis(1500)).unwrap(),
             Duration::from_millis(1500)
         );
     }
@@ -711,19 +684,5 @@ mod tests {
         ] {
             assert!(check(local, false).is_ok(), "{local}");
         }
-    }
-
-    #[test]
-    fn booleans_are_read_from_both_sources() {
-        let vars = [("P_A", "true"), ("P_B", "0"), ("P_C", "maybe")];
-        let lookup = env(&vars);
-        let mut f = Fields::env("email", &[], "P_", &lookup);
-        assert_eq!(f.boolean("a").unwrap(), Some(true));
-        assert_eq!(f.boolean("b").unwrap(), Some(false));
-        assert_eq!(f.boolean("d").unwrap(), None);
-        assert_eq!(f.boolean("c").unwrap_err().key(), Some("email.c"));
-        let mut f = Fields::toml("email", &[], "[email]\na = true\nb = 'yes'\n").unwrap();
-        assert_eq!(f.boolean("a").unwrap(), Some(true));
-        assert_eq!(f.boolean("b").unwrap_err().key(), Some("email.b"));
     }
 }

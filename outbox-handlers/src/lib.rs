@@ -12,7 +12,7 @@
 //!
 //! # async fn run(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
 //! # let shutdown = std::future::pending::<()>();
-//! // OUTBOX_EMAIL_BASE_URL, OUTBOX_EMAIL_API_KEY, OUTBOX_EMAIL_FROM, OUTBOX_EMAIL_TIMEOUT_SECS
+//! // OUTBOX_EMAIL_BASE_URL, OUTBOX_EMAIL_API_KEY, OUTBOX_EMAIL_FROM, OUTBOX_EMAIL_TIMEOUT (10s)
 //! let transport = EmailConfig::from_env()?.transport()?;
 //! let confirmation = EmailHandler::from_fn(transport, |e: &BookingCreated, _ctx| {
 //!     Email::new(&e.guest_email, "Your booking", format!("Booking {} is confirmed.", e.booking_id))
@@ -40,7 +40,9 @@
 //!   is set.
 //! - Everything is constructible in code (builders that validate and return `Result`) and from
 //!   configuration: environment variables with a prefix (`OUTBOX_EMAIL_*`, `OUTBOX_SEARCH_*`,
-//!   `OUTBOX_DEDUP_*`) or a TOML table (`[email]`, `[search]`, `[dedup]`). Errors name the key:
+//!   `OUTBOX_DEDUP_*`) or a TOML table (`[email]`, `[search]`, `[dedup]`), read through the
+//!   configuration type's `Deserialize`. Durations take the outbox's one human format
+//!   (`timeout = "10s"`, `retention = "7d"`). Errors name the key:
 //!   `email.base_url: not a valid URL (got `foo`)`.
 //! - HTTP goes through `reqwest` with rustls (the `ring` provider, or the process default if one
 //!   is installed) and the platform's certificate verifier; bring your own `reqwest::Client` with
@@ -53,6 +55,7 @@
 //! | `email` | yes | [`email`]: the email handler, the HTTP provider transport and the file transport |
 //! | `search` | yes | [`search`]: the search-index handler (Elasticsearch/OpenSearch, external versions) |
 //! | `dedup` | no | [`dedup`]: the processed-id wrapper and its purge, for PostgreSQL (turns on `outbox/postgres`) |
+//! | `dedup-sqlite` | no | [`dedup`] for SQLite (turns on `outbox/sqlite`); with `dedup` too, both databases |
 //! | `nats` | no | `relay::nats`: the JetStream relay; `inbox`: the JetStream inbox (with `dedup`) |
 //! | `rabbitmq` | no | `relay::rabbitmq`: the RabbitMQ relay with publisher confirms |
 
@@ -63,7 +66,7 @@ mod config;
 #[cfg(feature = "http")]
 mod http;
 
-#[cfg(feature = "dedup")]
+#[cfg(any(feature = "dedup", feature = "dedup-sqlite"))]
 pub mod dedup;
 #[cfg(feature = "email")]
 pub mod email;

@@ -38,6 +38,16 @@ mod sealed {
 pub trait Connection: sealed::Sealed + Send {
     #[doc(hidden)]
     async fn __insert(&mut self, rows: &[NewMessage]) -> Result<(), sqlx::Error>;
+
+    /// Records `(handler, message_id)` in `outbox_processed` (the dedup wrapper of
+    /// `outbox-handlers`); false when it already was. A concurrent transaction recording the
+    /// same pair makes this wait for it to end.
+    #[doc(hidden)]
+    async fn __record_processed(
+        &mut self,
+        handler: &str,
+        message_id: uuid::Uuid,
+    ) -> Result<bool, sqlx::Error>;
 }
 
 #[cfg(feature = "postgres")]
@@ -49,6 +59,14 @@ impl Connection for sqlx::PgConnection {
     async fn __insert(&mut self, rows: &[NewMessage]) -> Result<(), sqlx::Error> {
         postgres::outbox_insert(self, rows).await
     }
+
+    async fn __record_processed(
+        &mut self,
+        handler: &str,
+        message_id: uuid::Uuid,
+    ) -> Result<bool, sqlx::Error> {
+        postgres::processed_record(self, handler, message_id).await
+    }
 }
 
 #[cfg(any(feature = "sqlite", feature = "sqlite-unbundled"))]
@@ -59,6 +77,14 @@ impl sealed::Sealed for sqlx::SqliteConnection {}
 impl Connection for sqlx::SqliteConnection {
     async fn __insert(&mut self, rows: &[NewMessage]) -> Result<(), sqlx::Error> {
         sqlite::outbox_insert(self, rows).await
+    }
+
+    async fn __record_processed(
+        &mut self,
+        handler: &str,
+        message_id: uuid::Uuid,
+    ) -> Result<bool, sqlx::Error> {
+        sqlite::processed_record(self, handler, message_id).await
     }
 }
 

@@ -278,6 +278,26 @@ fn secs(d: std::time::Duration) -> f64 {
 /// Workers write it every second; a crashed worker stops being notified within this time.
 const LIVE_SECS: &str = "5";
 
+/// Records `(handler, message_id)` as processed on `conn` (the dedup wrapper's transaction);
+/// false when it already was. A concurrent transaction recording the same pair makes this wait
+/// on the primary key until it ends.
+pub(crate) async fn processed_record(
+    conn: &mut PgConnection,
+    handler: &str,
+    message_id: uuid::Uuid,
+) -> Result<bool, sqlx::Error> {
+    let inserted = sqlx::query(
+        "INSERT INTO outbox_processed (handler, message_id) VALUES ($1, $2) \
+         ON CONFLICT (handler, message_id) DO NOTHING",
+    )
+    .bind(handler)
+    .bind(message_id)
+    .execute(conn)
+    .await?
+    .rows_affected();
+    Ok(inserted == 1)
+}
+
 /// One insert for one or many rows; it also wakes a waiting worker, but only one that serves
 /// the message's topic, is alive and sleeps on LISTEN, and only when the message is due now:
 /// busy systems never take NOTIFY's commit lock. The notification names the worker it is for,

@@ -244,6 +244,27 @@ pub async fn sqlite_pool(url: &str) -> Result<SqlitePool> {
         .await?)
 }
 
+/// Records `(handler, message_id)` as processed on `conn` (the dedup wrapper's transaction);
+/// false when it already was. Its INSERT takes the database's write lock, so a concurrent
+/// transaction recording the same pair waits (up to the busy timeout) until this one ends.
+pub(crate) async fn processed_record(
+    conn: &mut SqliteConnection,
+    handler: &str,
+    message_id: uuid::Uuid,
+) -> Result<bool, sqlx::Error> {
+    let inserted = sqlx::query(
+        "INSERT INTO outbox_processed (handler, message_id, processed_at) VALUES (?1, ?2, ?3) \
+         ON CONFLICT (handler, message_id) DO NOTHING",
+    )
+    .bind(handler)
+    .bind(message_id.to_string())
+    .bind(now_ms())
+    .execute(conn)
+    .await?
+    .rows_affected();
+    Ok(inserted == 1)
+}
+
 pub(crate) async fn outbox_insert(
     conn: &mut SqliteConnection,
     rows: &[NewMessage],

@@ -280,31 +280,13 @@ fn redact_query(rest: &str) -> String {
 /// The longest duration any flag takes: 100 years (of 365.25 days, as `100y` is read), far
 /// beyond any sensible setting and well inside every timestamp type, so an absurd value is
 /// refused before it reaches SQL.
-pub const MAX_DURATION: Duration = Duration::from_secs(100 * 36525 * 24 * 36);
+pub const MAX_DURATION: Duration = crate::duration::MAX_DURATION;
 
-/// Every duration the command lines take, in one human format: `500ms`, `30s`, `5m`, `12h`,
-/// `7d` (units may be combined: `1h30m`). A bare number counts as seconds (`2`, `0.5`), as
-/// earlier versions read the worker's flags.
+/// Every duration the command lines take, in the one human format of
+/// [`duration::parse`](crate::duration::parse): `500ms`, `30s`, `5m`, `12h`, `7d`; a bare number
+/// counts as seconds.
 pub(crate) fn duration(s: &str) -> Result<Duration, String> {
-    let d = match s.trim().parse::<f64>() {
-        Ok(secs) => Duration::try_from_secs_f64(secs)
-            .map_err(|_| format!("`{s}` is not a duration: use 0 or more"))?,
-        Err(_) => humantime::parse_duration(s.trim()).map_err(|e| {
-            format!("`{s}` is not a duration ({e}); write e.g. 500ms, 30s, 5m, 12h or 7d")
-        })?,
-    };
-    bounded(s, d)
-}
-
-/// Refuses a duration over [`MAX_DURATION`], naming the value given.
-pub(crate) fn bounded(given: &str, d: Duration) -> Result<Duration, String> {
-    if d > MAX_DURATION {
-        return Err(format!(
-            "`{given}` is too long: the most is 100 years (100y, 36525d or {}s)",
-            MAX_DURATION.as_secs()
-        ));
-    }
-    Ok(d)
+    crate::duration::parse(s)
 }
 
 impl WorkerArgs {
@@ -688,21 +670,6 @@ pub fn print_stats(stats: &crate::Stats, registry: Option<&Registry>, json: bool
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn every_duration_flag_reads_the_human_format_and_bare_seconds() {
-        let ms = |s: &str| duration(s).map(|d| d.as_millis());
-        assert_eq!(ms("500ms"), Ok(500));
-        assert_eq!(ms("5m"), Ok(300_000));
-        assert_eq!(ms("1h30m"), Ok(5_400_000));
-        assert_eq!(ms("7d"), Ok(604_800_000));
-        assert_eq!(ms("2"), Ok(2_000), "a bare number is seconds");
-        assert_eq!(ms("0.005"), Ok(5));
-        let bad = duration("soon").unwrap_err();
-        assert!(bad.contains("write e.g. 500ms"), "{bad}");
-        assert!(duration("-1").is_err());
-        assert!(duration("200y").unwrap_err().contains("too long"));
-    }
 
     #[test]
     fn redact_url_hides_passwords_wherever_they_are() {

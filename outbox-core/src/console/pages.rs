@@ -386,7 +386,7 @@ pub(super) async fn dead_letters(
     let (older_than, age_error) = if age_text.is_empty() {
         (None, None)
     } else {
-        match humantime::parse_duration(&age_text) {
+        match crate::duration::parse(&age_text) {
             Ok(d) => (Some(d), None),
             Err(_) => (None, Some(&age_text)),
         }

@@ -1,8 +1,9 @@
 //! Processed-id dedup: exactly-once effects for handlers whose effect is a write to the same
-//! PostgreSQL database as the outbox.
+//! database as the outbox, PostgreSQL (feature `dedup`) or SQLite (feature `dedup-sqlite`).
 //!
 //! [`Dedup`] wraps a [`TxHandler`]. For each delivery it begins a transaction, inserts
-//! `(handler name, message id)` into `outbox_processed` with `ON CONFLICT DO NOTHING`, and then:
+//! `(handler name, message id)` into `outbox_processed` unless it is there (the statement lives
+//! in the `outbox` crate's backend for each database), and then:
 //!
 //! - if no row was inserted, the message was already processed: it skips the inner handler and
 //!   reports success;
@@ -12,8 +13,13 @@
 //!
 //! A worker that dies after the commit but before the message is marked done leads to a
 //! redelivery that finds the record and skips: the effect happens once. Two workers holding the
-//! same message at once (a lease ran out) serialize on the record's primary key: the second waits
-//! for the first to commit, then skips.
+//! same message at once (a lease ran out) serialize on the record: the second waits for the
+//! first to commit, then skips (on PostgreSQL on the record's primary key, on SQLite on the
+//! database's write lock, up to the pool's busy timeout).
+//!
+//! The database is [`TxHandler`]'s type parameter: `impl TxHandler for X` is for
+//! [`DefaultDatabase`] (PostgreSQL when feature `dedup` is on), `impl TxHandler<sqlx::Sqlite>
+//! for X` for SQLite; [`Dedup`] and [`DedupLayer`] follow the handler's.
 //!
 //! The table is created by `outbox::migrate`. Records are kept for a retention period and
 //! removed by [`purge_processed`] (or [`Retention::purge`]); keep them longer than a message can
@@ -63,12 +69,26 @@ use std::fmt;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use outbox::{Context, Event, FromResources, Handler, HandlerError, ResourceError, Resources};
-use sqlx::{PgConnection, PgPool};
+use outbox::{
+    Connection, Context, Event, FromResources, Handler, HandlerError, ResourceError, Resources,
+};
+use sqlx::{Database, Pool};
 
 pub use purge::{purge_processed, DedupConfig, Retention, DEFAULT_PURGE_BATCH, DEFAULT_RETENTION};
 /// The layer trait of tower, which [`DedupLayer`] implements.
 pub use tower_layer::Layer;
+
+/// The database of a [`TxHandler`], [`Dedup`] and [`DedupLayer`] that name none: PostgreSQL
+/// (`sqlx::Postgres`) with feature `dedup`, else SQLite (`sqlx::Sqlite`, feature
+/// `dedup-sqlite` alone).
+#[cfg(feature = "dedup")]
+pub type DefaultDatabase = sqlx::Postgres;
+
+/// The database of a [`TxHandler`], [`Dedup`] and [`DedupLayer`] that name none: PostgreSQL
+/// (`sqlx::Postgres`) with feature `dedup`, else SQLite (`sqlx::Sqlite`, feature
+/// `dedup-sqlite` alone).
+#[cfg(not(feature = "dedup"))]
+pub type DefaultDatabase = sqlx::Sqlite;
 
 /// A handler whose effect is a write to the database, done on the transaction it is given.
 ///
@@ -76,10 +96,14 @@ pub use tower_layer::Layer;
 /// Do every write of the effect on `tx`, and nothing outside the database that cannot be undone
 /// (an email, an HTTP call): those are not rolled back when the transaction is.
 ///
-/// # About type parameter `Event`
-///
 /// `Event` is the payload type, a type with `#[outbox_event]`; its topic decides which messages
 /// reach the handler.
+///
+/// # About type parameter `DB`
+///
+/// The database the effect is written to, `sqlx::Postgres` or `sqlx::Sqlite`: the one of the
+/// outbox tables. `tx` is its connection type (`PgConnection`, `SqliteConnection`). Left out, it
+/// is [`DefaultDatabase`].
 ///
 /// # Example
 ///
@@ -124,8 +148,41 @@ pub use tower_layer::Layer;
 ///     .build()?;
 /// # Ok(()) }
 /// ```
+///
+/// On SQLite, name the database (feature `dedup-sqlite`):
+///
+#[cfg_attr(feature = "dedup-sqlite", doc = "```no_run")]
+#[cfg_attr(not(feature = "dedup-sqlite"), doc = "```ignore")]
+/// # use outbox::{outbox_event, Context, HandlerError, Worker};
+/// # use outbox_handlers::dedup::{Dedup, TxHandler};
+/// # #[outbox_event] #[derive(serde::Serialize, serde::Deserialize)]
+/// # struct PaymentReceived { account_id: i64, cents: i64 }
+/// # struct CreditAccount;
+/// #[outbox::async_trait]
+/// impl TxHandler<sqlx::Sqlite> for CreditAccount {
+///     type Event = PaymentReceived;
+///     const NAME: &'static str = "credit-account";
+///
+///     async fn handle(&self, e: PaymentReceived, _ctx: &Context, tx: &mut sqlx::SqliteConnection)
+///         -> Result<(), HandlerError>
+///     {
+///         sqlx::query("UPDATE accounts SET balance = balance + ?1 WHERE id = ?2")
+///             .bind(e.cents)
+///             .bind(e.account_id)
+///             .execute(&mut *tx)
+///             .await?;
+///         Ok(())
+///     }
+/// }
+///
+/// # async fn run(pool: sqlx::SqlitePool) -> Result<(), outbox::Error> {
+/// let worker = Worker::builder(&pool)
+///     .handler(Dedup::with_pool(CreditAccount, pool.clone()))
+///     .build()?;
+/// # Ok(()) }
+/// ```
 #[async_trait]
-pub trait TxHandler: Send + Sync + 'static {
+pub trait TxHandler<DB: Database = DefaultDatabase>: Send + Sync + 'static {
     /// The event type this handler reacts to.
     type Event: Event;
 
@@ -142,7 +199,7 @@ pub trait TxHandler: Send + Sync + 'static {
         &self,
         event: Self::Event,
         ctx: &Context,
-        tx: &mut PgConnection,
+        tx: &mut DB::Connection,
     ) -> Result<(), HandlerError>;
 
     /// See [`Handler::max_attempts`].
@@ -167,13 +224,17 @@ pub trait TxHandler: Send + Sync + 'static {
 ///
 /// Its [`Handler::NAME`] is the inner handler's.
 ///
-/// The pool is the one given to [`with_pool`](Self::with_pool), else the `sqlx::PgPool` among the
-/// worker's resources (looked up at each delivery), and must reach the database of the outbox
-/// tables.
+/// The pool is the one given to [`with_pool`](Self::with_pool), else the `sqlx::Pool<DB>`
+/// (`PgPool`, `SqlitePool`) among the worker's resources (looked up at each delivery), and must
+/// reach the database of the outbox tables.
 ///
 /// # About type parameter `H`
 ///
 /// The wrapped [`TxHandler`].
+///
+/// # About type parameter `DB`
+///
+/// The database, the one `H` is a [`TxHandler`] for; [`DefaultDatabase`] when left out.
 ///
 /// ```no_run
 /// # use outbox::{outbox_event, Context, HandlerError, Worker};
@@ -194,19 +255,19 @@ pub trait TxHandler: Send + Sync + 'static {
 ///     .build()?;
 /// # Ok(()) }
 /// ```
-pub struct Dedup<H> {
+pub struct Dedup<H, DB: Database = DefaultDatabase> {
     inner: H,
-    pool: Option<PgPool>,
+    pool: Option<Pool<DB>>,
 }
 
-impl<H> Dedup<H> {
-    /// Wraps `inner`, using the `sqlx::PgPool` among the worker's resources.
+impl<H, DB: Database> Dedup<H, DB> {
+    /// Wraps `inner`, using the `sqlx::Pool<DB>` among the worker's resources.
     pub fn new(inner: H) -> Self {
         Dedup { inner, pool: None }
     }
 
     /// Wraps `inner`, using `pool`.
-    pub fn with_pool(inner: H, pool: PgPool) -> Self {
+    pub fn with_pool(inner: H, pool: Pool<DB>) -> Self {
         Dedup {
             inner,
             pool: Some(pool),
@@ -229,7 +290,7 @@ impl<H> Dedup<H> {
     }
 }
 
-impl<H: fmt::Debug> fmt::Debug for Dedup<H> {
+impl<H: fmt::Debug, DB: Database> fmt::Debug for Dedup<H, DB> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Dedup")
             .field("inner", &self.inner)
@@ -239,46 +300,46 @@ impl<H: fmt::Debug> fmt::Debug for Dedup<H> {
 }
 
 /// Records `(handler, message_id)` as processed on `tx`; false when it already was (the caller
-/// then skips the effect). A concurrent transaction recording the same pair makes this wait for
-/// it to end.
+/// then skips the effect). The statement is the `outbox` backend's.
+#[cfg(feature = "nats")]
 pub(crate) async fn record(
-    tx: &mut PgConnection,
+    tx: &mut sqlx::PgConnection,
     handler: &str,
     message_id: uuid::Uuid,
 ) -> Result<bool, sqlx::Error> {
-    let inserted = sqlx::query(
-        "INSERT INTO outbox_processed (handler, message_id) VALUES ($1, $2) \
-         ON CONFLICT (handler, message_id) DO NOTHING",
-    )
-    .bind(handler)
-    .bind(message_id)
-    .execute(&mut *tx)
-    .await?
-    .rows_affected();
-    Ok(inserted == 1)
+    tx.__record_processed(handler, message_id).await
 }
 
 /// The error of a delivery whose pool is missing.
-fn no_pool<H>() -> HandlerError {
+fn no_pool<H, DB: Database>() -> HandlerError {
     HandlerError::retry(format!(
-        "Dedup<{}> has no database pool: use Dedup::with_pool, or add the sqlx::PgPool to the \
+        "Dedup<{}> has no database pool: use Dedup::with_pool, or add the {} to the \
          worker with WorkerBuilder::resource",
-        std::any::type_name::<H>()
+        std::any::type_name::<H>(),
+        std::any::type_name::<Pool<DB>>()
     ))
 }
 
 #[async_trait]
-impl<H: TxHandler> Handler for Dedup<H> {
+impl<H, DB> Handler for Dedup<H, DB>
+where
+    H: TxHandler<DB>,
+    DB: Database,
+    DB::Connection: Connection,
+{
     type Event = H::Event;
     const NAME: &'static str = H::NAME;
 
     async fn handle(&self, event: H::Event, ctx: &Context) -> Result<(), HandlerError> {
         let pool = match &self.pool {
             Some(p) => p,
-            None => ctx.resources().get::<PgPool>().ok_or_else(no_pool::<H>)?,
+            None => ctx
+                .resources()
+                .get::<Pool<DB>>()
+                .ok_or_else(no_pool::<H, DB>)?,
         };
         let mut tx = pool.begin().await?;
-        if !record(&mut tx, H::NAME, ctx.message_id()).await? {
+        if !tx.__record_processed(H::NAME, ctx.message_id()).await? {
             tx.rollback().await?;
             tracing::debug!("message already processed by this handler; skipped");
             return Ok(());
@@ -308,10 +369,15 @@ impl<H: TxHandler> Handler for Dedup<H> {
 }
 
 /// Built from resources: the inner handler from its own `FromResources`, the pool from the
-/// `sqlx::PgPool` resource.
-impl<H: TxHandler + FromResources> FromResources for Dedup<H> {
+/// `sqlx::Pool<DB>` resource.
+impl<H, DB> FromResources for Dedup<H, DB>
+where
+    H: TxHandler<DB> + FromResources,
+    DB: Database,
+    DB::Connection: Connection,
+{
     fn from_resources(resources: &Resources) -> Result<Self, ResourceError> {
-        let pool = resources.require::<PgPool>()?.clone();
+        let pool = resources.require::<Pool<DB>>()?.clone();
         Ok(Dedup::with_pool(H::from_resources(resources)?, pool))
     }
 }
@@ -335,24 +401,27 @@ impl<H: TxHandler + FromResources> FromResources for Dedup<H> {
 /// let handler: Dedup<Credit> = Layer::layer(&layer, Credit);
 /// # let _ = handler;
 /// ```
-#[derive(Debug, Clone, Default)]
-pub struct DedupLayer {
-    pool: Option<PgPool>,
+///
+/// # About type parameter `DB`
+///
+/// The database of the handlers it wraps; [`DefaultDatabase`] when left out.
+pub struct DedupLayer<DB: Database = DefaultDatabase> {
+    pool: Option<Pool<DB>>,
 }
 
-impl DedupLayer {
-    /// A layer whose handlers use the `sqlx::PgPool` among the worker's resources.
+impl<DB: Database> DedupLayer<DB> {
+    /// A layer whose handlers use the `sqlx::Pool<DB>` among the worker's resources.
     pub fn new() -> Self {
         DedupLayer { pool: None }
     }
 
     /// A layer whose handlers use `pool`.
-    pub fn with_pool(pool: PgPool) -> Self {
+    pub fn with_pool(pool: Pool<DB>) -> Self {
         DedupLayer { pool: Some(pool) }
     }
 
     /// Wraps `inner` (the same as [`Layer::layer`], callable without importing the trait).
-    pub fn layer<H>(&self, inner: H) -> Dedup<H> {
+    pub fn layer<H>(&self, inner: H) -> Dedup<H, DB> {
         Dedup {
             inner,
             pool: self.pool.clone(),
@@ -360,10 +429,32 @@ impl DedupLayer {
     }
 }
 
-impl<H> Layer<H> for DedupLayer {
-    type Service = Dedup<H>;
+impl<DB: Database> Default for DedupLayer<DB> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
 
-    fn layer(&self, inner: H) -> Dedup<H> {
+impl<DB: Database> Clone for DedupLayer<DB> {
+    fn clone(&self) -> Self {
+        DedupLayer {
+            pool: self.pool.clone(),
+        }
+    }
+}
+
+impl<DB: Database> fmt::Debug for DedupLayer<DB> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DedupLayer")
+            .field("pool", &self.pool.as_ref().map(|_| "given"))
+            .finish()
+    }
+}
+
+impl<H, DB: Database> Layer<H> for DedupLayer<DB> {
+    type Service = Dedup<H, DB>;
+
+    fn layer(&self, inner: H) -> Dedup<H, DB> {
         DedupLayer::layer(self, inner)
     }
 }

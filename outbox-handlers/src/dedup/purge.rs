@@ -2,12 +2,10 @@
 
 use std::time::Duration;
 
+use outbox::Store;
 use serde::Deserialize;
-use sqlx::PgPool;
 
-use crate::config::{self, ConfigError, Fields};
-
-const KEYS: &[&str] = &["retention_secs", "purge_batch"];
+use crate::config::{self, ConfigError};
 
 /// The default retention of processed records: a week.
 pub const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
@@ -19,7 +17,8 @@ pub const DEFAULT_PURGE_BATCH: usize = outbox::DEFAULT_PURGE_BATCH;
 const MAX_PURGE_BATCH: usize = 100_000;
 
 /// Deletes the processed records older than `older_than`, `batch` rows per statement, until none
-/// is left; returns how many were deleted.
+/// is left; returns how many were deleted. `pool` is a `PgPool` or a `SqlitePool` (or a
+/// reference to one, or a [`Store`]).
 ///
 /// The same as [`outbox::Store::purge_processed`]: each statement deletes at most `batch`
 /// rows, so locks and transactions stay short however many records have piled up.
@@ -49,13 +48,11 @@ const MAX_PURGE_BATCH: usize = 100_000;
 /// # Ok(()) }
 /// ```
 pub async fn purge_processed(
-    pool: &PgPool,
+    pool: impl Into<Store>,
     older_than: Duration,
     batch: usize,
 ) -> outbox::Result<u64> {
-    outbox::Store::from(pool)
-        .purge_processed(older_than, batch)
-        .await
+    pool.into().purge_processed(older_than, batch).await
 }
 
 /// How long processed records are kept, and how many a purge deletes per statement.
@@ -89,12 +86,12 @@ impl Retention {
     ///
     /// # Errors
     ///
-    /// [`ConfigError`] for `dedup.retention_secs` when `older_than` is zero, and for
+    /// [`ConfigError`] for `dedup.retention` when `older_than` is zero, and for
     /// `dedup.purge_batch` unless `batch` is between 1 and 100000.
     pub fn new(older_than: Duration, batch: usize) -> Result<Self, ConfigError> {
         if older_than.is_zero() {
             return Err(ConfigError::invalid(
-                "dedup.retention_secs",
+                "dedup.retention",
                 "keep records for more than 0 seconds (longer than a message can be redelivered)",
                 "0",
             ));
@@ -128,7 +125,7 @@ impl Retention {
     /// # Cancellation safety
     ///
     /// As [`purge_processed`].
-    pub async fn purge(&self, pool: &PgPool) -> outbox::Result<u64> {
+    pub async fn purge(&self, pool: impl Into<Store>) -> outbox::Result<u64> {
         purge_processed(pool, self.older_than, self.batch).await
     }
 }
@@ -138,14 +135,14 @@ impl Retention {
 ///
 /// | key | environment | meaning |
 /// |-----|-------------|---------|
-/// | `retention_secs` | `OUTBOX_DEDUP_RETENTION_SECS` | how long records are kept, default a week |
+/// | `retention` | `OUTBOX_DEDUP_RETENTION` | how long records are kept, such as `3d` or `12h`, default `7d`; `retention_secs` (`OUTBOX_DEDUP_RETENTION_SECS`), a number of seconds, is its old name and still read |
 /// | `purge_batch` | `OUTBOX_DEDUP_PURGE_BATCH` | records deleted per statement, default 1000 |
 ///
 /// ```
 /// use outbox_handlers::dedup::DedupConfig;
 /// use std::time::Duration;
 ///
-/// let config = DedupConfig::from_toml_str("[dedup]\nretention_secs = 86400\npurge_batch = 200")?;
+/// let config = DedupConfig::from_toml_str("[dedup]\nretention = '1d'\npurge_batch = 200")?;
 /// let retention = config.retention()?;
 /// assert_eq!(retention.older_than(), Duration::from_secs(86400));
 ///
@@ -157,43 +154,58 @@ impl Retention {
 #[serde(deny_unknown_fields)]
 #[non_exhaustive]
 pub struct DedupConfig {
-    /// How long records are kept, in seconds.
-    pub retention_secs: Option<f64>,
+    /// How long records are kept (key `retention`, or its old name `retention_secs`).
+    #[serde(
+        default,
+        deserialize_with = "config::duration",
+        alias = "retention_secs"
+    )]
+    pub retention: Option<Duration>,
     /// Records deleted per statement.
     pub purge_batch: Option<u64>,
 }
 
-config::loaders!(DedupConfig, "dedup", "OUTBOX_DEDUP_");
-
 impl DedupConfig {
-    fn read(mut f: Fields<'_>) -> Result<Self, ConfigError> {
-        let config = DedupConfig {
-            retention_secs: f.number("retention_secs")?,
-            purge_batch: f.count("purge_batch")?,
-        };
-        f.finish()?;
-        Ok(config)
+    /// Reads the `OUTBOX_DEDUP_KEY` environment variables (empty ones count as unset); the
+    /// [`ConfigError`] of a value that does not read names its key (`dedup.key`).
+    pub fn from_env() -> Result<Self, ConfigError> {
+        Self::from_env_prefixed("OUTBOX_DEDUP_")
+    }
+
+    /// As [`from_env`](Self::from_env), with the variables `{prefix}KEY`.
+    pub fn from_env_prefixed(prefix: &str) -> Result<Self, ConfigError> {
+        Self::from_lookup(prefix, |name| std::env::var(name).ok())
+    }
+
+    /// As [`from_env_prefixed`](Self::from_env_prefixed), with the variables read through
+    /// `lookup` (tests, other sources of variables).
+    pub fn from_lookup(
+        prefix: &str,
+        lookup: impl Fn(&str) -> Option<String>,
+    ) -> Result<Self, ConfigError> {
+        config::from_lookup("dedup", prefix, lookup)
+    }
+
+    /// Reads the `[dedup]` table of a TOML document: [`ConfigError::Syntax`] when it does not
+    /// parse, else a [`ConfigError`] naming the key of a missing table, an unknown key (with
+    /// the known ones) or a value that does not read.
+    pub fn from_toml_str(document: &str) -> Result<Self, ConfigError> {
+        config::from_toml_str("dedup", document)
+    }
+
+    /// As [`from_toml_str`](Self::from_toml_str), from a file ([`ConfigError::Read`] when it
+    /// cannot be read).
+    pub fn from_toml_file(path: impl AsRef<std::path::Path>) -> Result<Self, ConfigError> {
+        config::from_toml_file("dedup", path.as_ref())
     }
 
     /// Checks the settings; unset ones take their defaults.
     ///
     /// # Errors
     ///
-    /// [`ConfigError`] naming `dedup.retention_secs` or `dedup.purge_batch`.
+    /// [`ConfigError`] naming `dedup.retention` or `dedup.purge_batch`.
     pub fn retention(&self) -> Result<Retention, ConfigError> {
-        let older_than = match self.retention_secs {
-            None => DEFAULT_RETENTION,
-            Some(secs) => Duration::try_from_secs_f64(secs)
-                .ok()
-                .filter(|d| !d.is_zero())
-                .ok_or_else(|| {
-                    ConfigError::invalid(
-                        "dedup.retention_secs",
-                        "use a number of seconds above 0",
-                        &secs.to_string(),
-                    )
-                })?,
-        };
+        let older_than = self.retention.unwrap_or(DEFAULT_RETENTION);
         let batch = match self.purge_batch {
             None => DEFAULT_PURGE_BATCH,
             Some(n) => usize::try_from(n).unwrap_or(usize::MAX),
@@ -213,11 +225,20 @@ mod tests {
         let c = DedupConfig::from_lookup("D_", |n| (n == "D_PURGE_BATCH").then(|| "x".into()))
             .unwrap_err();
         assert_eq!(c.key(), Some("dedup.purge_batch"));
-        let c = DedupConfig::from_lookup("D_", |n| (n == "D_RETENTION_SECS").then(|| "-5".into()))
+        let c =
+            DedupConfig::from_lookup("D_", |n| (n == "D_RETENTION").then(|| "0s".into())).unwrap();
+        assert_eq!(c.retention().unwrap_err().key(), Some("dedup.retention"));
+        let e = DedupConfig::from_lookup("D_", |n| (n == "D_RETENTION").then(|| "-5".into()))
+            .unwrap_err();
+        assert_eq!(e.key(), Some("dedup.retention"));
+        let c = DedupConfig::from_lookup("D_", |n| (n == "D_RETENTION_SECS").then(|| "60".into()))
             .unwrap();
+        assert_eq!(c.retention().unwrap().older_than(), Duration::from_secs(60));
+        let e =
+            DedupConfig::from_toml_str("[dedup]\nretention = '7d'\npurge_bacth = 5").unwrap_err();
         assert_eq!(
-            c.retention().unwrap_err().key(),
-            Some("dedup.retention_secs")
+            e.to_string(),
+            "dedup.purge_bacth: unknown key; expected one of retention, retention_secs, purge_batch"
         );
     }
 }

@@ -6,18 +6,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::{EmailTransport, FileTransport, HttpTransport};
-use crate::config::{self, ConfigError, Fields, Secret};
-
-const KEYS: &[&str] = &[
-    "transport",
-    "base_url",
-    "path",
-    "api_key",
-    "from",
-    "timeout_secs",
-    "dir",
-    "allow_insecure_http",
-];
+use crate::config::{self, ConfigError, Secret};
 
 /// The email transport's settings, read from environment variables or a TOML `[email]` table;
 /// [`transport`](Self::transport) checks them and builds the transport.
@@ -28,7 +17,7 @@ const KEYS: &[&str] = &[
 /// | `base_url` | `OUTBOX_EMAIL_BASE_URL` | the provider's base URL (http) |
 /// | `path` | `OUTBOX_EMAIL_PATH` | the path posted to, default `/emails` (http) |
 /// | `api_key` | `OUTBOX_EMAIL_API_KEY` | the API key, sent as a bearer token (http) |
-/// | `timeout_secs` | `OUTBOX_EMAIL_TIMEOUT_SECS` | request timeout in seconds, default 10 (http) |
+/// | `timeout` | `OUTBOX_EMAIL_TIMEOUT` | request timeout, such as `10s` or `500ms`, default `10s` (http); `timeout_secs` (`OUTBOX_EMAIL_TIMEOUT_SECS`), a number of seconds, is its old name and still read |
 /// | `from` | `OUTBOX_EMAIL_FROM` | the default sender |
 /// | `dir` | `OUTBOX_EMAIL_DIR` | the directory of email files (file) |
 /// | `allow_insecure_http` | `OUTBOX_EMAIL_ALLOW_INSECURE_HTTP` | `true` to send the API key over plain `http://` to a host other than this machine; default `false` (http) |
@@ -43,7 +32,7 @@ const KEYS: &[&str] = &[
 ///     base_url = "https://api.mail.example"
 ///     api_key = "sk_live_secret"
 ///     from = "bookings@stayhub.example"
-///     timeout_secs = 5
+///     timeout = "5s"
 /// "#)?;
 /// let transport = config.transport()?;
 ///
@@ -66,8 +55,9 @@ pub struct EmailConfig {
     pub api_key: Option<Secret>,
     /// The default sender.
     pub from: Option<String>,
-    /// The request timeout in seconds.
-    pub timeout_secs: Option<f64>,
+    /// The request timeout (key `timeout`, or its old name `timeout_secs`).
+    #[serde(default, deserialize_with = "config::duration", alias = "timeout_secs")]
+    pub timeout: Option<Duration>,
     /// The directory of the file transport.
     pub dir: Option<String>,
     /// Allow a plain `http://` base URL on a host other than this machine.
@@ -83,7 +73,7 @@ impl std::fmt::Debug for EmailConfig {
             path,
             api_key,
             from,
-            timeout_secs,
+            timeout,
             dir,
             allow_insecure_http,
         } = self;
@@ -93,29 +83,45 @@ impl std::fmt::Debug for EmailConfig {
             .field("path", path)
             .field("api_key", api_key)
             .field("from", from)
-            .field("timeout_secs", timeout_secs)
+            .field("timeout", timeout)
             .field("dir", dir)
             .field("allow_insecure_http", allow_insecure_http)
             .finish()
     }
 }
 
-config::loaders!(EmailConfig, "email", "OUTBOX_EMAIL_");
-
 impl EmailConfig {
-    fn read(mut f: Fields<'_>) -> Result<Self, ConfigError> {
-        let config = EmailConfig {
-            transport: f.string("transport")?,
-            base_url: f.string("base_url")?,
-            path: f.string("path")?,
-            api_key: f.secret("api_key")?,
-            from: f.string("from")?,
-            timeout_secs: f.number("timeout_secs")?,
-            dir: f.string("dir")?,
-            allow_insecure_http: f.boolean("allow_insecure_http")?,
-        };
-        f.finish()?;
-        Ok(config)
+    /// Reads the `OUTBOX_EMAIL_KEY` environment variables (empty ones count as unset); the
+    /// [`ConfigError`] of a value that does not read names its key (`email.key`).
+    pub fn from_env() -> Result<Self, ConfigError> {
+        Self::from_env_prefixed("OUTBOX_EMAIL_")
+    }
+
+    /// As [`from_env`](Self::from_env), with the variables `{prefix}KEY`.
+    pub fn from_env_prefixed(prefix: &str) -> Result<Self, ConfigError> {
+        Self::from_lookup(prefix, |name| std::env::var(name).ok())
+    }
+
+    /// As [`from_env_prefixed`](Self::from_env_prefixed), with the variables read through
+    /// `lookup` (tests, other sources of variables).
+    pub fn from_lookup(
+        prefix: &str,
+        lookup: impl Fn(&str) -> Option<String>,
+    ) -> Result<Self, ConfigError> {
+        config::from_lookup("email", prefix, lookup)
+    }
+
+    /// Reads the `[email]` table of a TOML document: [`ConfigError::Syntax`] when it does not
+    /// parse, else a [`ConfigError`] naming the key of a missing table, an unknown key (with
+    /// the known ones) or a value that does not read.
+    pub fn from_toml_str(document: &str) -> Result<Self, ConfigError> {
+        config::from_toml_str("email", document)
+    }
+
+    /// As [`from_toml_str`](Self::from_toml_str), from a file ([`ConfigError::Read`] when it
+    /// cannot be read).
+    pub fn from_toml_file(path: impl AsRef<std::path::Path>) -> Result<Self, ConfigError> {
+        config::from_toml_file("email", path.as_ref())
     }
 
     /// Checks the settings and builds the transport they describe.
@@ -154,8 +160,8 @@ impl EmailConfig {
         if let Some(v) = &self.from {
             b = b.from(v);
         }
-        if let Some(secs) = self.timeout_secs {
-            b = b.timeout(config::timeout_from_secs("email.timeout_secs", secs)?);
+        if let Some(timeout) = self.timeout {
+            b = b.timeout(timeout);
         }
         if let Some(allow) = self.allow_insecure_http {
             b = b.allow_insecure_http(allow);
@@ -182,14 +188,14 @@ impl EmailConfig {
         Ok(t)
     }
 
-    /// The configured timeout, if any.
+    /// The configured timeout, if any, checked.
     ///
     /// # Errors
     ///
-    /// When `timeout_secs` is out of range.
+    /// [`ConfigError::Invalid`] for `email.timeout` unless it is above 0 and at most 1 hour.
     pub fn timeout(&self) -> Result<Option<Duration>, ConfigError> {
-        self.timeout_secs
-            .map(|s| config::timeout_from_secs("email.timeout_secs", s))
+        self.timeout
+            .map(|t| config::check_timeout("email.timeout", t))
             .transpose()
     }
 }
@@ -213,7 +219,7 @@ mod tests {
             lookup(&[
                 ("OUTBOX_EMAIL_BASE_URL", "https://api.mail.example"),
                 ("OUTBOX_EMAIL_API_KEY", "sk_1"),
-                ("OUTBOX_EMAIL_TIMEOUT_SECS", "2.5"),
+                ("OUTBOX_EMAIL_TIMEOUT", "2500ms"),
                 ("OUTBOX_EMAIL_FROM", "a@b"),
             ]),
         )
@@ -240,15 +246,16 @@ mod tests {
             lookup(&[
                 ("X_BASE_URL", "https://x"),
                 ("X_API_KEY", "k"),
-                ("X_TIMEOUT_SECS", "0"),
+                ("X_TIMEOUT", "0s"),
             ]),
         )
         .unwrap();
-        assert_eq!(c.transport().unwrap_err().key(), Some("email.timeout_secs"));
+        assert_eq!(c.transport().unwrap_err().key(), Some("email.timeout"));
         let e = EmailConfig::from_lookup("X_", lookup(&[("X_TIMEOUT_SECS", "soon")])).unwrap_err();
         assert_eq!(
             e.to_string(),
-            "email.timeout_secs: not a number (got `soon`)"
+            "email.timeout_secs: `soon` is not a duration (expected number at 0); write e.g. 500ms, \
+             30s, 5m, 12h or 7d"
         );
         let c = EmailConfig::from_lookup("X_", lookup(&[("X_TRANSPORT", "pigeon")])).unwrap();
         assert_eq!(
@@ -288,11 +295,14 @@ mod tests {
     fn toml_unknown_keys_and_types_are_refused() {
         let e = EmailConfig::from_toml_str("[email]\nbase_ulr = 'x'").unwrap_err();
         assert_eq!(e.key(), Some("email.base_ulr"));
-        let e = EmailConfig::from_toml_str("[email]\ntimeout_secs = 'x'").unwrap_err();
+        let e = EmailConfig::from_toml_str("[email]\ntimeout = true").unwrap_err();
         assert_eq!(
             e.to_string(),
-            "email.timeout_secs: not a number (got `\"x\"`)"
+            "email.timeout: invalid type: boolean `true`, expected a duration such as \"500ms\", \
+             \"10s\", \"5m\" or \"7d\""
         );
+        let c = EmailConfig::from_toml_str("[email]\ntimeout_secs = 2.5").unwrap();
+        assert_eq!(c.timeout, Some(Duration::from_millis(2500)));
         let e = EmailConfig::from_toml_str("[search]\n").unwrap_err();
         assert_eq!(e.key(), Some("email"));
     }

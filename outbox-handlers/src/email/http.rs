@@ -153,7 +153,7 @@ impl EmailTransport for HttpTransport {
 /// Builds an [`HttpTransport`]; [`build`](Self::build) checks the settings.
 ///
 /// Settings and their configuration keys: `base_url` (required), `api_key` (required), `from`,
-/// `path` (default `/emails`), `timeout` (`timeout_secs`, default 10 s), and an optional
+/// `path` (default `/emails`), `timeout` (default 10 s), and an optional
 /// `reqwest::Client` of your own.
 #[derive(Default)]
 pub struct HttpTransportBuilder {
@@ -231,7 +231,7 @@ impl HttpTransportBuilder {
     /// # Errors
     ///
     /// A [`ConfigError`] naming the key (`email.base_url`, `email.api_key`, `email.path`,
-    /// `email.from`, `email.timeout_secs`) when a setting is missing or invalid, and for
+    /// `email.from`, `email.timeout`) when a setting is missing or invalid, and for
     /// `email.base_url` when it is plain `http://` to another host without
     /// [`allow_insecure_http`](Self::allow_insecure_http).
     pub fn build(self) -> Result<HttpTransport, ConfigError> {
@@ -281,10 +281,8 @@ impl HttpTransportBuilder {
                 ));
             }
         }
-        let timeout = config::check_timeout(
-            "email.timeout_secs",
-            self.timeout.unwrap_or(DEFAULT_TIMEOUT),
-        )?;
+        let timeout =
+            config::check_timeout("email.timeout", self.timeout.unwrap_or(DEFAULT_TIMEOUT))?;
         let client = match self.client {
             Some(c) => c,
             None => crate::http::client("email")?,
@@ -350,7 +348,7 @@ mod tests {
         let e = builder().path("emails").build().unwrap_err();
         assert_eq!(e.key(), Some("email.path"));
         let e = builder().timeout(Duration::ZERO).build().unwrap_err();
-        assert_eq!(e.key(), Some("email.timeout_secs"));
+        assert_eq!(e.key(), Some("email.timeout"));
     }
 
     #[test]

@@ -180,7 +180,7 @@ impl SearchClient {
 /// Builds a [`SearchClient`]; [`build`](Self::build) checks the settings.
 ///
 /// Settings and their configuration keys: `base_url` (required), `index` (the default index),
-/// `api_key`, or `username` and `password`, `timeout` (`timeout_secs`, default 10 s), and an
+/// `api_key`, or `username` and `password`, `timeout` (default 10 s), and an
 /// optional `reqwest::Client` of your own.
 #[derive(Default)]
 pub struct SearchClientBuilder {
@@ -260,7 +260,7 @@ impl SearchClientBuilder {
     /// # Errors
     ///
     /// A [`ConfigError`] naming the key (`search.base_url`, `search.index`, `search.api_key`,
-    /// `search.username`, `search.password`, `search.timeout_secs`) when a setting is missing,
+    /// `search.username`, `search.password`, `search.timeout`) when a setting is missing,
     /// invalid, or contradicts another, and for `search.base_url` when it is plain `http://` to
     /// another host with credentials but without [`allow_insecure_http`](Self::allow_insecure_http).
     pub fn build(self) -> Result<SearchClient, ConfigError> {
@@ -331,10 +331,8 @@ impl SearchClientBuilder {
                 self.allow_insecure_http,
             )?;
         }
-        let timeout = config::check_timeout(
-            "search.timeout_secs",
-            self.timeout.unwrap_or(DEFAULT_TIMEOUT),
-        )?;
+        let timeout =
+            config::check_timeout("search.timeout", self.timeout.unwrap_or(DEFAULT_TIMEOUT))?;
         let client = match self.client {
             Some(c) => c,
             None => crate::http::client("search")?,
@@ -487,7 +485,7 @@ mod tests {
         assert_eq!(e.key(), Some("search.api_key"));
         assert_eq!(
             builder().timeout(Duration::ZERO).build().unwrap_err().key(),
-            Some("search.timeout_secs")
+            Some("search.timeout")
         );
         let b = builder().api_key("sekrit-key");
         assert!(!format!("{b:?}").contains("sekrit"));

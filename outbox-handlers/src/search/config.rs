@@ -1,19 +1,11 @@
 //! [`SearchConfig`]: the search client from environment variables or TOML.
 
+use std::time::Duration;
+
 use serde::Deserialize;
 
 use super::SearchClient;
-use crate::config::{self, ConfigError, Fields, Secret};
-
-const KEYS: &[&str] = &[
-    "base_url",
-    "index",
-    "api_key",
-    "username",
-    "password",
-    "timeout_secs",
-    "allow_insecure_http",
-];
+use crate::config::{self, ConfigError, Secret};
 
 /// The search client's settings, read from environment variables or a TOML `[search]` table;
 /// [`client`](Self::client) checks them and builds the client.
@@ -25,7 +17,7 @@ const KEYS: &[&str] = &[
 /// | `api_key` | `OUTBOX_SEARCH_API_KEY` | an API key (`Authorization: ApiKey ...`) |
 /// | `username` | `OUTBOX_SEARCH_USERNAME` | basic-auth user |
 /// | `password` | `OUTBOX_SEARCH_PASSWORD` | basic-auth password |
-/// | `timeout_secs` | `OUTBOX_SEARCH_TIMEOUT_SECS` | request timeout in seconds, default 10 |
+/// | `timeout` | `OUTBOX_SEARCH_TIMEOUT` | request timeout, such as `10s` or `500ms`, default `10s`; `timeout_secs` (`OUTBOX_SEARCH_TIMEOUT_SECS`), a number of seconds, is its old name and still read |
 /// | `allow_insecure_http` | `OUTBOX_SEARCH_ALLOW_INSECURE_HTTP` | `true` to send credentials over plain `http://` to a host other than this machine; default `false` |
 ///
 /// ```
@@ -35,7 +27,7 @@ const KEYS: &[&str] = &[
 ///     [search]
 ///     base_url = "http://127.0.0.1:9200"
 ///     index = "hotels"
-///     timeout_secs = 2.5
+///     timeout = "2500ms"
 /// "#)?;
 /// assert_eq!(config.client()?.index(), Some("hotels"));
 ///
@@ -58,8 +50,9 @@ pub struct SearchConfig {
     pub username: Option<String>,
     /// A basic-auth password.
     pub password: Option<Secret>,
-    /// The request timeout in seconds.
-    pub timeout_secs: Option<f64>,
+    /// The request timeout (key `timeout`, or its old name `timeout_secs`).
+    #[serde(default, deserialize_with = "config::duration", alias = "timeout_secs")]
+    pub timeout: Option<Duration>,
     /// Allow credentials over a plain `http://` base URL on a host other than this machine.
     pub allow_insecure_http: Option<bool>,
 }
@@ -73,7 +66,7 @@ impl std::fmt::Debug for SearchConfig {
             api_key,
             username,
             password,
-            timeout_secs,
+            timeout,
             allow_insecure_http,
         } = self;
         f.debug_struct("SearchConfig")
@@ -82,27 +75,44 @@ impl std::fmt::Debug for SearchConfig {
             .field("api_key", api_key)
             .field("username", username)
             .field("password", password)
-            .field("timeout_secs", timeout_secs)
+            .field("timeout", timeout)
             .field("allow_insecure_http", allow_insecure_http)
             .finish()
     }
 }
 
-config::loaders!(SearchConfig, "search", "OUTBOX_SEARCH_");
-
 impl SearchConfig {
-    fn read(mut f: Fields<'_>) -> Result<Self, ConfigError> {
-        let config = SearchConfig {
-            base_url: f.string("base_url")?,
-            index: f.string("index")?,
-            api_key: f.secret("api_key")?,
-            username: f.string("username")?,
-            password: f.secret("password")?,
-            timeout_secs: f.number("timeout_secs")?,
-            allow_insecure_http: f.boolean("allow_insecure_http")?,
-        };
-        f.finish()?;
-        Ok(config)
+    /// Reads the `OUTBOX_SEARCH_KEY` environment variables (empty ones count as unset); the
+    /// [`ConfigError`] of a value that does not read names its key (`search.key`).
+    pub fn from_env() -> Result<Self, ConfigError> {
+        Self::from_env_prefixed("OUTBOX_SEARCH_")
+    }
+
+    /// As [`from_env`](Self::from_env), with the variables `{prefix}KEY`.
+    pub fn from_env_prefixed(prefix: &str) -> Result<Self, ConfigError> {
+        Self::from_lookup(prefix, |name| std::env::var(name).ok())
+    }
+
+    /// As [`from_env_prefixed`](Self::from_env_prefixed), with the variables read through
+    /// `lookup` (tests, other sources of variables).
+    pub fn from_lookup(
+        prefix: &str,
+        lookup: impl Fn(&str) -> Option<String>,
+    ) -> Result<Self, ConfigError> {
+        config::from_lookup("search", prefix, lookup)
+    }
+
+    /// Reads the `[search]` table of a TOML document: [`ConfigError::Syntax`] when it does not
+    /// parse, else a [`ConfigError`] naming the key of a missing table, an unknown key (with
+    /// the known ones) or a value that does not read.
+    pub fn from_toml_str(document: &str) -> Result<Self, ConfigError> {
+        config::from_toml_str("search", document)
+    }
+
+    /// As [`from_toml_str`](Self::from_toml_str), from a file ([`ConfigError::Read`] when it
+    /// cannot be read).
+    pub fn from_toml_file(path: impl AsRef<std::path::Path>) -> Result<Self, ConfigError> {
+        config::from_toml_file("search", path.as_ref())
     }
 
     /// Checks the settings and builds the client.
@@ -133,8 +143,8 @@ impl SearchConfig {
             )),
             (None, None) => {}
         }
-        if let Some(secs) = self.timeout_secs {
-            b = b.timeout(config::timeout_from_secs("search.timeout_secs", secs)?);
+        if let Some(timeout) = self.timeout {
+            b = b.timeout(timeout);
         }
         if let Some(allow) = self.allow_insecure_http {
             b = b.allow_insecure_http(allow);
