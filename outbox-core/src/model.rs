@@ -193,7 +193,7 @@ pub struct MessageInfo {
     /// The ordering key, if it has one.
     pub ordering_key: Option<String>,
     /// The handlers that already succeeded for it, with when: a message with several handlers
-    /// retries only the others. Filled by [`Store::message`]; empty in listings.
+    /// retries only the others. Filled by [`Store::message`](crate::Store::message); empty in listings.
     pub handlers_done: Vec<(String, DateTime<Utc>)>,
 }
 

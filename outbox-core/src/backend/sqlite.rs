@@ -903,6 +903,8 @@ impl Backend for SqliteBackend {
     }
 
     async fn worker_heartbeat(&self, b: &Beat<'_>) -> Result<i64> {
+        // SQLite workers poll: there is no sleeping peer to wake.
+        let _ = b.wake_peer;
         let now = now_ms();
         let topics = serde_json::to_string(b.topics).unwrap_or_else(|_| "[]".into());
         let id = b.id.to_string();
