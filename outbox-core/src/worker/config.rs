@@ -1,4 +1,4 @@
-//! [`WorkerConfig`] and [`Wakeup`]; the retry schedule is [`RetryPolicy`](super::RetryPolicy).
+//! [`WorkerConfig`] and [`Wakeup`]; the retry schedule is [`RetryPolicy`].
 
 use std::time::Duration;
 

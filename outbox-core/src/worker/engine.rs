@@ -2,15 +2,16 @@
 //!
 //! Handlers run on the runtime that called [`Worker::run_until`]; everything the worker must
 //! keep doing whatever a handler does runs here:
-//! - the claim loop and the idle/wake-up protocol ([`super::wake`]);
-//! - outcome writes: successes in batches ([`super::flush`]), failures one by one;
-//! - chores every [`CHORE_TICK`]: handlers past their deadline are failed as timed out even if
+//! - the claim loop (here) and the idle/wake-up protocol ([`super::wake`]);
+//! - handler tasks and outcome writes ([`dispatch`]): successes in batches
+//!   ([`super::flush`]), failures one by one;
+//! - chores ([`chores`]) every [`CHORE_TICK`]: handlers past their deadline are failed as timed out even if
 //!   they never yield, handlers that hold their thread are named, and every
 //!   [`WorkerConfig::lease`](crate::WorkerConfig::lease) / 5 the worker's heartbeat and the
 //!   leases of its running messages are renewed;
 //! - at shutdown, the messages still running at the deadline are handed back.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -19,13 +20,16 @@ use tokio::sync::{mpsc, Semaphore};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+mod chores;
+mod dispatch;
+
 use super::config::{reconnect_delay, Wakeup};
-use super::process::{failure, run_message, timed_out, Outcome, Watch};
+use super::process::{Outcome, Watch};
 use super::wake::{
     idle_wait, listen, NapEnd, Rate, Wakeups, HOT_POLL, HOT_WINDOW, SETTLE_LOOKS, STREAM_RATE,
 };
 use super::{lock, Worker};
-use crate::backend::{Backend, Beat, ClaimParams, ClaimedMessage, Done, Fence};
+use crate::backend::{Backend, Beat, Done, Fence};
 
 /// The longest claim interval that sharing it among a topic's workers makes.
 const MAX_SHARED_INTERVAL: Duration = Duration::from_millis(50);
@@ -156,9 +160,9 @@ pub(super) async fn run(
             tasks.clone(),
         ));
     }
-    let collector = tokio::spawn(collect(shared.clone(), finished_rx));
-    tokio::spawn(chores(shared.clone(), tasks.clone()));
-    tokio::spawn(periodic(shared.clone(), tasks.clone()));
+    let collector = tokio::spawn(dispatch::collect(shared.clone(), finished_rx));
+    tokio::spawn(chores::chores(shared.clone(), tasks.clone()));
+    tokio::spawn(chores::periodic(shared.clone(), tasks.clone()));
 
     claim_loop(&shared, &wake, &stop).await;
 
@@ -385,384 +389,5 @@ impl Shared {
             Ok(peers) => self.peers.store(peers.max(1), Ordering::Relaxed),
             Err(e) => tracing::debug!(error = %e, "could not write the worker's heartbeat"),
         }
-    }
-
-    /// Starts one handler task per claimed message on the handlers' runtime, each holding a
-    /// concurrency permit; messages wait here (leases renewed) until a permit is free.
-    async fn start_all(self: &Arc<Self>, claimed: Vec<ClaimedMessage>) {
-        let inner = &self.worker.inner;
-        let mut completed = self
-            .worker
-            .completed_handlers(&*self.backend, &claimed)
-            .await;
-        let now = Instant::now();
-        {
-            let mut flights = lock(&self.flights);
-            for msg in &claimed {
-                let Some(handlers) = inner.topics.get(msg.topic.as_str()) else {
-                    continue; // never claimed: the claim only asks for our topics
-                };
-                flights.insert(
-                    msg.id,
-                    Flight {
-                        fence: Fence {
-                            id: msg.id,
-                            claim_token: msg.claim_token,
-                        },
-                        topic: handlers[0].topic(),
-                        had_attempts: msg.attempts > 1,
-                        ordered: msg.ordered,
-                        leased_at: now,
-                        claimed_at: now,
-                        deadline: now + super::config::MAX_DURATION,
-                        watch: Arc::new(Watch::new(self.epoch)),
-                        abort: None,
-                        warned_blocking: false,
-                    },
-                );
-            }
-        }
-        for msg in claimed {
-            let Some(handlers) = inner.topics.get(msg.topic.as_str()) else {
-                continue;
-            };
-            let Some(permit) = self.permit().await else {
-                return;
-            };
-            let done = completed.remove(&msg.id).unwrap_or_default();
-            let budget: Duration = handlers
-                .iter()
-                .filter(|h| !done.contains(h.name()))
-                .map(|h| h.timeout().unwrap_or(inner.config.handler_timeout))
-                .fold(Duration::ZERO, Duration::saturating_add);
-            let fence = Fence {
-                id: msg.id,
-                claim_token: msg.claim_token,
-            };
-            let Some(watch) = lock(&self.flights).get(&msg.id).map(|f| f.watch.clone()) else {
-                continue; // handed back meanwhile (shutdown)
-            };
-            let task = {
-                let worker = self.worker.clone();
-                let tx = self.finished_tx.clone();
-                let running = self.running_tasks.clone();
-                running.fetch_add(1, Ordering::Relaxed);
-                async move {
-                    let _running = RunningGuard(running);
-                    let handlers = &worker.inner.topics[msg.topic.as_str()];
-                    let outcome = run_message(
-                        &msg,
-                        handlers,
-                        &done,
-                        &worker.inner.config,
-                        &worker.inner.resources,
-                        &watch,
-                    )
-                    .await;
-                    drop(permit);
-                    let _ = tx.send(Finished { fence, outcome });
-                }
-            };
-            let abort = self.handlers_rt.spawn(task).abort_handle();
-            let now = Instant::now();
-            if let Some(f) = lock(&self.flights).get_mut(&fence.id) {
-                f.abort = Some(abort);
-                // The handler's own timeout fires first when it yields; this one catches a
-                // handler that does not.
-                f.deadline = now + budget.saturating_add(CHORE_TICK * 2);
-            }
-        }
-    }
-
-    /// Waits for a free handler slot, telling health the loop is alive meanwhile: a worker
-    /// whose handlers are all busy is working, not stuck.
-    async fn permit(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
-        loop {
-            tokio::select! {
-                p = self.permits.clone().acquire_owned() => return p.ok(),
-                () = tokio::time::sleep(CHORE_TICK) => self.worker.inner.health.tick(),
-            }
-        }
-    }
-
-    /// Takes a message out of the running set if this claim still runs it.
-    fn land(&self, fence: &Fence) -> Option<Flight> {
-        let mut flights = lock(&self.flights);
-        match flights.get(&fence.id) {
-            Some(f) if f.fence.claim_token == fence.claim_token => flights.remove(&fence.id),
-            _ => None,
-        }
-    }
-
-    fn record(&self, topic: &'static str, outcome: &'static str) {
-        metrics::counter!(crate::metrics::PROCESSED, "topic" => topic, "outcome" => outcome)
-            .increment(1);
-    }
-
-    /// Writes a failed attempt, retrying with jittered backoff while the database is away.
-    async fn write_failure(
-        self: Arc<Self>,
-        fence: Fence,
-        retry_in: Option<Duration>,
-        error: String,
-        succeeded: Vec<&'static str>,
-    ) {
-        let f = failure(fence, retry_in, &error, &succeeded);
-        let mut tries = 0u32;
-        loop {
-            match self.backend.outbox_mark_failed(&f).await {
-                Ok(true) => return,
-                Ok(false) => {
-                    tracing::warn!(message_id = %fence.id, "outcome not written: the lease ran out and another claim owns the message");
-                    return;
-                }
-                Err(e) if tries < 10 => {
-                    tries += 1;
-                    let delay = reconnect_delay(tries);
-                    tracing::warn!(message_id = %fence.id, error = %e, retry_in = ?delay, "could not write a failed outcome; retrying");
-                    tokio::time::sleep(delay).await;
-                }
-                Err(e) => {
-                    tracing::error!(message_id = %fence.id, error = %e, "giving up writing a failed outcome; the message runs again when its lease runs out");
-                    return;
-                }
-            }
-        }
-    }
-}
-
-/// Counts a handler task as running until it ends (or is dropped, when aborted).
-struct RunningGuard(Arc<AtomicU64>);
-
-impl Drop for RunningGuard {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
-/// Turns finished handler tasks into outcome writes.
-async fn collect(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Finished>) {
-    while let Some(Finished { fence, outcome }) = rx.recv().await {
-        let Some(flight) = shared.land(&fence) else {
-            // Already failed as timed out, or handed back: this late outcome is not written.
-            tracing::debug!(message_id = %fence.id, "a handler finished after its message was failed or handed back");
-            continue;
-        };
-        match outcome {
-            Outcome::Done => {
-                shared.record(flight.topic, "done");
-                if shared
-                    .done_tx
-                    .send(Done {
-                        fence,
-                        had_attempts: flight.had_attempts,
-                        ordered: flight.ordered,
-                    })
-                    .is_err()
-                {
-                    tracing::warn!(message_id = %fence.id, "outcome writer stopped; the message will be redelivered");
-                }
-            }
-            Outcome::Failed {
-                retry_in,
-                error,
-                succeeded,
-            } => {
-                shared.record(
-                    flight.topic,
-                    if retry_in.is_some() { "retry" } else { "dead" },
-                );
-                tokio::spawn(
-                    shared
-                        .clone()
-                        .write_failure(fence, retry_in, error, succeeded),
-                );
-            }
-        }
-    }
-}
-
-/// Deadlines and the blocking watch, every [`CHORE_TICK`].
-async fn chores(shared: Arc<Shared>, stop: CancellationToken) {
-    let renew_every = shared.worker.inner.config.renew_interval();
-    let mut last_beat = Instant::now();
-    loop {
-        tokio::select! {
-            () = stop.cancelled() => return,
-            () = tokio::time::sleep(CHORE_TICK) => {}
-        }
-        let now = Instant::now();
-        let mut expired = Vec::new();
-        let mut renew = Vec::new();
-        {
-            let mut flights = lock(&shared.flights);
-            let queued = flights
-                .values()
-                .filter(|f| f.abort.is_none())
-                .map(|f| now.duration_since(f.claimed_at))
-                .max();
-            shared.worker.inner.health.set_oldest_queued(queued);
-            for f in flights.values_mut() {
-                if let Some(held) = f.watch.holding(now) {
-                    if held >= BLOCKING_AFTER && !f.warned_blocking {
-                        f.warned_blocking = true;
-                        let handler = f.watch.handler();
-                        metrics::counter!(crate::metrics::BLOCKING, "topic" => f.topic, "handler" => handler).increment(1);
-                        tracing::warn!(
-                            message_id = %f.fence.id,
-                            topic = f.topic,
-                            handler,
-                            held_ms = held.as_millis() as u64,
-                            "handler has held its thread without yielding; move blocking work into \
-                             tokio::task::spawn_blocking, or it stalls other handlers on that thread"
-                        );
-                    }
-                }
-                if now >= f.deadline {
-                    expired.push(f.fence.id);
-                } else if now.duration_since(f.leased_at) >= renew_every {
-                    f.leased_at = now;
-                    renew.push(f.fence);
-                }
-            }
-            let expired: Vec<Flight> = expired.iter().filter_map(|id| flights.remove(id)).collect();
-            drop(flights);
-            for f in expired {
-                let attempt = f.watch.attempt();
-                let (retry_in, error) = timed_out(
-                    &shared.worker.inner.topics[f.topic],
-                    f.watch.handler(),
-                    attempt,
-                    f.watch.holding(now),
-                    &shared.worker.inner.config,
-                );
-                tracing::error!(message_id = %f.fence.id, topic = f.topic, handler = f.watch.handler(), error = %error, "handler did not finish by its deadline");
-                shared.record(f.topic, if retry_in.is_some() { "retry" } else { "dead" });
-                f.abort();
-                tokio::spawn(
-                    shared
-                        .clone()
-                        .write_failure(f.fence, retry_in, error, Vec::new()),
-                );
-            }
-        }
-        if !renew.is_empty() {
-            let lease = shared.worker.inner.config.lease;
-            if let Err(e) = shared.backend.outbox_renew(&renew, lease).await {
-                tracing::warn!(error = %e, count = renew.len(), "could not renew leases; retrying next round");
-                let mut flights = lock(&shared.flights);
-                for f in &renew {
-                    if let Some(fl) = flights.get_mut(&f.id) {
-                        fl.leased_at = now - renew_every;
-                    }
-                }
-            }
-        }
-        if now.duration_since(last_beat) >= renew_every {
-            last_beat = now;
-            shared.heartbeat().await;
-        }
-    }
-}
-
-/// Statistics, the unhandled-topics report and the purge, each on its own interval.
-async fn periodic(shared: Arc<Shared>, stop: CancellationToken) {
-    let w = &shared.worker;
-    let cfg = &w.inner.config;
-    let backend = &*shared.backend;
-    let mut next_stats = Instant::now();
-    let mut next_report = Instant::now() + cfg.report_interval;
-    let mut next_purge = Instant::now() + cfg.purge_interval;
-    loop {
-        let now = Instant::now();
-        if now >= next_stats {
-            next_stats = now + cfg.stats_interval;
-            w.refresh_stats(backend).await;
-        }
-        if now >= next_report {
-            next_report = now + cfg.report_interval;
-            w.report_unhandled(backend).await;
-        }
-        if let Some(retention) = cfg.purge_retention {
-            if now >= next_purge {
-                next_purge = now + cfg.purge_interval;
-                w.purge(backend, retention).await;
-            }
-        }
-        let next = [
-            Some(next_stats),
-            Some(next_report),
-            cfg.purge_retention.map(|_| next_purge),
-        ]
-        .into_iter()
-        .flatten()
-        .min()
-        .unwrap_or(next_stats);
-        tokio::select! {
-            () = stop.cancelled() => return,
-            () = tokio::time::sleep_until(next.into()) => {}
-        }
-    }
-}
-
-impl Worker {
-    /// Per-handler progress of claimed messages that ran before and have several handlers.
-    pub(super) async fn completed_handlers(
-        &self,
-        backend: &dyn Backend,
-        claimed: &[ClaimedMessage],
-    ) -> HashMap<Uuid, HashSet<String>> {
-        let multi: Vec<Uuid> = claimed
-            .iter()
-            .filter(|m| {
-                m.attempts > 1
-                    && self
-                        .inner
-                        .topics
-                        .get(m.topic.as_str())
-                        .is_some_and(|h| h.len() > 1)
-            })
-            .map(|m| m.id)
-            .collect();
-        let mut completed: HashMap<Uuid, HashSet<String>> = HashMap::new();
-        if !multi.is_empty() {
-            match backend.delivery_completed(&multi).await {
-                Ok(rows) => {
-                    for (id, handler) in rows {
-                        completed.entry(id).or_default().insert(handler);
-                    }
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "could not read per-handler progress; every handler of those messages runs again")
-                }
-            }
-        }
-        completed
-    }
-
-    /// One claim statement on `backend`.
-    pub(super) async fn claim(
-        &self,
-        backend: &dyn Backend,
-        limit: usize,
-    ) -> crate::Result<Vec<ClaimedMessage>> {
-        // A claim fills its batch topic by topic; each claim starts one topic further on.
-        let mut topics: Vec<&str> = self.inner.topics.keys().copied().collect();
-        let first = self.inner.next_topic.fetch_add(1, Ordering::Relaxed);
-        let len = topics.len().max(1);
-        topics.rotate_left(first % len);
-        let start = Instant::now();
-        let claimed = backend
-            .outbox_claim_batch(&ClaimParams {
-                topics: &topics,
-                limit: i64::try_from(limit).unwrap_or(i64::MAX),
-                lease: self.inner.config.lease,
-                claim_token: Uuid::now_v7(),
-                worker: self.inner.id,
-            })
-            .await?;
-        metrics::histogram!(crate::metrics::CLAIM_DURATION).record(start.elapsed().as_secs_f64());
-        tracing::trace!(claimed = claimed.len(), elapsed = ?start.elapsed(), "claim");
-        Ok(claimed)
     }
 }

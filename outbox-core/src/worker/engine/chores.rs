@@ -1,0 +1,135 @@
+//! The engine's periodic chores: deadlines, the blocking watch, lease renewal and the
+//! heartbeat every [`CHORE_TICK`]; statistics, the unhandled-topics report and the purge on
+//! their own intervals.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio_util::sync::CancellationToken;
+
+use super::super::lock;
+use super::super::process::timed_out;
+use super::{Flight, Shared, BLOCKING_AFTER, CHORE_TICK};
+
+/// Deadlines and the blocking watch, every [`CHORE_TICK`].
+pub(super) async fn chores(shared: Arc<Shared>, stop: CancellationToken) {
+    let renew_every = shared.worker.inner.config.renew_interval();
+    let mut last_beat = Instant::now();
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(CHORE_TICK) => {}
+        }
+        let now = Instant::now();
+        let mut expired = Vec::new();
+        let mut renew = Vec::new();
+        {
+            let mut flights = lock(&shared.flights);
+            let queued = flights
+                .values()
+                .filter(|f| f.abort.is_none())
+                .map(|f| now.duration_since(f.claimed_at))
+                .max();
+            shared.worker.inner.health.set_oldest_queued(queued);
+            for f in flights.values_mut() {
+                if let Some(held) = f.watch.holding(now) {
+                    if held >= BLOCKING_AFTER && !f.warned_blocking {
+                        f.warned_blocking = true;
+                        let handler = f.watch.handler();
+                        metrics::counter!(crate::metrics::BLOCKING, "topic" => f.topic, "handler" => handler).increment(1);
+                        tracing::warn!(
+                            message_id = %f.fence.id,
+                            topic = f.topic,
+                            handler,
+                            held_ms = held.as_millis() as u64,
+                            "handler has held its thread without yielding; move blocking work into \
+                             tokio::task::spawn_blocking, or it stalls other handlers on that thread"
+                        );
+                    }
+                }
+                if now >= f.deadline {
+                    expired.push(f.fence.id);
+                } else if now.duration_since(f.leased_at) >= renew_every {
+                    f.leased_at = now;
+                    renew.push(f.fence);
+                }
+            }
+            let expired: Vec<Flight> = expired.iter().filter_map(|id| flights.remove(id)).collect();
+            drop(flights);
+            for f in expired {
+                let attempt = f.watch.attempt();
+                let (retry_in, error) = timed_out(
+                    &shared.worker.inner.topics[f.topic],
+                    f.watch.handler(),
+                    attempt,
+                    f.watch.holding(now),
+                    &shared.worker.inner.config,
+                );
+                tracing::error!(message_id = %f.fence.id, topic = f.topic, handler = f.watch.handler(), error = %error, "handler did not finish by its deadline");
+                shared.record(f.topic, if retry_in.is_some() { "retry" } else { "dead" });
+                f.abort();
+                tokio::spawn(
+                    shared
+                        .clone()
+                        .write_failure(f.fence, retry_in, error, Vec::new()),
+                );
+            }
+        }
+        if !renew.is_empty() {
+            let lease = shared.worker.inner.config.lease;
+            if let Err(e) = shared.backend.outbox_renew(&renew, lease).await {
+                tracing::warn!(error = %e, count = renew.len(), "could not renew leases; retrying next round");
+                let mut flights = lock(&shared.flights);
+                for f in &renew {
+                    if let Some(fl) = flights.get_mut(&f.id) {
+                        fl.leased_at = now - renew_every;
+                    }
+                }
+            }
+        }
+        if now.duration_since(last_beat) >= renew_every {
+            last_beat = now;
+            shared.heartbeat().await;
+        }
+    }
+}
+
+/// Statistics, the unhandled-topics report and the purge, each on its own interval.
+pub(super) async fn periodic(shared: Arc<Shared>, stop: CancellationToken) {
+    let w = &shared.worker;
+    let cfg = &w.inner.config;
+    let backend = &*shared.backend;
+    let mut next_stats = Instant::now();
+    let mut next_report = Instant::now() + cfg.report_interval;
+    let mut next_purge = Instant::now() + cfg.purge_interval;
+    loop {
+        let now = Instant::now();
+        if now >= next_stats {
+            next_stats = now + cfg.stats_interval;
+            w.refresh_stats(backend).await;
+        }
+        if now >= next_report {
+            next_report = now + cfg.report_interval;
+            w.report_unhandled(backend).await;
+        }
+        if let Some(retention) = cfg.purge_retention {
+            if now >= next_purge {
+                next_purge = now + cfg.purge_interval;
+                w.purge(backend, retention).await;
+            }
+        }
+        let next = [
+            Some(next_stats),
+            Some(next_report),
+            cfg.purge_retention.map(|_| next_purge),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+        .unwrap_or(next_stats);
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep_until(next.into()) => {}
+        }
+    }
+}

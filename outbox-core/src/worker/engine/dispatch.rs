@@ -1,0 +1,275 @@
+//! From claim to outcome: claimed messages become handler tasks, each holding a concurrency
+//! permit, and finished tasks become outcome writes (successes to the batched flusher,
+//! failures one by one, retried while the database is away).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc;
+use uuid::Uuid;
+
+use super::super::config::reconnect_delay;
+use super::super::process::{failure, run_message, Outcome, Watch};
+use super::super::{lock, Worker};
+use super::{Finished, Flight, Shared, CHORE_TICK};
+use crate::backend::{Backend, ClaimParams, ClaimedMessage, Done, Fence};
+
+impl Shared {
+    /// Starts one handler task per claimed message on the handlers' runtime, each holding a
+    /// concurrency permit; messages wait here (leases renewed) until a permit is free.
+    pub(super) async fn start_all(self: &Arc<Self>, claimed: Vec<ClaimedMessage>) {
+        let inner = &self.worker.inner;
+        let mut completed = self
+            .worker
+            .completed_handlers(&*self.backend, &claimed)
+            .await;
+        let now = Instant::now();
+        {
+            let mut flights = lock(&self.flights);
+            for msg in &claimed {
+                let Some(handlers) = inner.topics.get(msg.topic.as_str()) else {
+                    continue; // never claimed: the claim only asks for our topics
+                };
+                flights.insert(
+                    msg.id,
+                    Flight {
+                        fence: Fence {
+                            id: msg.id,
+                            claim_token: msg.claim_token,
+                        },
+                        topic: handlers[0].topic(),
+                        had_attempts: msg.attempts > 1,
+                        ordered: msg.ordered,
+                        leased_at: now,
+                        claimed_at: now,
+                        deadline: now + super::super::config::MAX_DURATION,
+                        watch: Arc::new(Watch::new(self.epoch)),
+                        abort: None,
+                        warned_blocking: false,
+                    },
+                );
+            }
+        }
+        for msg in claimed {
+            let Some(handlers) = inner.topics.get(msg.topic.as_str()) else {
+                continue;
+            };
+            let Some(permit) = self.permit().await else {
+                return;
+            };
+            let done = completed.remove(&msg.id).unwrap_or_default();
+            let budget: Duration = handlers
+                .iter()
+                .filter(|h| !done.contains(h.name()))
+                .map(|h| h.timeout().unwrap_or(inner.config.handler_timeout))
+                .fold(Duration::ZERO, Duration::saturating_add);
+            let fence = Fence {
+                id: msg.id,
+                claim_token: msg.claim_token,
+            };
+            let Some(watch) = lock(&self.flights).get(&msg.id).map(|f| f.watch.clone()) else {
+                continue; // handed back meanwhile (shutdown)
+            };
+            let task = {
+                let worker = self.worker.clone();
+                let tx = self.finished_tx.clone();
+                let running = self.running_tasks.clone();
+                running.fetch_add(1, Ordering::Relaxed);
+                async move {
+                    let _running = RunningGuard(running);
+                    let handlers = &worker.inner.topics[msg.topic.as_str()];
+                    let outcome = run_message(
+                        &msg,
+                        handlers,
+                        &done,
+                        &worker.inner.config,
+                        &worker.inner.resources,
+                        &watch,
+                    )
+                    .await;
+                    drop(permit);
+                    let _ = tx.send(Finished { fence, outcome });
+                }
+            };
+            let abort = self.handlers_rt.spawn(task).abort_handle();
+            let now = Instant::now();
+            if let Some(f) = lock(&self.flights).get_mut(&fence.id) {
+                f.abort = Some(abort);
+                // The handler's own timeout fires first when it yields; this one catches a
+                // handler that does not.
+                f.deadline = now + budget.saturating_add(CHORE_TICK * 2);
+            }
+        }
+    }
+
+    /// Waits for a free handler slot, telling health the loop is alive meanwhile: a worker
+    /// whose handlers are all busy is working, not stuck.
+    pub(super) async fn permit(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        loop {
+            tokio::select! {
+                p = self.permits.clone().acquire_owned() => return p.ok(),
+                () = tokio::time::sleep(CHORE_TICK) => self.worker.inner.health.tick(),
+            }
+        }
+    }
+
+    /// Takes a message out of the running set if this claim still runs it.
+    pub(super) fn land(&self, fence: &Fence) -> Option<Flight> {
+        let mut flights = lock(&self.flights);
+        match flights.get(&fence.id) {
+            Some(f) if f.fence.claim_token == fence.claim_token => flights.remove(&fence.id),
+            _ => None,
+        }
+    }
+
+    pub(super) fn record(&self, topic: &'static str, outcome: &'static str) {
+        metrics::counter!(crate::metrics::PROCESSED, "topic" => topic, "outcome" => outcome)
+            .increment(1);
+    }
+
+    /// Writes a failed attempt, retrying with jittered backoff while the database is away.
+    pub(super) async fn write_failure(
+        self: Arc<Self>,
+        fence: Fence,
+        retry_in: Option<Duration>,
+        error: String,
+        succeeded: Vec<&'static str>,
+    ) {
+        let f = failure(fence, retry_in, &error, &succeeded);
+        let mut tries = 0u32;
+        loop {
+            match self.backend.outbox_mark_failed(&f).await {
+                Ok(true) => return,
+                Ok(false) => {
+                    tracing::warn!(message_id = %fence.id, "outcome not written: the lease ran out and another claim owns the message");
+                    return;
+                }
+                Err(e) if tries < 10 => {
+                    tries += 1;
+                    let delay = reconnect_delay(tries);
+                    tracing::warn!(message_id = %fence.id, error = %e, retry_in = ?delay, "could not write a failed outcome; retrying");
+                    tokio::time::sleep(delay).await;
+                }
+                Err(e) => {
+                    tracing::error!(message_id = %fence.id, error = %e, "giving up writing a failed outcome; the message runs again when its lease runs out");
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Counts a handler task as running until it ends (or is dropped, when aborted).
+struct RunningGuard(Arc<AtomicU64>);
+
+impl Drop for RunningGuard {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Turns finished handler tasks into outcome writes.
+pub(super) async fn collect(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Finished>) {
+    while let Some(Finished { fence, outcome }) = rx.recv().await {
+        let Some(flight) = shared.land(&fence) else {
+            // Already failed as timed out, or handed back: this late outcome is not written.
+            tracing::debug!(message_id = %fence.id, "a handler finished after its message was failed or handed back");
+            continue;
+        };
+        match outcome {
+            Outcome::Done => {
+                shared.record(flight.topic, "done");
+                if shared
+                    .done_tx
+                    .send(Done {
+                        fence,
+                        had_attempts: flight.had_attempts,
+                        ordered: flight.ordered,
+                    })
+                    .is_err()
+                {
+                    tracing::warn!(message_id = %fence.id, "outcome writer stopped; the message will be redelivered");
+                }
+            }
+            Outcome::Failed {
+                retry_in,
+                error,
+                succeeded,
+            } => {
+                shared.record(
+                    flight.topic,
+                    if retry_in.is_some() { "retry" } else { "dead" },
+                );
+                tokio::spawn(
+                    shared
+                        .clone()
+                        .write_failure(fence, retry_in, error, succeeded),
+                );
+            }
+        }
+    }
+}
+
+impl Worker {
+    /// Per-handler progress of claimed messages that ran before and have several handlers.
+    pub(in crate::worker) async fn completed_handlers(
+        &self,
+        backend: &dyn Backend,
+        claimed: &[ClaimedMessage],
+    ) -> HashMap<Uuid, HashSet<String>> {
+        let multi: Vec<Uuid> = claimed
+            .iter()
+            .filter(|m| {
+                m.attempts > 1
+                    && self
+                        .inner
+                        .topics
+                        .get(m.topic.as_str())
+                        .is_some_and(|h| h.len() > 1)
+            })
+            .map(|m| m.id)
+            .collect();
+        let mut completed: HashMap<Uuid, HashSet<String>> = HashMap::new();
+        if !multi.is_empty() {
+            match backend.delivery_completed(&multi).await {
+                Ok(rows) => {
+                    for (id, handler) in rows {
+                        completed.entry(id).or_default().insert(handler);
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not read per-handler progress; every handler of those messages runs again")
+                }
+            }
+        }
+        completed
+    }
+
+    /// One claim statement on `backend`.
+    pub(in crate::worker) async fn claim(
+        &self,
+        backend: &dyn Backend,
+        limit: usize,
+    ) -> crate::Result<Vec<ClaimedMessage>> {
+        // A claim fills its batch topic by topic; each claim starts one topic further on.
+        let mut topics: Vec<&str> = self.inner.topics.keys().copied().collect();
+        let first = self.inner.next_topic.fetch_add(1, Ordering::Relaxed);
+        let len = topics.len().max(1);
+        topics.rotate_left(first % len);
+        let start = Instant::now();
+        let claimed = backend
+            .outbox_claim_batch(&ClaimParams {
+                topics: &topics,
+                limit: i64::try_from(limit).unwrap_or(i64::MAX),
+                lease: self.inner.config.lease,
+                claim_token: Uuid::now_v7(),
+                worker: self.inner.id,
+            })
+            .await?;
+        metrics::histogram!(crate::metrics::CLAIM_DURATION).record(start.elapsed().as_secs_f64());
+        tracing::trace!(claimed = claimed.len(), elapsed = ?start.elapsed(), "claim");
+        Ok(claimed)
+    }
+}
