@@ -95,6 +95,16 @@ fn unix_secs() -> u64 {
         .as_secs()
 }
 
+/// A SQLite file name in the temporary directory that no run has used.
+fn new_sqlite_path() -> PathBuf {
+    std::env::temp_dir().join(format!(
+        "outbox-bench-{}-{}-{}.db",
+        unix_secs(),
+        std::process::id(),
+        next_serial()
+    ))
+}
+
 /// Opens a pool on the outbox's SQLite settings (WAL, busy timeout) with `max` connections.
 async fn sqlite_pool_of(url: &str, max: u32) -> Result<SqlitePool> {
     Ok(SqlitePoolOptions::new()
@@ -146,12 +156,7 @@ impl Db {
                 Ok(db)
             }
             Kind::Sqlite => {
-                let path = std::env::temp_dir().join(format!(
-                    "outbox-bench-{}-{}-{}.db",
-                    unix_secs(),
-                    std::process::id(),
-                    next_serial()
-                ));
+                let path = new_sqlite_path();
                 let url = format!("sqlite://{}", path.display());
                 let pool = sqlite_pool_of(&url, 8).await?;
                 let version: String = sqlx::query_scalar("SELECT sqlite_version()")
@@ -199,10 +204,15 @@ impl Db {
                 .await?;
             }
             Kind::Sqlite => {
+                // A new file each time: a connection of the last workload still closing (a
+                // worker's own pool) keeps the old one, and never sees the new one's pages.
                 self.pool.close().await;
                 if let Some(path) = &self.path {
                     remove_sqlite_files(path);
                 }
+                let path = new_sqlite_path();
+                self.url = format!("sqlite://{}", path.display());
+                self.path = Some(path);
                 self.pool = Pool::Sqlite(sqlite_pool_of(&self.url, 8).await?);
                 self.prepare().await?;
             }
