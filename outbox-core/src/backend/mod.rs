@@ -100,6 +100,10 @@ pub(crate) trait Backend: Send + Sync + 'static {
     /// returns, so the first claims do not wait for a connect.
     async fn detached(&self, connections: u32) -> Result<std::sync::Arc<dyn Backend>>;
 
+    /// Closes this backend's pool, waiting for its connections to close: the engine calls it
+    /// on its own pool when it stops, so no connection of a stopped worker lingers.
+    async fn close(&self);
+
     /// Claims up to `limit` ready messages of `topics`: counts the attempt and takes the lease.
     async fn outbox_claim_batch(&self, params: &ClaimParams<'_>) -> Result<Vec<ClaimedMessage>>;
 

@@ -395,6 +395,10 @@ impl Backend for PgBackend {
         Ok(())
     }
 
+    async fn close(&self) {
+        self.pool.close().await;
+    }
+
     async fn detached(&self, connections: u32) -> Result<std::sync::Arc<dyn Backend>> {
         let options = (*self.pool.connect_options()).clone();
         let pool = sqlx::postgres::PgPoolOptions::new()

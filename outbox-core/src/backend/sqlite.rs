@@ -437,6 +437,10 @@ impl Backend for SqliteBackend {
         Ok(())
     }
 
+    async fn close(&self) {
+        self.pool.close().await;
+    }
+
     async fn detached(&self, connections: u32) -> Result<std::sync::Arc<dyn Backend>> {
         let options = (*self.pool.connect_options()).clone();
         let pool = SqlitePoolOptions::new()

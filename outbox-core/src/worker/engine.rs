@@ -210,6 +210,8 @@ pub(super) async fn run(
         }
     })
     .await;
+    // The engine's own pool: closed now, not whenever its last handle is dropped.
+    let _ = tokio::time::timeout(Duration::from_millis(300), backend.close()).await;
     tracing::info!(worker = %cfg.name, "worker stopped");
     still_running
 }
