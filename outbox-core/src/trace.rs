@@ -2,7 +2,7 @@
 //!
 //! With the `opentelemetry` feature, [`enqueue`](crate::enqueue) stores the W3C trace context
 //! (`traceparent` and `tracestate`) of the current [`tracing`] span with the message, when that
-//! span is recorded by a [`tracing-opentelemetry`](https://docs.rs/tracing-opentelemetry) layer.
+//! span is recorded by a `tracing-opentelemetry` layer.
 //! The worker's delivery span (`outbox.delivery`, an OpenTelemetry consumer span) is then a
 //! child of that span, each handler runs in a child span of the delivery (`outbox.handler`),
 //! and a retry is a new delivery span in the same trace. [`Context::trace_context`] hands the
