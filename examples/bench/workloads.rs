@@ -411,14 +411,16 @@ pub(crate) async fn peer_w1(dir: &Path, url: &str, n: u64, concurrency: usize) -
 }
 
 /// `total` transactions from `producers` connections of `pool`, as fast as they go: a business
-/// INSERT, plus `enqueue` of a message of the new order when `with_enqueue`, and COMMIT.
-/// Returns the seconds they took.
+/// INSERT, plus `enqueue` of a message of the new order when `with_enqueue`, and COMMIT; with
+/// `traced`, each in a span of its own (a request's), whose context `enqueue` stores when the
+/// `opentelemetry` feature records it. Returns the seconds they took.
 async fn produce(
     db: &Db,
     pool: &Pool,
     producers: u32,
     total: u64,
     with_enqueue: bool,
+    traced: bool,
 ) -> Result<f64> {
     let next = Arc::new(AtomicU64::new(0));
     let insert = match db.kind {
@@ -440,20 +442,31 @@ async fn produce(
                 }
                 let amount = i64::try_from(i % 100_000)?;
                 let customer = format!("customer-{}@example.com", i % 1000);
-                on_pool!(&pool, p => {
-                    let mut tx = p.begin().await?;
-                    let id: i64 = sqlx::query_scalar(insert)
-                        .bind(&customer)
-                        .bind(amount)
-                        .fetch_one(&mut *tx)
+                let transaction = async {
+                    on_pool!(&pool, p => {
+                        let mut tx = p.begin().await?;
+                        let id: i64 = sqlx::query_scalar(insert)
+                            .bind(&customer)
+                            .bind(amount)
+                            .fetch_one(&mut *tx)
+                            .await?;
+                        if with_enqueue {
+                            let mut m = BenchMessage::new(i);
+                            m.order_id = format!("ord-{id:012}");
+                            enqueue(&mut *tx, &m).await?;
+                        }
+                        tx.commit().await?;
+                    });
+                    Ok::<_, anyhow::Error>(())
+                };
+                if traced {
+                    use tracing::Instrument;
+                    transaction
+                        .instrument(tracing::info_span!("POST /orders"))
                         .await?;
-                    if with_enqueue {
-                        let mut m = BenchMessage::new(i);
-                        m.order_id = format!("ord-{id:012}");
-                        enqueue(&mut *tx, &m).await?;
-                    }
-                    tx.commit().await?;
-                });
+                } else {
+                    transaction.await?;
+                }
             }
         }));
     }
@@ -474,13 +487,15 @@ async fn produce(
 
 /// One W2 run: `total` transactions (business INSERT, plus `enqueue` when `with_enqueue`) from
 /// `producers` connections while a default worker runs (or, with `with_worker` false, none:
-/// the cost of the `enqueue` statement alone). Returns transactions per second.
+/// the cost of the `enqueue` statement alone); with `traced`, each transaction in a span of its
+/// own. Returns transactions per second.
 pub(crate) async fn w2(
     db: &Db,
     producers: u32,
     total: u64,
     with_enqueue: bool,
     with_worker: bool,
+    traced: bool,
 ) -> Result<Sample> {
     let handled = with_enqueue && with_worker;
     let state = ProbeState::new(if handled { total } else { u64::MAX }, 0);
@@ -499,7 +514,7 @@ pub(crate) async fn w2(
     tokio::time::sleep(Duration::from_millis(300)).await;
 
     let meter = CpuMeter::start(db).await;
-    let produced = produce(db, &pool, producers, total, with_enqueue).await;
+    let produced = produce(db, &pool, producers, total, with_enqueue, traced).await;
     let cpu = meter.stop(db).await;
     let drained = !handled || produced.is_err() || state.wait_all(limit_for(total)).await;
     stop.notify_one();
@@ -683,7 +698,7 @@ pub(crate) async fn w10(
     tokio::time::sleep(settle).await;
 
     let meter = CpuMeter::start(db).await;
-    let produced = produce(db, &producer_pool, producers, total, true).await;
+    let produced = produce(db, &producer_pool, producers, total, true, false).await;
     let cpu = meter.stop(db).await;
     // Notifications go out at commit; give the last ones time to arrive. The workers are not
     // waited for: the next run starts from an empty table, and a poll-mode worker would take
