@@ -18,8 +18,8 @@ use opentelemetry::trace::{SpanId, SpanKind, TraceId, TracerProvider as _};
 use opentelemetry::Value;
 use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SpanData};
 use outbox::{
-    enqueue, outbox_event, Context, Event, Handler, HandlerError, RetryPolicy, Store, Worker,
-    WorkerConfig,
+    enqueue, enqueue_many, outbox_event, Context, DeadSelection, Event, Handler, HandlerError,
+    RetryPolicy, Store, Worker, WorkerConfig,
 };
 use outbox_handlers::async_nats::{self, jetstream};
 use outbox_handlers::dedup::TxHandler;
@@ -172,6 +172,43 @@ impl Db {
                 let id = enqueue(&mut *tx, event).await.unwrap();
                 tx.commit().await.unwrap();
                 id
+            }
+        }
+    }
+
+    async fn enqueue_many(&self, events: &[BookingCreated]) -> Vec<Uuid> {
+        match self {
+            Db::Pg(db) => {
+                let mut tx = db.pool.begin().await.unwrap();
+                let ids = enqueue_many(&mut *tx, events).await.unwrap();
+                tx.commit().await.unwrap();
+                ids
+            }
+            Db::Lite(db) => {
+                let mut tx = db.pool.begin().await.unwrap();
+                let ids = enqueue_many(&mut *tx, events).await.unwrap();
+                tx.commit().await.unwrap();
+                ids
+            }
+        }
+    }
+
+    /// The stored `(traceparent, tracestate)` of a dead letter.
+    async fn stored_dead(&self, id: Uuid) -> (Option<String>, Option<String>) {
+        match self {
+            Db::Pg(db) => {
+                sqlx::query_as("SELECT traceparent, tracestate FROM outbox_dead WHERE id = $1")
+                    .bind(id)
+                    .fetch_one(&db.pool)
+                    .await
+                    .expect("the message is dead")
+            }
+            Db::Lite(db) => {
+                sqlx::query_as("SELECT traceparent, tracestate FROM outbox_dead WHERE id = ?1")
+                    .bind(id.to_string())
+                    .fetch_one(&db.pool)
+                    .await
+                    .expect("the message is dead")
             }
         }
     }
@@ -459,6 +496,79 @@ async fn no_context_writes_no_trace_columns(db: Db) {
     let id = db.enqueue(&BookingCreated { booking_id: 1 }).await;
     assert_eq!(db.stored(id).await, (None, None));
     db.drop_db().await;
+}
+
+/// Refuses every booking for good.
+struct Refuse;
+
+#[outbox::async_trait]
+impl Handler for Refuse {
+    type Event = BookingCreated;
+    const NAME: &'static str = "refuse";
+
+    async fn handle(&self, _: BookingCreated, _: &Context) -> Result<(), HandlerError> {
+        Err(HandlerError::permanent("refused"))
+    }
+}
+
+/// `enqueue_many` stores the context on every row, a dead letter keeps it, and a retried dead
+/// letter is delivered in the original trace.
+async fn batches_and_dead_letters_keep_the_trace(db: Db) {
+    exporter();
+    let request = tracing::info_span!("POST /bookings/batch");
+    let ids = db
+        .enqueue_many(&[
+            BookingCreated { booking_id: 1 },
+            BookingCreated { booking_id: 2 },
+        ])
+        .instrument(request.clone())
+        .await;
+    let trace_id = request_trace(&request);
+    drop(request);
+    let mut stored = Vec::new();
+    for id in &ids {
+        let (parent, _) = db.stored(*id).await;
+        let parent = parent.expect("each row of the batch has the context");
+        assert!(parent.starts_with(&format!("00-{trace_id}-")), "{parent}");
+        stored.push(parent);
+    }
+
+    let worker = Worker::builder(db.store()).handler(Refuse).build().unwrap();
+    assert_eq!(worker.run_once().await.unwrap().dead, 2);
+    assert_eq!(
+        db.stored_dead(ids[0]).await,
+        (Some(stored[0].clone()), None)
+    );
+    assert_eq!(
+        db.store()
+            .retry_dead(&DeadSelection::One(ids[0]))
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(db.stored(ids[0]).await, (Some(stored[0].clone()), None));
+    assert_eq!(worker.run_once().await.unwrap().dead, 1);
+    let deliveries: Vec<SpanData> = spans_of(trace_id)
+        .into_iter()
+        .filter(|s| s.name == "process trace.booking.created")
+        .filter(|s| attr_str(s, "messaging.message.id") == ids[0].to_string())
+        .collect();
+    assert_eq!(
+        deliveries.len(),
+        2,
+        "the retried dead letter is in the trace"
+    );
+    db.drop_db().await;
+}
+
+#[tokio::test]
+async fn batches_and_dead_letters_keep_the_trace_on_postgres() {
+    batches_and_dead_letters_keep_the_trace(Db::Pg(pg().await)).await;
+}
+
+#[tokio::test]
+async fn batches_and_dead_letters_keep_the_trace_on_sqlite() {
+    batches_and_dead_letters_keep_the_trace(Db::Lite(sqlite().await)).await;
 }
 
 #[tokio::test]
