@@ -19,6 +19,7 @@
 //! | W9  | W1 (best setting) of 20,000 messages with ordering keys, 1,000 keys interleaved; ratio to W1 as the median of at least 5 pairs' ratios, each pair's order alternating; and one key of 2,000 messages, drained serially (default `WorkerConfig`), every call checked to come in enqueue order |
 //! | W10 | PostgreSQL: 8 producers, 2,000 transactions each (business `INSERT` + `enqueue`), against 1, 4 and 8 default workers (a pool each) and against 4 beside an idle worker of another topic; `Wakeup::Listen` alternating with `Wakeup::Poll` (`--repeat` pairs, at most 3): producer tx/s, the ratio listen/poll and the share of transactions that sent a NOTIFY (counted by a LISTENer on the wake-up channel) |
 //! | RSS | peak RSS (VmHWM) of a worker process draining a 100,000-message backlog |
+//! | W2T | with `--features opentelemetry` only: W2's enqueue transactions (1 and 8 producers, a worker running), alternating: OpenTelemetry recording nothing; each transaction's business statements in a recorded request span, `enqueue` outside it (no context stored, as without the feature); the whole transaction in the span, its context stored and continued by the worker (spans batch-exported to a sink that drops them); the ratios of the last to the other two |
 //!
 //! `--peer DIR` names a graphile-worker 0.17 bench folder prepared with `npm ci` (its `bench.js`
 //! prints a `RESULT` line); its W1 runs with `node` in a database of its own on the same server.
@@ -29,6 +30,50 @@
 //! that the bench keeps compiling and running). Nothing here asserts on timing: a missed target
 //! is reported, not failed; the exit status is non-zero only when a workload could not run.
 //! The pgbench scripts of the SQL reference figures are in `examples/bench/pgbench/`.
+
+/// OpenTelemetry for W2T: a tracer whose spans are batch-exported to a sink that drops them,
+/// behind a switch, so that one run measures the transactions untraced and traced.
+#[cfg(feature = "opentelemetry")]
+mod traces {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use opentelemetry::trace::TracerProvider as _;
+    use opentelemetry_sdk::error::OTelSdkResult;
+    use opentelemetry_sdk::trace::{SdkTracerProvider, SpanData, SpanExporter};
+    use tracing_subscriber::filter::DynFilterFn;
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::Layer;
+
+    static RECORDING: AtomicBool = AtomicBool::new(false);
+
+    /// Drops every batch: what a collector costs is not the outbox's.
+    #[derive(Debug)]
+    struct Sink;
+
+    impl SpanExporter for Sink {
+        async fn export(&self, _: Vec<SpanData>) -> OTelSdkResult {
+            Ok(())
+        }
+    }
+
+    /// Installs the tracer as the global subscriber, recording nothing until [`record`].
+    pub(crate) fn install() -> SdkTracerProvider {
+        let provider = SdkTracerProvider::builder()
+            .with_batch_exporter(Sink)
+            .build();
+        let layer = tracing_opentelemetry::layer()
+            .with_tracer(provider.tracer("bench"))
+            .with_filter(DynFilterFn::new(|_, _| RECORDING.load(Ordering::Relaxed)));
+        tracing_subscriber::registry().with(layer).init();
+        provider
+    }
+
+    /// Turns recording on or off: off, spans are disabled, as without the feature.
+    pub(crate) fn record(on: bool) {
+        RECORDING.store(on, Ordering::Relaxed);
+    }
+}
 
 #[path = "bench/broker.rs"]
 mod broker;
@@ -51,7 +96,7 @@ use cpu::CpuPer;
 use db::{Db, Kind, PeerDb};
 use outbox::{Wakeup, WorkerConfig};
 use report::{Report, Target};
-use workloads::{Sample, Setting, DEFAULT_SETTING};
+use workloads::{Sample, Setting, Traced, DEFAULT_SETTING};
 
 /// Command-line arguments.
 #[derive(Debug, Parser)]
@@ -162,6 +207,8 @@ async fn main() -> Result<()> {
             );
         }
     }
+    #[cfg(feature = "opentelemetry")]
+    let _tracer = traces::install();
     let kinds: &[Kind] = match args.backend {
         BackendArg::Postgres => &[Kind::Postgres],
         BackendArg::Sqlite => &[Kind::Sqlite],
@@ -668,11 +715,11 @@ async fn run(args: &Args, db: &mut Db, report: &mut Report) -> Result<()> {
             let (mut with, mut without, mut alone) = (Vec::new(), Vec::new(), Vec::new());
             for _ in 0..repeat {
                 db.reset().await?;
-                without.push(workloads::w2(db, producers, total, false, true).await);
+                without.push(workloads::w2(db, producers, total, false, true, Traced::No).await);
                 db.reset().await?;
-                with.push(workloads::w2(db, producers, total, true, true).await);
+                with.push(workloads::w2(db, producers, total, true, true, Traced::No).await);
                 db.reset().await?;
-                alone.push(workloads::w2(db, producers, total, true, false).await);
+                alone.push(workloads::w2(db, producers, total, true, false, Traced::No).await);
             }
             let (with, without, alone) = (
                 median_sample(with),
@@ -707,6 +754,79 @@ async fn run(args: &Args, db: &mut Db, report: &mut Report) -> Result<()> {
                 ratio,
                 "x",
                 Target::at_least(target),
+            );
+        }
+    }
+
+    // W2T: the cost of tracing. W2's enqueue transactions, a worker running, in three
+    // alternating variants: recording off (no span: as a service without OpenTelemetry); the
+    // request traced but `enqueue` outside its span (the application traced, the message with
+    // no context: as without the feature); and `enqueue` in the request's span, its context
+    // stored and continued by the worker.
+    #[cfg(feature = "opentelemetry")]
+    if args.wants("w2t") {
+        let total = args.scaled(5_000);
+        for producers in [1u32, 8] {
+            let (mut off, mut request, mut full) = (Vec::new(), Vec::new(), Vec::new());
+            for _ in 0..repeat {
+                db.reset().await?;
+                traces::record(false);
+                off.push(workloads::w2(db, producers, total, true, true, Traced::No).await);
+                traces::record(true);
+                db.reset().await?;
+                request.push(
+                    workloads::w2(db, producers, total, true, true, Traced::RequestOnly).await,
+                );
+                db.reset().await?;
+                full.push(workloads::w2(db, producers, total, true, true, Traced::Full).await);
+                traces::record(false);
+            }
+            let (off, request, full) = (
+                median_sample(off),
+                median_sample(request),
+                median_sample(full),
+            );
+            let own = ratio(&full, &request);
+            let all = ratio(&full, &off);
+            let p = if producers == 1 {
+                "1 producer".to_string()
+            } else {
+                format!("{producers} producers")
+            };
+            report.push_sample(
+                "W2T",
+                runs(&format!("enqueue in the traced request, {p}")),
+                full,
+                "tx/s",
+                None,
+            );
+            report.push_sample(
+                "W2T",
+                runs(&format!("traced request, enqueue outside it, {p}")),
+                request,
+                "tx/s",
+                None,
+            );
+            report.push_sample(
+                "W2T",
+                runs(&format!("nothing traced, {p}")),
+                off,
+                "tx/s",
+                None,
+            );
+            report.push(
+                "W2T",
+                format!("ratio context stored / not, {p}"),
+                own,
+                "x",
+                Target::at_least(0.97),
+            );
+            report.push(
+                "W2T",
+                format!("ratio traced / nothing traced, {p}"),
+                all,
+                "x",
+                None,
             );
         }
     }

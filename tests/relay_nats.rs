@@ -157,6 +157,8 @@ async fn an_enqueued_event_lands_in_the_stream_with_its_subject_and_headers() {
         .expect("created-at is RFC 3339");
     assert!((chrono::Utc::now() - created.to_utc()).num_seconds().abs() < 60);
     assert_eq!(header(&m, "Content-Type"), "application/json");
+    // Enqueued outside any traced span: no trace context to send.
+    assert!(m.headers.get(headers::TRACEPARENT).is_none());
     let payload: BookingCreated = serde_json::from_slice(&m.payload).unwrap();
     assert_eq!(payload, event);
 

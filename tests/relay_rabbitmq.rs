@@ -80,12 +80,47 @@ async fn a_bound_queue_receives_the_event_with_its_message_id() {
     assert_eq!(header(table, headers::TOPIC), "relay.booking.created");
     assert_eq!(header(table, headers::ATTEMPT), "1");
     assert_eq!(header(table, headers::IDEMPOTENCY_KEY), key);
+    // Enqueued outside any traced span: no trace context to send.
+    assert!(table.inner().get(headers::TRACEPARENT).is_none());
     assert_eq!(got.delivery.routing_key.as_str(), "relay.booking.created");
     let payload: BookingCreated = serde_json::from_slice(&got.delivery.data).unwrap();
     assert_eq!(payload, event);
 
     topology.delete().await;
     db.drop_db().await;
+}
+
+#[tokio::test]
+async fn the_trace_context_goes_in_the_headers() {
+    let topology = Topology::new(BookingCreated::TOPIC).await;
+    let rabbit = RabbitPublisher::builder(amqp_url())
+        .exchange(topology.exchange.clone())
+        .build()
+        .unwrap();
+    let traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let ctx = Context::for_test(BookingCreated::TOPIC, "rabbitmq-relay", Resources::new())
+        .with_trace_context(Some(outbox::trace::TraceContext::new(
+            traceparent,
+            Some("vendor=opaque".into()),
+        )));
+    rabbit
+        .relay::<BookingCreated>()
+        .handle(BookingCreated { booking_id: 9 }, &ctx)
+        .await
+        .expect("published");
+    let got = topology
+        .channel
+        .basic_get(
+            topology.queue.as_str().into(),
+            BasicGetOptions { no_ack: true },
+        )
+        .await
+        .unwrap()
+        .expect("the queue holds the message");
+    let table = got.delivery.properties.headers().as_ref().expect("headers");
+    assert_eq!(header(table, headers::TRACEPARENT), traceparent);
+    assert_eq!(header(table, headers::TRACESTATE), "vendor=opaque");
+    topology.delete().await;
 }
 
 #[tokio::test]

@@ -410,15 +410,39 @@ pub(crate) async fn peer_w1(dir: &Path, url: &str, n: u64, concurrency: usize) -
     .await?
 }
 
+/// Whether W2's transactions run in a span of their own (a request's). Only W2T, with the
+/// `opentelemetry` feature, traces them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(not(feature = "opentelemetry"), allow(dead_code))]
+pub(crate) enum Traced {
+    /// No span.
+    No,
+    /// The business statements and the commit in the request's span, `enqueue` outside it:
+    /// the application is traced, the message carries no context (as without the feature).
+    RequestOnly,
+    /// The whole transaction in the request's span, so `enqueue` stores its context.
+    Full,
+}
+
+/// Awaits `f` in `span`, if there is one.
+async fn in_span<F: std::future::Future>(span: Option<&tracing::Span>, f: F) -> F::Output {
+    use tracing::Instrument;
+    match span {
+        Some(span) => f.instrument(span.clone()).await,
+        None => f.await,
+    }
+}
+
 /// `total` transactions from `producers` connections of `pool`, as fast as they go: a business
-/// INSERT, plus `enqueue` of a message of the new order when `with_enqueue`, and COMMIT.
-/// Returns the seconds they took.
+/// INSERT, plus `enqueue` of a message of the new order when `with_enqueue`, and COMMIT; in a
+/// request's span as `traced` says. Returns the seconds they took.
 async fn produce(
     db: &Db,
     pool: &Pool,
     producers: u32,
     total: u64,
     with_enqueue: bool,
+    traced: Traced,
 ) -> Result<f64> {
     let next = Arc::new(AtomicU64::new(0));
     let insert = match db.kind {
@@ -440,19 +464,30 @@ async fn produce(
                 }
                 let amount = i64::try_from(i % 100_000)?;
                 let customer = format!("customer-{}@example.com", i % 1000);
+                let request = match traced {
+                    Traced::No => None,
+                    Traced::RequestOnly | Traced::Full => Some(tracing::info_span!("POST /orders")),
+                };
+                let (business, outbox) = match traced {
+                    Traced::Full => (request.as_ref(), request.as_ref()),
+                    _ => (request.as_ref(), None),
+                };
                 on_pool!(&pool, p => {
-                    let mut tx = p.begin().await?;
-                    let id: i64 = sqlx::query_scalar(insert)
-                        .bind(&customer)
-                        .bind(amount)
-                        .fetch_one(&mut *tx)
-                        .await?;
+                    let mut tx = in_span(business, p.begin()).await?;
+                    let id: i64 = in_span(
+                        business,
+                        sqlx::query_scalar(insert)
+                            .bind(&customer)
+                            .bind(amount)
+                            .fetch_one(&mut *tx),
+                    )
+                    .await?;
                     if with_enqueue {
                         let mut m = BenchMessage::new(i);
                         m.order_id = format!("ord-{id:012}");
-                        enqueue(&mut *tx, &m).await?;
+                        in_span(outbox, enqueue(&mut *tx, &m)).await?;
                     }
-                    tx.commit().await?;
+                    in_span(business, tx.commit()).await?;
                 });
             }
         }));
@@ -474,13 +509,15 @@ async fn produce(
 
 /// One W2 run: `total` transactions (business INSERT, plus `enqueue` when `with_enqueue`) from
 /// `producers` connections while a default worker runs (or, with `with_worker` false, none:
-/// the cost of the `enqueue` statement alone). Returns transactions per second.
+/// the cost of the `enqueue` statement alone); in a request's span as `traced` says. Returns
+/// transactions per second.
 pub(crate) async fn w2(
     db: &Db,
     producers: u32,
     total: u64,
     with_enqueue: bool,
     with_worker: bool,
+    traced: Traced,
 ) -> Result<Sample> {
     let handled = with_enqueue && with_worker;
     let state = ProbeState::new(if handled { total } else { u64::MAX }, 0);
@@ -499,7 +536,7 @@ pub(crate) async fn w2(
     tokio::time::sleep(Duration::from_millis(300)).await;
 
     let meter = CpuMeter::start(db).await;
-    let produced = produce(db, &pool, producers, total, with_enqueue).await;
+    let produced = produce(db, &pool, producers, total, with_enqueue, traced).await;
     let cpu = meter.stop(db).await;
     let drained = !handled || produced.is_err() || state.wait_all(limit_for(total)).await;
     stop.notify_one();
@@ -683,7 +720,7 @@ pub(crate) async fn w10(
     tokio::time::sleep(settle).await;
 
     let meter = CpuMeter::start(db).await;
-    let produced = produce(db, &producer_pool, producers, total, true).await;
+    let produced = produce(db, &producer_pool, producers, total, true, Traced::No).await;
     let cpu = meter.stop(db).await;
     // Notifications go out at commit; give the last ones time to arrive. The workers are not
     // waited for: the next run starts from an empty table, and a poll-mode worker would take

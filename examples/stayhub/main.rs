@@ -14,7 +14,9 @@
 //!   commit, and only when that fails enqueues `property.changed` in a second transaction;
 //! - with `NATS_URL` set (e.g. `127.0.0.1:4222`, JetStream enabled), `booking.created` is also
 //!   relayed to the JetStream stream `STAYHUB` (subject `stayhub.booking.created`), where the
-//!   `stayhub_consumer` example consumes it through an inbox, as another service would.
+//!   `stayhub_consumer` example consumes it through an inbox, as another service would;
+//! - with `--features opentelemetry`, each booking runs in a traced request span whose trace
+//!   the worker continues: the trace id is printed beside the booking and beside its email.
 
 mod db;
 mod events;
@@ -30,6 +32,7 @@ use outbox_handlers::async_nats::{self, jetstream};
 use outbox_handlers::email::{Email, EmailHandler, EmailMapping, FileTransport};
 use outbox_handlers::relay::nats::NatsPublisher;
 use outbox_handlers::search::{Applied, IndexOp, SearchClient, SearchHandler, SearchMapping};
+use tracing::Instrument;
 
 use db::{Booked, Db, NewBooking, Property};
 use events::{BookingCreated, PropertyChanged};
@@ -57,6 +60,10 @@ impl EmailMapping for ConfirmationEmail {
             return Err(HandlerError::retry(
                 "the mail provider is briefly unavailable (failed on purpose by the demo)",
             ));
+        }
+        // The email's trace is the booking request's (feature `opentelemetry`).
+        if let Some(trace_id) = ctx.trace_context().and_then(|t| t.trace_id()) {
+            println!("  emailed    {:<22} trace {trace_id}", e.guest_email);
         }
         let text = format!(
             "Your stay at property {} from {} to {} is confirmed.\nBooking {}",
@@ -97,11 +104,7 @@ fn date(y: i32, m: u32, d: u32) -> anyhow::Result<NaiveDate> {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let filter = std::env::var("RUST_LOG").unwrap_or_else(|_| "error".into());
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_target(false)
-        .init();
+    init_tracing();
 
     let db = Db::open().await?;
     outbox::migrate(db.store()).await?;
@@ -187,10 +190,11 @@ async fn main() -> anyhow::Result<()> {
 
     // Bookings. Bob and Carol race for the same nights; the database lets one win.
     let (mut made, mut rejected) = (0, 0);
-    let mut report = |who: &str, b: Booked| match b {
+    let mut report = |who: &str, (b, trace): (Booked, Option<String>)| match b {
         Booked::Confirmed(id) => {
             made += 1;
-            println!("  booked     {who:<22} booking {id}; its event committed with it");
+            let trace = trace.map(|t| format!("; trace {t}")).unwrap_or_default();
+            println!("  booked     {who:<22} booking {id}; its event committed with it{trace}");
         }
         Booked::Rejected => {
             rejected += 1;
@@ -204,7 +208,7 @@ async fn main() -> anyhow::Result<()> {
         check_in: date(2027, 6, 1)?,
         check_out: date(2027, 6, 4)?,
     };
-    report("alice (Harbour Loft)", db.book(&alice).await?);
+    report("alice (Harbour Loft)", book(&db, &alice).await?);
     let bob = NewBooking {
         property_id: properties[1].id,
         guest_email: "bob@example.com",
@@ -217,7 +221,7 @@ async fn main() -> anyhow::Result<()> {
         check_in: date(2027, 7, 12)?,
         check_out: date(2027, 7, 15)?,
     };
-    let (b, c) = tokio::join!(db.book(&bob), db.book(&carol));
+    let (b, c) = tokio::join!(book(&db, &bob), book(&db, &carol));
     report("bob (Old Town Flat)", b?);
     report("carol (Old Town Flat)", c?);
     let dave = NewBooking {
@@ -226,7 +230,7 @@ async fn main() -> anyhow::Result<()> {
         check_in: date(2027, 6, 4)?,
         check_out: date(2027, 6, 6)?,
     };
-    report("dave (Harbour Loft)", db.book(&dave).await?);
+    report("dave (Harbour Loft)", book(&db, &dave).await?);
 
     // Property edits: the index is updated inline after the commit. The second edit meets a
     // (simulated) search outage, so it falls back to the outbox in a second transaction.
@@ -313,6 +317,42 @@ async fn main() -> anyhow::Result<()> {
     println!("\nqueue:");
     outbox::cli::print_stats(&stats, None, false);
     Ok(())
+}
+
+/// Logs to stderr at `RUST_LOG` (errors only by default). With the `opentelemetry` feature, every
+/// span is also recorded by an OpenTelemetry tracer, so that bookings have trace ids; add an
+/// exporter to the provider to send them to a collector (see the README).
+fn init_tracing() {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::Layer;
+
+    let filter = std::env::var("RUST_LOG").unwrap_or_else(|_| "error".into());
+    let logs = tracing_subscriber::fmt::layer()
+        .with_target(false)
+        .with_filter(tracing_subscriber::EnvFilter::new(filter));
+    #[cfg(feature = "opentelemetry")]
+    let traces = {
+        use opentelemetry::trace::TracerProvider as _;
+        let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder().build();
+        Some(tracing_opentelemetry::layer().with_tracer(provider.tracer("stayhub")))
+    };
+    #[cfg(not(feature = "opentelemetry"))]
+    let traces: Option<tracing_subscriber::layer::Identity> = None;
+    tracing_subscriber::registry()
+        .with(logs)
+        .with(traces)
+        .init();
+}
+
+/// Books `b` in the span of the request that asks for it, and returns the result with the
+/// request's trace id (when traced).
+async fn book(db: &Db, b: &NewBooking<'_>) -> anyhow::Result<(Booked, Option<String>)> {
+    let request = tracing::info_span!("POST /bookings", otel.kind = "server");
+    let trace_id = outbox::trace::TraceContext::of_span(&request)
+        .and_then(|t| t.trace_id().map(str::to_string));
+    let booked = db.book(b).instrument(request).await?;
+    Ok((booked, trace_id))
 }
 
 /// 1 when the index holds the property at its latest version (written by the worker), else 0.

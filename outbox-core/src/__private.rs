@@ -23,6 +23,8 @@ pub struct NewMessage {
     pub ordering_key: Option<String>,
     /// Whether the message, once dead, lets later messages of its key go on.
     pub releases_key: bool,
+    /// The trace context of the span that enqueued it (feature `opentelemetry`).
+    pub trace: Option<crate::trace::TraceContext>,
 }
 
 /// Now, in Unix milliseconds (0 before 1970, `i64::MAX` after the year 292 million).

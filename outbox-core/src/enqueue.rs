@@ -116,6 +116,9 @@ impl EnqueueOptions {
 /// One `INSERT`, never a `BEGIN` or a `COMMIT`: the message exists if and only if the caller's
 /// transaction commits. Call it as `enqueue(&mut *tx, &event)` with a `sqlx::Transaction`.
 ///
+/// With the `opentelemetry` feature, the trace context of the current span is stored with the
+/// message, and the worker's delivery continues that trace; see [`trace`](crate::trace).
+///
 /// # Errors
 ///
 /// [`Error::PayloadTooLarge`] when the JSON is over the limit, [`Error::Serialize`] when serde
@@ -173,7 +176,7 @@ where
         Some(k) => Some(k.clone()),
         None => event.idempotency_key(),
     };
-    let row = new_message(event, key, options)?;
+    let row = new_message(event, key, options, crate::trace::TraceContext::current())?;
     let id = row.id;
     conn.__insert(std::slice::from_ref(&row)).await?;
     Ok(id)
@@ -245,9 +248,10 @@ where
     if events.is_empty() {
         return Ok(Vec::new());
     }
+    let trace = crate::trace::TraceContext::current();
     let rows = events
         .iter()
-        .map(|e| new_message(e, e.idempotency_key(), options))
+        .map(|e| new_message(e, e.idempotency_key(), options, trace.clone()))
         .collect::<Result<Vec<_>>>()?;
     conn.__insert(&rows).await?;
     Ok(rows.iter().map(|r| r.id).collect())
@@ -257,6 +261,7 @@ fn new_message<E: Event>(
     event: &E,
     key: Option<String>,
     options: &EnqueueOptions,
+    trace: Option<crate::trace::TraceContext>,
 ) -> Result<NewMessage> {
     let payload = serde_json::to_string(event).map_err(|source| Error::Serialize {
         topic: E::TOPIC,
@@ -314,5 +319,6 @@ fn new_message<E: Event>(
         releases_key: ordering_key.is_some()
             && options.dead_releases_key.unwrap_or(E::DEAD_RELEASES_KEY),
         ordering_key,
+        trace,
     })
 }

@@ -291,6 +291,7 @@ pub struct Context {
     pub(crate) created_at: DateTime<Utc>,
     pub(crate) idempotency_key: String,
     pub(crate) resources: Arc<Resources>,
+    pub(crate) trace: Option<crate::trace::TraceContext>,
 }
 
 impl Context {
@@ -342,6 +343,25 @@ impl Context {
         &self.resources
     }
 
+    /// The W3C trace context to send downstream with this delivery's effect, as the
+    /// `traceparent` and `tracestate` headers: the context of the handler's span when the
+    /// `opentelemetry` feature is on and a `tracing-opentelemetry` layer records it, otherwise
+    /// the context stored with the message at enqueue, if any. The broker relays of
+    /// `outbox-handlers` put it in their message headers.
+    ///
+    /// ```
+    /// use outbox::{trace::TraceContext, Context, Resources};
+    ///
+    /// let ctx = Context::for_test("booking.created", "relay", Resources::new());
+    /// assert!(ctx.trace_context().is_none());
+    /// let cx = TraceContext::new("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", None);
+    /// let ctx = ctx.with_trace_context(Some(cx.clone()));
+    /// assert_eq!(ctx.trace_context(), Some(&cx));
+    /// ```
+    pub fn trace_context(&self) -> Option<&crate::trace::TraceContext> {
+        self.trace.as_ref()
+    }
+
     /// A context for calling a handler directly, in a unit test of the handler.
     ///
     /// ```
@@ -381,6 +401,7 @@ impl Context {
             created_at: Utc::now(),
             idempotency_key: default_idempotency_key(message_id, handler),
             resources: Arc::new(resources),
+            trace: None,
         }
     }
 
@@ -393,6 +414,13 @@ impl Context {
     /// Returns the context with another idempotency key.
     pub fn with_idempotency_key(mut self, key: impl Into<String>) -> Self {
         self.idempotency_key = key.into();
+        self
+    }
+
+    /// Returns the context with the trace context to hand downstream (see
+    /// [`trace_context`](Self::trace_context)).
+    pub fn with_trace_context(mut self, trace: Option<crate::trace::TraceContext>) -> Self {
+        self.trace = trace;
         self
     }
 

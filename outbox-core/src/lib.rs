@@ -102,6 +102,7 @@ mod resources;
 #[cfg(any(feature = "sqlite", feature = "sqlite-unbundled"))]
 mod sqlite_tx;
 mod store;
+pub mod trace;
 mod worker;
 
 #[doc(hidden)]

@@ -53,6 +53,11 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         description: "ordering keys: per-key order, dead letters that hold their key",
         sql: include_str!("../../migrations/postgres/0006_ordering_keys.sql"),
     },
+    Migration {
+        version: 7,
+        description: "trace context (W3C traceparent and tracestate) of messages and dead letters",
+        sql: include_str!("../../migrations/postgres/0007_trace_context.sql"),
+    },
 ];
 
 /// Columns of [`MessageInfo`], from either the live or the dead table (`status` and the
@@ -143,7 +148,7 @@ impl PgBackend {
                  locked_until = now() + make_interval(secs => $5) \
              FROM picked WHERE m.id = picked.id \
              RETURNING m.id, m.topic, m.payload::text AS payload, m.idempotency_key, \
-                       m.attempts, m.created_at, m.last_error, \
+                       m.attempts, m.created_at, m.last_error, m.traceparent, m.tracestate, \
                        EXISTS (SELECT 1 FROM outbox_messages k WHERE k.ordering_key IS NOT NULL) AS any_keyed",
         )
         .bind(p.topics)
@@ -219,7 +224,8 @@ impl PgBackend {
                  locked_until = now() + make_interval(secs => $5) \
              FROM picked WHERE m.id = picked.id \
              RETURNING m.id, m.topic, m.payload::text AS payload, m.idempotency_key, \
-                       m.attempts, m.created_at, m.last_error, m.ordering_key",
+                       m.attempts, m.created_at, m.last_error, m.ordering_key, \
+                       m.traceparent, m.tracestate",
         )
         .bind(p.topics)
         .bind(limit)
@@ -267,7 +273,16 @@ fn claimed(
         claim_token,
         last_error: r.try_get("last_error")?,
         ordered,
+        trace: trace(r.try_get("traceparent")?, r.try_get("tracestate")?),
     })
+}
+
+/// The stored trace context of a row, if it has one.
+pub(crate) fn trace(
+    traceparent: Option<String>,
+    tracestate: Option<String>,
+) -> Option<crate::trace::TraceContext> {
+    traceparent.map(|p| crate::trace::TraceContext::new(p, tracestate))
 }
 
 fn secs(d: std::time::Duration) -> f64 {
@@ -302,31 +317,40 @@ pub(crate) async fn processed_record(
 /// the message's topic, is alive and sleeps on LISTEN, and only when the message is due now:
 /// busy systems never take NOTIFY's commit lock. The notification names the worker it is for,
 /// so the others sleep on.
+///
+/// The trace columns are named only when a row has a trace context: without one the statement
+/// is the same as without the `opentelemetry` feature.
 pub(crate) async fn outbox_insert(
     conn: &mut PgConnection,
     rows: &[NewMessage],
 ) -> Result<(), sqlx::Error> {
     if let [row] = rows {
+        let (trace_columns, trace_values) = match row.trace {
+            Some(_) => (", traceparent, tracestate", ", $8, $9"),
+            None => ("", ""),
+        };
         let sql = sqlx::AssertSqlSafe(format!(
             "WITH ins AS ( \
                 INSERT INTO outbox_messages (id, topic, payload, idempotency_key, available_at, \
-                                             ordering_key, releases_key) \
-                VALUES ($1, $2, $3::json, $4, now() + make_interval(secs => $5), $6, $7) \
+                                             ordering_key, releases_key{trace_columns}) \
+                VALUES ($1, $2, $3::json, $4, now() + make_interval(secs => $5), $6, $7{trace_values}) \
              ) \
              SELECT pg_notify('{WAKEUP_CHANNEL}', w.id::text) FROM outbox_workers w \
              WHERE $5 = 0 AND w.waiting AND $2 = ANY(w.topics) \
                AND w.heartbeat_at > now() - interval '{LIVE_SECS} seconds' LIMIT 1"
         ));
-        sqlx::query(sql)
+        let mut query = sqlx::query(sql)
             .bind(row.id)
             .bind(row.topic)
             .bind(&row.payload)
             .bind(&row.idempotency_key)
             .bind(secs(row.delay))
             .bind(&row.ordering_key)
-            .bind(row.releases_key)
-            .execute(conn)
-            .await?;
+            .bind(row.releases_key);
+        if let Some(trace) = &row.trace {
+            query = query.bind(trace.traceparent()).bind(trace.tracestate());
+        }
+        query.execute(conn).await?;
         return Ok(());
     }
     let ids: Vec<Uuid> = rows.iter().map(|r| r.id).collect();
@@ -341,20 +365,31 @@ pub(crate) async fn outbox_insert(
         .filter(|r| r.delay.is_zero())
         .map(|r| r.topic)
         .collect();
+    let traced = rows.iter().any(|r| r.trace.is_some());
+    let (trace_columns, trace_values, trace_arrays, trace_names) = if traced {
+        (
+            ", traceparent, tracestate",
+            ", u.traceparent, u.tracestate",
+            ", $9::text[], $10::text[]",
+            ", traceparent, tracestate",
+        )
+    } else {
+        ("", "", "", "")
+    };
     let sql = sqlx::AssertSqlSafe(format!(
         "WITH ins AS ( \
             INSERT INTO outbox_messages (id, topic, payload, idempotency_key, available_at, \
-                                         ordering_key, releases_key) \
+                                         ordering_key, releases_key{trace_columns}) \
             SELECT u.id, u.topic, u.payload::json, u.idempotency_key, now() + make_interval(secs => u.delay), \
-                   u.ordering_key, u.releases_key \
-            FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::text[], $5::float8[], $7::text[], $8::bool[]) \
-                 AS u(id, topic, payload, idempotency_key, delay, ordering_key, releases_key) \
+                   u.ordering_key, u.releases_key{trace_values} \
+            FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::text[], $5::float8[], $7::text[], $8::bool[]{trace_arrays}) \
+                 AS u(id, topic, payload, idempotency_key, delay, ordering_key, releases_key{trace_names}) \
          ) \
          SELECT pg_notify('{WAKEUP_CHANNEL}', w.id::text) FROM outbox_workers w \
          WHERE w.waiting AND w.topics && $6::text[] \
            AND w.heartbeat_at > now() - interval '{LIVE_SECS} seconds' LIMIT 1"
     ));
-    sqlx::query(sql)
+    let mut query = sqlx::query(sql)
         .bind(ids)
         .bind(topics)
         .bind(payloads)
@@ -362,9 +397,19 @@ pub(crate) async fn outbox_insert(
         .bind(delays)
         .bind(due_now)
         .bind(ordering)
-        .bind(releases)
-        .execute(conn)
-        .await?;
+        .bind(releases);
+    if traced {
+        let parents: Vec<Option<&str>> = rows
+            .iter()
+            .map(|r| r.trace.as_ref().map(|t| t.traceparent()))
+            .collect();
+        let states: Vec<Option<&str>> = rows
+            .iter()
+            .map(|r| r.trace.as_ref().and_then(|t| t.tracestate()))
+            .collect();
+        query = query.bind(parents).bind(states);
+    }
+    query.execute(conn).await?;
     Ok(())
 }
 
@@ -503,11 +548,13 @@ impl Backend for PgBackend {
         } else {
             "WITH del AS ( \
                 DELETE FROM outbox_messages WHERE id = $1 AND claim_token = $2 \
-                RETURNING id, topic, payload, idempotency_key, attempts, created_at, ordering_key, releases_key \
+                RETURNING id, topic, payload, idempotency_key, attempts, created_at, ordering_key, releases_key, \
+                          traceparent, tracestate \
              ), dead AS ( \
                 INSERT INTO outbox_dead (id, topic, payload, idempotency_key, attempts, last_error, created_at, \
-                                         ordering_key, releases_key) \
-                SELECT id, topic, payload, idempotency_key, attempts, $4, created_at, ordering_key, releases_key \
+                                         ordering_key, releases_key, traceparent, tracestate) \
+                SELECT id, topic, payload, idempotency_key, attempts, $4, created_at, ordering_key, releases_key, \
+                       traceparent, tracestate \
                 FROM del \
              ), ins AS ( \
                 INSERT INTO outbox_deliveries (message_id, handler) \
@@ -752,11 +799,13 @@ impl Backend for PgBackend {
             "WITH del AS ( \
                 DELETE FROM outbox_dead \
                 WHERE ($1::uuid IS NULL OR id = $1) AND ($2::text IS NULL OR topic = $2) \
-                RETURNING id, topic, payload, idempotency_key, last_error, created_at, ordering_key, releases_key \
+                RETURNING id, topic, payload, idempotency_key, last_error, created_at, ordering_key, releases_key, \
+                          traceparent, tracestate \
              ), ins AS ( \
                 INSERT INTO outbox_messages (id, topic, payload, idempotency_key, last_error, created_at, \
-                                             ordering_key, releases_key) \
-                SELECT id, topic, payload, idempotency_key, last_error, created_at, ordering_key, releases_key \
+                                             ordering_key, releases_key, traceparent, tracestate) \
+                SELECT id, topic, payload, idempotency_key, last_error, created_at, ordering_key, releases_key, \
+                       traceparent, tracestate \
                 FROM del \
                 RETURNING topic \
              ), woke AS ( \

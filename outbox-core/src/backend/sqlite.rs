@@ -55,6 +55,11 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         description: "ordering keys: per-key order, dead letters that hold their key",
         sql: include_str!("../../migrations/sqlite/0006_ordering_keys.sql"),
     },
+    Migration {
+        version: 7,
+        description: "trace context (W3C traceparent and tracestate) of messages and dead letters",
+        sql: include_str!("../../migrations/sqlite/0007_trace_context.sql"),
+    },
 ];
 
 const DEAD_COLUMNS: &str =
@@ -160,7 +165,8 @@ impl SqliteBackend {
                    AND NOT EXISTS (SELECT 1 FROM outbox_dead d \
                                    WHERE d.ordering_key = h.k AND d.id < h.id AND d.releases_key = 0) \
                  LIMIT ?7) \
-             RETURNING id, topic, payload, idempotency_key, attempts, created_at, last_error, ordering_key",
+             RETURNING id, topic, payload, idempotency_key, attempts, created_at, last_error, ordering_key, \
+                       traceparent, tracestate",
         )
         .bind(p.claim_token.to_string())
         .bind(p.worker.to_string())
@@ -206,6 +212,9 @@ fn claimed(r: &sqlx::sqlite::SqliteRow, claim_token: Uuid) -> Result<ClaimedMess
         claim_token,
         last_error: r.try_get("last_error")?,
         ordered: ordered.is_some(),
+        trace: r
+            .try_get::<Option<String>, _>("traceparent")?
+            .map(|p| crate::trace::TraceContext::new(p, r.try_get("tracestate").unwrap_or(None))),
     })
 }
 
@@ -265,17 +274,26 @@ pub(crate) async fn processed_record(
     Ok(inserted == 1)
 }
 
+/// One insert for one or many rows. The trace columns are named only when a row has a trace
+/// context: without one the statement is the same as without the `opentelemetry` feature.
 pub(crate) async fn outbox_insert(
     conn: &mut SqliteConnection,
     rows: &[NewMessage],
 ) -> Result<(), sqlx::Error> {
     let now = now_ms();
     if let [row] = rows {
-        sqlx::query(
-            "INSERT INTO outbox_messages (id, topic, payload, idempotency_key, available_at, created_at, \
-                                          ordering_key, releases_key) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-        )
+        let query = sqlx::query(match row.trace {
+            None => {
+                "INSERT INTO outbox_messages (id, topic, payload, idempotency_key, available_at, created_at, \
+                                              ordering_key, releases_key) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)"
+            }
+            Some(_) => {
+                "INSERT INTO outbox_messages (id, topic, payload, idempotency_key, available_at, created_at, \
+                                              ordering_key, releases_key, traceparent, tracestate) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)"
+            }
+        })
         .bind(row.id.to_string())
         .bind(row.topic)
         .bind(&row.payload)
@@ -283,9 +301,12 @@ pub(crate) async fn outbox_insert(
         .bind(now.saturating_add(ms(row.delay)))
         .bind(now)
         .bind(&row.ordering_key)
-        .bind(row.releases_key)
-        .execute(conn)
-        .await?;
+        .bind(row.releases_key);
+        let query = match &row.trace {
+            Some(trace) => query.bind(trace.traceparent()).bind(trace.tracestate()),
+            None => query,
+        };
+        query.execute(conn).await?;
         if row.delay.is_zero() {
             ENQUEUED.notify_waiters();
         }
@@ -303,15 +324,17 @@ pub(crate) async fn outbox_insert(
                 now.saturating_add(ms(r.delay)),
                 r.ordering_key,
                 r.releases_key,
+                r.trace.as_ref().map(|t| t.traceparent()),
+                r.trace.as_ref().and_then(|t| t.tracestate()),
             ])
         })
         .collect();
     let batch = serde_json::Value::Array(batch).to_string();
     sqlx::query(
         "INSERT INTO outbox_messages (id, topic, payload, idempotency_key, available_at, created_at, \
-                                      ordering_key, releases_key) \
+                                      ordering_key, releases_key, traceparent, tracestate) \
          SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4, ?2, value ->> 5, \
-                coalesce(value ->> 6, 0) FROM json_each(?1)",
+                coalesce(value ->> 6, 0), value ->> 7, value ->> 8 FROM json_each(?1)",
     )
     .bind(batch)
     .bind(now)
@@ -483,7 +506,8 @@ impl Backend for SqliteBackend {
                      WHERE topic = ?5 AND ordering_key IS NULL AND available_at <= ?3 \
                        AND (locked_until IS NULL OR locked_until < ?3) \
                      ORDER BY available_at LIMIT ?6) \
-                 RETURNING id, topic, payload, idempotency_key, attempts, created_at, last_error",
+                 RETURNING id, topic, payload, idempotency_key, attempts, created_at, last_error, \
+                           traceparent, tracestate",
             )
             .bind(&token)
             .bind(&worker)
@@ -588,8 +612,9 @@ impl Backend for SqliteBackend {
             None => {
                 sqlx::query(
                     "INSERT INTO outbox_dead (id, topic, payload, idempotency_key, attempts, last_error, created_at, dead_at, \
-                                              ordering_key, releases_key) \
-                     SELECT id, topic, payload, idempotency_key, attempts, ?3, created_at, ?4, ordering_key, releases_key \
+                                              ordering_key, releases_key, traceparent, tracestate) \
+                     SELECT id, topic, payload, idempotency_key, attempts, ?3, created_at, ?4, ordering_key, releases_key, \
+                            traceparent, tracestate \
                      FROM outbox_messages WHERE id = ?1 AND claim_token = ?2",
                 )
                 .bind(&id)
@@ -837,8 +862,9 @@ impl Backend for SqliteBackend {
         let mut tx = sqlx::Connection::begin_with(&mut *conn, "BEGIN IMMEDIATE").await?;
         let r = sqlx::query(
             "INSERT INTO outbox_messages (id, topic, payload, idempotency_key, available_at, last_error, created_at, \
-                                          ordering_key, releases_key) \
-             SELECT id, topic, payload, idempotency_key, ?3, last_error, created_at, ordering_key, releases_key \
+                                          ordering_key, releases_key, traceparent, tracestate) \
+             SELECT id, topic, payload, idempotency_key, ?3, last_error, created_at, ordering_key, releases_key, \
+                    traceparent, tracestate \
              FROM outbox_dead \
              WHERE (?1 IS NULL OR id = ?1) AND (?2 IS NULL OR topic = ?2)",
         )

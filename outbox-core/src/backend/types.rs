@@ -32,6 +32,8 @@ pub(crate) struct ClaimedMessage {
     pub(crate) last_error: Option<String>,
     /// It has an ordering key: when it is done, the next message of its key may start.
     pub(crate) ordered: bool,
+    /// The trace context stored at enqueue, if any.
+    pub(crate) trace: Option<crate::trace::TraceContext>,
 }
 
 /// A message id and the claim token that fences writes to it.

@@ -132,7 +132,8 @@ pub(crate) fn timed_out(
     )
 }
 
-/// Runs every handler of `msg` that has not succeeded yet, one after another.
+/// Runs every handler of `msg` that has not succeeded yet, one after another, in the span of
+/// this delivery (which continues the trace stored with the message, see [`crate::trace`]).
 pub(crate) async fn run_message(
     msg: &ClaimedMessage,
     handlers: &[Arc<dyn ErasedHandler>],
@@ -142,6 +143,25 @@ pub(crate) async fn run_message(
     watch: &Watch,
 ) -> Outcome {
     let attempt = u32::try_from(msg.attempts).unwrap_or(u32::MAX);
+    let delivery = crate::trace::delivery_span(msg.id, &msg.topic, attempt, msg.trace.as_ref());
+    run_handlers(
+        msg, handlers, completed, config, resources, watch, attempt, &delivery,
+    )
+    .instrument(delivery.clone())
+    .await
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn run_handlers(
+    msg: &ClaimedMessage,
+    handlers: &[Arc<dyn ErasedHandler>],
+    completed: &HashSet<String>,
+    config: &WorkerConfig,
+    resources: &Arc<Resources>,
+    watch: &Watch,
+    attempt: u32,
+    delivery: &tracing::Span,
+) -> Outcome {
     watch.attempt.store(attempt, Ordering::Relaxed);
     let topic: Arc<str> = Arc::from(msg.topic.as_str());
     let mut succeeded = Vec::new();
@@ -173,6 +193,7 @@ pub(crate) async fn run_message(
             ));
             continue;
         }
+        let span = crate::trace::handler_span(delivery, h.name());
         let ctx = Context {
             message_id: msg.id,
             topic: topic.clone(),
@@ -185,14 +206,10 @@ pub(crate) async fn run_message(
                 .clone()
                 .unwrap_or_else(|| crate::handler::default_idempotency_key(msg.id, h.name())),
             resources: resources.clone(),
+            // The handler's own span when it is traced, so that downstream work is its child;
+            // else what the producer stored, passed on as it is.
+            trace: crate::trace::TraceContext::of_span(&span).or_else(|| msg.trace.clone()),
         };
-        let span = tracing::info_span!(
-            "outbox.delivery",
-            message_id = %msg.id,
-            topic = %msg.topic,
-            attempt,
-            handler = h.name(),
-        );
         let timeout = h.timeout().unwrap_or(config.handler_timeout);
         let started = std::time::Instant::now();
         *watch

@@ -35,6 +35,15 @@
 //! across redeliveries. The rest of what the relay sent (subject, stream sequence, the
 //! producer's key) is in the [`InboxMessage`] among the resources (`InboxMessage::of(ctx)`).
 //!
+//! # Tracing
+//!
+//! Each message is processed in an `outbox.inbox` span (an OpenTelemetry consumer span with the
+//! messaging attributes), each handler in an `outbox.inbox.handler` span below it. When the
+//! relay sent a W3C trace context (`traceparent`, see [`outbox::trace`]) and `outbox` is built
+//! with its `opentelemetry` feature, the `outbox.inbox` span continues that trace: the
+//! producer's request, its outbox delivery, the relay and this inbox are one trace.
+//! [`Context::trace_context`] gives handlers the context of their span, to pass on further.
+//!
 //! # Example
 //!
 //! ```no_run
@@ -98,6 +107,7 @@ use chrono::{DateTime, Utc};
 use futures_util::StreamExt;
 use outbox::{BoxError, Context, Event, FailureKind, HandlerError, Resources};
 use sqlx::PgPool;
+use tracing::Instrument;
 use uuid::Uuid;
 
 use crate::dedup::{record, TxHandler};
@@ -129,6 +139,8 @@ pub struct InboxMessage {
     pub stream_sequence: u64,
     /// JetStream's delivery count for it, starting at 1: the attempt.
     pub delivered: u32,
+    /// The W3C trace context the relay sent (`traceparent`, `tracestate`), if any.
+    pub trace: Option<outbox::trace::TraceContext>,
 }
 
 impl InboxMessage {
@@ -178,6 +190,8 @@ impl InboxMessage {
             subject: message.subject.to_string(),
             stream_sequence: info.stream_sequence,
             delivered: u32::try_from(info.delivered.max(1)).unwrap_or(u32::MAX),
+            trace: get(headers::TRACEPARENT)
+                .map(|p| outbox::trace::TraceContext::new(p, get(headers::TRACESTATE))),
         })
     }
 }
@@ -248,8 +262,10 @@ impl<H: TxHandler> Route for Typed<H> {
         }
         let mut resources = resources.clone();
         resources.insert(message.clone());
+        let trace = outbox::trace::TraceContext::current().or_else(|| message.trace.clone());
         let mut ctx = Context::for_delivery(message.message_id, &message.topic, H::NAME, resources)
-            .with_attempt(message.delivered, max_attempts);
+            .with_attempt(message.delivered, max_attempts)
+            .with_trace_context(trace);
         if let Some(created_at) = message.created_at {
             ctx = ctx.with_created_at(created_at);
         }
@@ -346,8 +362,11 @@ impl Inbox {
                 meta.topic
             ))
         })?;
+        let span = inbox_span(meta);
         let mut done = Processed::default();
         for route in routes {
+            let handler_span =
+                tracing::info_span!(parent: &span, "outbox.inbox.handler", handler = route.name());
             let ran = route
                 .run(
                     &message.payload,
@@ -356,6 +375,7 @@ impl Inbox {
                     &self.inner.resources,
                     self.inner.max_attempts,
                 )
+                .instrument(handler_span)
                 .await
                 .map_err(|e| {
                     let backoff = route.backoff(meta.delivered);
@@ -446,6 +466,28 @@ impl Inbox {
             .map(|(t, r)| (*t, r.iter().map(|r| r.name()).collect()))
             .collect()
     }
+}
+
+/// The span of processing one message: a consumer span with OpenTelemetry's messaging
+/// attributes, continuing the trace the relay sent.
+fn inbox_span(meta: &InboxMessage) -> tracing::Span {
+    let name = format!("process {}", meta.topic);
+    let span = tracing::info_span!(
+        "outbox.inbox",
+        message_id = %meta.message_id,
+        topic = %meta.topic,
+        attempt = meta.delivered,
+        otel.name = name.as_str(),
+        otel.kind = "consumer",
+        messaging.system = "nats",
+        messaging.operation.type = "process",
+        messaging.destination.name = %meta.subject,
+        messaging.message.id = %meta.message_id,
+    );
+    if let Some(trace) = &meta.trace {
+        trace.set_parent_of(&span);
+    }
+    span
 }
 
 /// Sends `kind` for `message`, logging a failure (JetStream redelivers after `ack_wait`).

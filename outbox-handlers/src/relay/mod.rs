@@ -15,7 +15,10 @@
 //! | [`rabbitmq`] | `rabbitmq` | RabbitMQ (AMQP 0-9-1) | none: `message_id` = idempotency key, for the consumer to dedup |
 //!
 //! Both put the same metadata beside the payload (the JSON of the event), under the names in
-//! [`headers`]; the [`inbox`](crate::inbox) reads them back.
+//! [`headers`]; the [`inbox`](crate::inbox) reads them back. That includes the W3C trace
+//! context (`traceparent`, `tracestate`) of the delivery when there is one (see
+//! [`outbox::trace`]), so that a tracing backend shows the producer, the relay and the inbox in
+//! one trace.
 //!
 //! # Every event, or one type at a time
 //!
@@ -60,6 +63,12 @@ pub mod headers {
     pub const IDEMPOTENCY_KEY: &str = "Outbox-Idempotency-Key";
     /// The content type of every payload: the event as JSON.
     pub const JSON: &str = "application/json";
+    /// The W3C trace context of the relay's span
+    /// ([`Context::trace_context`](outbox::Context::trace_context)), when there is one: the
+    /// inbox continues that trace.
+    pub const TRACEPARENT: &str = "traceparent";
+    /// The W3C `tracestate` that goes with [`TRACEPARENT`], when it has vendor data.
+    pub const TRACESTATE: &str = "tracestate";
 }
 
 /// The enqueue time as the [`headers::CREATED_AT`] value.

@@ -261,6 +261,12 @@ fn message_headers(ctx: &Context) -> HeaderMap {
     h.insert(headers::CREATED_AT, super::created_at_header(ctx).as_str());
     h.insert(headers::IDEMPOTENCY_KEY, ctx.idempotency_key());
     h.insert("Content-Type", headers::JSON);
+    if let Some(trace) = ctx.trace_context() {
+        h.insert(headers::TRACEPARENT, trace.traceparent());
+        if let Some(state) = trace.tracestate() {
+            h.insert(headers::TRACESTATE, state);
+        }
+    }
     h
 }
 

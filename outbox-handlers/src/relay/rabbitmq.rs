@@ -251,6 +251,12 @@ fn properties(ctx: &Context) -> BasicProperties {
     put(headers::ATTEMPT, ctx.attempt().to_string());
     put(headers::CREATED_AT, super::created_at_header(ctx));
     put(headers::IDEMPOTENCY_KEY, ctx.idempotency_key().to_string());
+    if let Some(trace) = ctx.trace_context() {
+        put(headers::TRACEPARENT, trace.traceparent().to_string());
+        if let Some(state) = trace.tracestate() {
+            put(headers::TRACESTATE, state.to_string());
+        }
+    }
     BasicProperties::default()
         .with_message_id(ctx.idempotency_key().into())
         .with_delivery_mode(2)

@@ -1,0 +1,7 @@
+-- Trace context (W3C Trace Context) of the span that enqueued a message, as on PostgreSQL:
+-- `traceparent` and `tracestate`, NULL unless the producer ran with the `opentelemetry` feature
+-- inside a traced span. Dead letters keep them for a retry in the original trace.
+ALTER TABLE outbox_messages ADD COLUMN traceparent TEXT;
+ALTER TABLE outbox_messages ADD COLUMN tracestate TEXT;
+ALTER TABLE outbox_dead ADD COLUMN traceparent TEXT;
+ALTER TABLE outbox_dead ADD COLUMN tracestate TEXT;
