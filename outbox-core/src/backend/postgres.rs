@@ -122,6 +122,10 @@ impl PgBackend {
     /// one transaction, set where the topic list is read, which the lateral scan needs first).
     /// A claim lost in a server crash only hands the message out again, which at-least-once
     /// allows; outcomes (done, failed, dead) still commit durably.
+    // Both claims update the picked rows through `id = ANY(ARRAY(...))`, a primary-key probe
+    // per row: joined to the CTE instead, a batch of a few hundred made PostgreSQL hash the
+    // whole table (a sequential scan per claim, growing with the backlog: 8.9 ms against
+    // 3.6 ms for 1,000 of 30,000 rows).
     async fn claim_unkeyed(
         &self,
         p: &ClaimParams<'_>,
@@ -146,7 +150,7 @@ impl PgBackend {
              UPDATE outbox_messages m \
              SET attempts = m.attempts + 1, claim_token = $3, claimed_by = $4, \
                  locked_until = now() + make_interval(secs => $5) \
-             FROM picked WHERE m.id = picked.id \
+             WHERE m.id = ANY(ARRAY(SELECT id FROM picked)) \
              RETURNING m.id, m.topic, m.payload::text AS payload, m.idempotency_key, \
                        m.attempts, m.created_at, m.last_error, m.traceparent, m.tracestate, \
                        EXISTS (SELECT 1 FROM outbox_messages k WHERE k.ordering_key IS NOT NULL) AS any_keyed",
@@ -222,7 +226,7 @@ impl PgBackend {
              UPDATE outbox_messages m \
              SET attempts = m.attempts + 1, claim_token = $3, claimed_by = $4, \
                  locked_until = now() + make_interval(secs => $5) \
-             FROM picked WHERE m.id = picked.id \
+             WHERE m.id = ANY(ARRAY(SELECT id FROM picked)) \
              RETURNING m.id, m.topic, m.payload::text AS payload, m.idempotency_key, \
                        m.attempts, m.created_at, m.last_error, m.ordering_key, \
                        m.traceparent, m.tracestate",

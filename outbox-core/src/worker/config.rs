@@ -197,7 +197,8 @@ impl WorkerConfig {
         self
     }
 
-    /// How often the worker logs pending topics it has no handler for (default 300 s).
+    /// How often the worker logs pending topics it has no handler for (default 300 s; the
+    /// first time one second after it starts, with its first statistics).
     pub fn report_interval(mut self, interval: Duration) -> Self {
         self.report_interval = interval;
         self

@@ -123,7 +123,6 @@ pub(super) async fn run(
             }
         }
     };
-    worker.report_unhandled(&*backend).await;
 
     let (finished_tx, finished_rx) = mpsc::unbounded_channel();
     let (done_tx, done_rx) = mpsc::unbounded_channel();

@@ -3,13 +3,16 @@
 //! their own intervals.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
 use super::super::lock;
 use super::super::process::timed_out;
 use super::{Flight, Shared, BLOCKING_AFTER, CHORE_TICK};
+
+/// How long after its start a worker first counts its queue (statistics, unhandled topics).
+const STARTUP_QUIET: Duration = Duration::from_secs(1);
 
 /// Deadlines and the blocking watch, every [`CHORE_TICK`].
 pub(super) async fn chores(shared: Arc<Shared>, stop: CancellationToken) {
@@ -99,8 +102,11 @@ pub(super) async fn periodic(shared: Arc<Shared>, stop: CancellationToken) {
     let w = &shared.worker;
     let cfg = &w.inner.config;
     let backend = &*shared.backend;
-    let mut next_stats = Instant::now();
-    let mut next_report = Instant::now() + cfg.report_interval;
+    // The first statistics and the report of topics nobody here handles each read the whole
+    // live table: they wait a moment after the start, so a worker that starts on a backlog
+    // spends its first claims' time on the backlog, not on counting it.
+    let mut next_stats = Instant::now() + STARTUP_QUIET;
+    let mut next_report = Instant::now() + STARTUP_QUIET;
     let mut next_purge = Instant::now() + cfg.purge_interval;
     loop {
         let now = Instant::now();
