@@ -32,6 +32,21 @@ async fn until_idle(db: &TestDb) {
     .await;
 }
 
+/// Waits until the worker is idle and past the looks it takes just after going idle: from
+/// then on only a wake-up or its poll interval brings it back.
+async fn until_asleep(db: &TestDb) {
+    until_idle(db).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+}
+
+/// Waits until `n` messages are dead.
+async fn until_dead(db: &TestDb, n: i64) {
+    wait_until(Duration::from_secs(10), "the job never died", async || {
+        db.count_status("dead").await == n
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn claim_skips_locked_rows_instead_of_waiting() {
     let db = pg().await;
@@ -100,15 +115,9 @@ async fn dead_letters_retried_from_another_process_wake_an_idle_worker() {
     let (counts, stop_tx, running) =
         start(&db.pool, config().poll_interval(Duration::from_secs(30)));
     put(&db, &[job(1, Mode::Permanent)]).await;
-    wait_until(Duration::from_secs(10), "the job died", async || {
-        db.count_status("dead").await == 1
-    })
-    .await;
+    until_dead(&db, 1).await;
     assert_eq!(counts.get(), 1);
-    until_idle(&db).await;
-    // Past the looks a worker takes just after it goes idle: from here only a wake-up or the
-    // 30 s poll brings it back.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    until_asleep(&db).await;
 
     // The operator's `outbox dead retry`: another pool, as another process would have.
     let operator = sqlx::PgPool::connect(&db.url).await.unwrap();
@@ -143,14 +152,8 @@ async fn discarding_a_dead_letter_wakes_an_idle_worker_for_the_messages_of_its_k
         .await
         .unwrap();
     tx.commit().await.unwrap();
-    wait_until(
-        Duration::from_secs(10),
-        "the first job of the key died",
-        async || db.count_status("dead").await == 1,
-    )
-    .await;
-    until_idle(&db).await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    until_dead(&db, 1).await;
+    until_asleep(&db).await;
     assert_eq!(counts.get(), 1, "the second job waits behind the dead one");
 
     let operator = sqlx::PgPool::connect(&db.url).await.unwrap();
