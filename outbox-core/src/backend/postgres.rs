@@ -122,10 +122,12 @@ impl PgBackend {
     /// one transaction, set where the topic list is read, which the lateral scan needs first).
     /// A claim lost in a server crash only hands the message out again, which at-least-once
     /// allows; outcomes (done, failed, dead) still commit durably.
-    // Both claims update the picked rows through `id = ANY(ARRAY(...))`, a primary-key probe
-    // per row: joined to the CTE instead, a batch of a few hundred made PostgreSQL hash the
-    // whole table (a sequential scan per claim, growing with the backlog: 8.9 ms against
-    // 3.6 ms for 1,000 of 30,000 rows).
+    // Both claims update the picked rows through `ctid = ANY(ARRAY(...))`, a TID scan that
+    // goes straight to the rows the scan above locked: joined to the CTE instead, a batch of a
+    // few hundred made PostgreSQL hash the whole table (a sequential scan per claim, growing
+    // with the backlog: 8.9 ms against 3.6 ms for 1,000 of 30,000 rows), and a primary-key
+    // probe per row (`id = ANY(...)`) cost 3.3 ms against 2.6 ms for the TID scan. The row
+    // locks make the TIDs safe to use: nobody can move a row this statement has locked.
     async fn claim_unkeyed(
         &self,
         p: &ClaimParams<'_>,
@@ -134,11 +136,11 @@ impl PgBackend {
     ) -> Result<usize> {
         let rows = sqlx::query(
             "WITH picked AS ( \
-                SELECT c.id \
+                SELECT c.ctid \
                 FROM unnest(CASE WHEN set_config('synchronous_commit', 'off', true) = 'off' \
                                  THEN $1::text[] END) AS t(topic) \
                 CROSS JOIN LATERAL ( \
-                    SELECT id FROM outbox_messages \
+                    SELECT ctid FROM outbox_messages \
                     WHERE topic = t.topic AND ordering_key IS NULL AND available_at <= now() \
                       AND (locked_until IS NULL OR locked_until < now()) \
                     ORDER BY available_at \
@@ -150,7 +152,7 @@ impl PgBackend {
              UPDATE outbox_messages m \
              SET attempts = m.attempts + 1, claim_token = $3, claimed_by = $4, \
                  locked_until = now() + make_interval(secs => $5) \
-             WHERE m.id = ANY(ARRAY(SELECT id FROM picked)) \
+             WHERE m.ctid = ANY(ARRAY(SELECT ctid FROM picked)) \
              RETURNING m.id, m.topic, m.payload::text AS payload, m.idempotency_key, \
                        m.attempts, m.created_at, m.last_error, m.traceparent, m.tracestate, \
                        EXISTS (SELECT 1 FROM outbox_messages k WHERE k.ordering_key IS NOT NULL) AS any_keyed",
@@ -213,7 +215,7 @@ impl PgBackend {
              ), heads AS ( \
                 SELECT k, id FROM after_cursor UNION ALL SELECT k, id FROM up_to_cursor \
              ), picked AS ( \
-                SELECT m.id FROM heads h JOIN outbox_messages m ON m.id = h.id \
+                SELECT m.ctid FROM heads h JOIN outbox_messages m ON m.id = h.id \
                 WHERE m.topic = ANY(CASE WHEN set_config('synchronous_commit', 'off', true) = 'off' \
                                          THEN $1::text[] END) \
                   AND m.available_at <= now() \
@@ -226,7 +228,7 @@ impl PgBackend {
              UPDATE outbox_messages m \
              SET attempts = m.attempts + 1, claim_token = $3, claimed_by = $4, \
                  locked_until = now() + make_interval(secs => $5) \
-             WHERE m.id = ANY(ARRAY(SELECT id FROM picked)) \
+             WHERE m.ctid = ANY(ARRAY(SELECT ctid FROM picked)) \
              RETURNING m.id, m.topic, m.payload::text AS payload, m.idempotency_key, \
                        m.attempts, m.created_at, m.last_error, m.ordering_key, \
                        m.traceparent, m.tracestate",
@@ -417,6 +419,13 @@ pub(crate) async fn outbox_insert(
     Ok(())
 }
 
+/// The ids and claim tokens of `f`, as the two arrays the outcome statements unnest.
+///
+/// Those statements join the live table to `UNNEST((SELECT $1), (SELECT $2))`: behind a scalar
+/// subquery the planner cannot count the arrays, plans for a few rows and probes the primary
+/// key once per fence. Given the arrays' real length, a batch of a few hundred made it hash
+/// the whole live table instead, a sequential scan on every done write whose cost grew with
+/// the backlog (5.1 ms against 2.5 ms for 1,000 of 30,000 rows).
 fn fences(f: &[Fence]) -> (Vec<Uuid>, Vec<Uuid>) {
     f.iter().map(|f| (f.id, f.claim_token)).unzip()
 }
@@ -514,7 +523,7 @@ impl Backend for PgBackend {
         let n: i64 = sqlx::query_scalar(
             "WITH del AS ( \
                 DELETE FROM outbox_messages m \
-                USING UNNEST($1::uuid[], $2::uuid[]) AS d(id, claim_token) \
+                USING UNNEST((SELECT $1::uuid[]), (SELECT $2::uuid[])) AS d(id, claim_token) \
                 WHERE m.id = d.id AND m.claim_token = d.claim_token \
                 RETURNING m.topic \
              ), counted AS ( \
@@ -583,7 +592,7 @@ impl Backend for PgBackend {
         let r = sqlx::query(
             "UPDATE outbox_messages m \
              SET attempts = greatest(m.attempts - 1, 0), locked_until = NULL, claim_token = NULL \
-             FROM UNNEST($1::uuid[], $2::uuid[]) AS d(id, claim_token) \
+             FROM UNNEST((SELECT $1::uuid[]), (SELECT $2::uuid[])) AS d(id, claim_token) \
              WHERE m.id = d.id AND m.claim_token = d.claim_token",
         )
         .bind(ids)
@@ -600,7 +609,7 @@ impl Backend for PgBackend {
             "UPDATE outbox_messages m \
              SET locked_until = now() + make_interval(secs => $3) \
              FROM UNNEST(CASE WHEN set_config('synchronous_commit', 'off', true) = 'off' THEN $1::uuid[] END, \
-                         $2::uuid[]) AS d(id, claim_token) \
+                         (SELECT $2::uuid[])) AS d(id, claim_token) \
              WHERE m.id = d.id AND m.claim_token = d.claim_token",
         )
         .bind(ids)
