@@ -8,9 +8,8 @@ use outbox::{
     enqueue_many, outbox_event, register_handler, Context, FromResources, Handler, HandlerError,
     RetryPolicy, Store, Worker, WorkerConfig,
 };
-use outbox_tests::{pg, TestDb};
+use outbox_tests::{http_get, pg, TestDb};
 use serde::{Deserialize, Serialize};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 #[outbox_event(topic = "ops.task")]
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -187,25 +186,6 @@ async fn stats_dead_letters_and_purge_never_scan_the_history() {
     assert_eq!(stats.total.dead, 200_002, "purge left dead rows alone");
     assert_eq!(stats.total.done_last_5m, 1, "and the recent done count");
     db.drop_db().await;
-}
-
-async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
-    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").as_bytes())
-        .await
-        .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).await.unwrap();
-    let status = out
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = out
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    (status, body)
 }
 
 fn metric(body: &str, prefix: &str) -> Option<f64> {

@@ -596,10 +596,12 @@ pub fn error_line(e: &crate::Error) -> String {
 }
 
 /// Prints queue statistics as a table (or JSON), with the pending topics that `registry` has
-/// no handler for listed apart when a registry is given.
+/// no handler for listed apart when a registry is given, and the topics whose ready messages
+/// no live worker serves listed apart always.
 pub fn print_stats(stats: &crate::Stats, registry: Option<&Registry>, json: bool) {
     let unhandled: Vec<&crate::TopicStats> =
         registry.map(|r| stats.unhandled(r)).unwrap_or_default();
+    let unserved: Vec<&crate::TopicStats> = stats.topics.iter().filter(|t| t.unserved()).collect();
     if json {
         let row = |t: &crate::TopicStats| {
             serde_json::json!({
@@ -615,6 +617,7 @@ pub fn print_stats(stats: &crate::Stats, registry: Option<&Registry>, json: bool
             "topics": stats.topics.iter().map(row).collect::<Vec<_>>(),
             "total": row(&stats.total),
             "unhandled": unhandled.iter().map(|t| row(t)).collect::<Vec<_>>(),
+            "unserved": unserved.iter().map(|t| row(t)).collect::<Vec<_>>(),
         });
         println!("{doc}");
         return;
@@ -664,6 +667,13 @@ pub fn print_stats(stats: &crate::Stats, registry: Option<&Registry>, json: bool
     if !unhandled.is_empty() {
         println!("\npending topics with no handler in this binary (they stay pending):");
         unhandled.iter().for_each(|t| line(t));
+    }
+    if !unserved.is_empty() {
+        println!(
+            "\nready messages that no live worker serves (they wait until a worker with their \
+             handlers starts: is a handler crate not linked, or its workers down?):"
+        );
+        unserved.iter().for_each(|t| line(t));
     }
 }
 
