@@ -19,7 +19,7 @@
 //! | W9  | W1 (best setting) of 20,000 messages with ordering keys, 1,000 keys interleaved; ratio to W1 as the median of at least 5 pairs' ratios, each pair's order alternating; and one key of 2,000 messages, drained serially (default `WorkerConfig`), every call checked to come in enqueue order |
 //! | W10 | PostgreSQL: 8 producers, 2,000 transactions each (business `INSERT` + `enqueue`), against 1, 4 and 8 default workers (a pool each) and against 4 beside an idle worker of another topic; `Wakeup::Listen` alternating with `Wakeup::Poll` (`--repeat` pairs, at most 3): producer tx/s, the ratio listen/poll and the share of transactions that sent a NOTIFY (counted by a LISTENer on the wake-up channel) |
 //! | RSS | peak RSS (VmHWM) of a worker process draining a 100,000-message backlog |
-//! | W2T | with `--features opentelemetry` only: W2's enqueue transactions (1 and 8 producers, a worker running), alternating: OpenTelemetry recording nothing; each transaction's business statements in a recorded request span, `enqueue` outside it (no context stored, as without the feature); the whole transaction in the span, its context stored and continued by the worker (spans batch-exported to a sink that drops them); the ratios of the last to the other two |
+//! | W2T | with `--features opentelemetry` only: W2's enqueue transactions (1 and 8 producers, a worker running), in at least 5 rounds of three variants, each round starting with the next: OpenTelemetry recording nothing; each transaction's business statements in a recorded request span, `enqueue` outside it (no context stored, as without the feature); the whole transaction in the span, its context stored and continued by the worker (spans and events at INFO and above, batch-exported to a sink that drops them); the ratios of the last to the other two, each the median of the rounds' ratios |
 //!
 //! `--peer DIR` names a graphile-worker 0.17 bench folder prepared with `npm ci` (its `bench.js`
 //! prints a `RESULT` line); its W1 runs with `node` in a database of its own on the same server.
@@ -57,14 +57,19 @@ mod traces {
         }
     }
 
-    /// Installs the tracer as the global subscriber, recording nothing until [`record`].
+    /// Installs the tracer as the global subscriber, recording nothing until [`record`], then
+    /// spans and events at INFO and above, as a service's usual filter does: with every level,
+    /// each statement's DEBUG event from sqlx is attached to the span it runs in, so moving
+    /// `enqueue` into the request's span would add its event to the measure.
     pub(crate) fn install() -> SdkTracerProvider {
         let provider = SdkTracerProvider::builder()
             .with_batch_exporter(Sink)
             .build();
         let layer = tracing_opentelemetry::layer()
             .with_tracer(provider.tracer("bench"))
-            .with_filter(DynFilterFn::new(|_, _| RECORDING.load(Ordering::Relaxed)));
+            .with_filter(DynFilterFn::new(|m, _| {
+                RECORDING.load(Ordering::Relaxed) && *m.level() <= tracing::Level::INFO
+            }));
         tracing_subscriber::registry().with(layer).init();
         provider
     }
@@ -759,35 +764,39 @@ async fn run(args: &Args, db: &mut Db, report: &mut Report) -> Result<()> {
     }
 
     // W2T: the cost of tracing. W2's enqueue transactions, a worker running, in three
-    // alternating variants: recording off (no span: as a service without OpenTelemetry); the
-    // request traced but `enqueue` outside its span (the application traced, the message with
-    // no context: as without the feature); and `enqueue` in the request's span, its context
-    // stored and continued by the worker.
+    // variants: recording off (no span: as a service without OpenTelemetry); the request
+    // traced but `enqueue` outside its span (the application traced, the message with no
+    // context: as without the feature); and `enqueue` in the request's span, its context
+    // stored and continued by the worker. Each round runs the three once, each round starting
+    // with the next variant, so that no variant always runs last in a round (after the most
+    // WAL of it); the ratios are the medians of the rounds' ratios, as for W4 and W5.
     #[cfg(feature = "opentelemetry")]
     if args.wants("w2t") {
         let total = args.scaled(5_000);
+        const VARIANTS: [Traced; 3] = [Traced::No, Traced::RequestOnly, Traced::Full];
         for producers in [1u32, 8] {
-            let (mut off, mut request, mut full) = (Vec::new(), Vec::new(), Vec::new());
-            for _ in 0..repeat {
-                db.reset().await?;
-                traces::record(false);
-                off.push(workloads::w2(db, producers, total, true, true, Traced::No).await);
-                traces::record(true);
-                db.reset().await?;
-                request.push(
-                    workloads::w2(db, producers, total, true, true, Traced::RequestOnly).await,
-                );
-                db.reset().await?;
-                full.push(workloads::w2(db, producers, total, true, true, Traced::Full).await);
-                traces::record(false);
+            let mut samples: [Vec<Result<Sample>>; 3] = Default::default();
+            let (mut own, mut all) = (Vec::new(), Vec::new());
+            for round in 0..repeat.max(MIN_PAIRS) {
+                let mut this: [Option<Result<Sample>>; 3] = Default::default();
+                for k in 0..VARIANTS.len() {
+                    let v = (round + k) % VARIANTS.len();
+                    db.reset().await?;
+                    traces::record(VARIANTS[v] != Traced::No);
+                    this[v] =
+                        Some(workloads::w2(db, producers, total, true, true, VARIANTS[v]).await);
+                    traces::record(false);
+                }
+                let [off, request, full] =
+                    this.map(|r| r.unwrap_or_else(|| Err(anyhow::anyhow!("did not run"))));
+                own.push(ratio(&full, &request));
+                all.push(ratio(&full, &off));
+                for (runs, r) in samples.iter_mut().zip([off, request, full]) {
+                    runs.push(r);
+                }
             }
-            let (off, request, full) = (
-                median_sample(off),
-                median_sample(request),
-                median_sample(full),
-            );
-            let own = ratio(&full, &request);
-            let all = ratio(&full, &off);
+            let [off, request, full] = samples.map(median_sample);
+            let (own, all) = (median(own), median(all));
             let p = if producers == 1 {
                 "1 producer".to_string()
             } else {
