@@ -108,3 +108,35 @@ async fn a_worker_refuses_to_start_when_a_declared_event_has_no_handler() {
         .build()
         .unwrap();
 }
+
+/// `unlinked-worker` (tests/bin/unlinked_worker.rs) against a fresh SQLite file, `--once`:
+/// its exit code and what it printed.
+fn run_unlinked_worker(extra: &[&str]) -> (Option<i32>, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("outbox.sqlite").display());
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_unlinked-worker"))
+        .args(["--database-url", &url, "--once"])
+        .args(extra)
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("run unlinked-worker");
+    (
+        o.status.code(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn a_worker_binary_that_forgot_a_handler_crate_exits_with_a_configuration_error() {
+    let (code, stderr) = run_unlinked_worker(&[]);
+    assert_eq!(code, Some(i32::from(outbox::cli::exit::CONFIG)), "{stderr}");
+    assert!(
+        stderr.contains("fixture_events::FixtureShipped")
+            && stderr.contains("use my_handlers as _;")
+            && stderr.contains("--served-elsewhere fixture.shipped"),
+        "{stderr}"
+    );
+    // The operator says another service's workers serve it: the worker runs.
+    let (code, stderr) = run_unlinked_worker(&["--served-elsewhere", "fixture.shipped"]);
+    assert_eq!(code, Some(0), "{stderr}");
+}
