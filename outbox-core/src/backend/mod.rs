@@ -26,6 +26,12 @@ pub(crate) fn selection(which: &crate::model::DeadSelection) -> (Option<uuid::Uu
 }
 pub(crate) use types::*;
 
+/// While a worker's done writes keep releasing ordering keys, whose next messages its claims
+/// look up key by key, how often those claims still walk every key (for the heads that other
+/// workers' writes, new keys and due retries made).
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "sqlite-unbundled"))]
+pub(crate) const RELEASED_WALK_INTERVAL: std::time::Duration = std::time::Duration::from_millis(25);
+
 mod sealed {
     pub trait Sealed {}
 }

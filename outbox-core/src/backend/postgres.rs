@@ -1,6 +1,8 @@
 //! Every SQL statement for PostgreSQL.
 
 use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
+use std::sync::Arc;
+use std::time::Instant;
 
 use async_trait::async_trait;
 use sqlx::postgres::{PgListener, PgPool};
@@ -88,6 +90,10 @@ const DEAD_COLUMNS: &str =
     "id, topic, 'dead' AS status, attempts, payload::text AS payload, last_error, \
      created_at, dead_at AS available_at, dead_at AS processed_at, idempotency_key, ordering_key";
 
+fn walked(m: &std::sync::Mutex<Instant>) -> std::sync::MutexGuard<'_, Instant> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 pub(crate) struct PgBackend {
     pool: PgPool,
     /// The greatest ordering key of this backend's last claim that took ordered messages: the
@@ -97,6 +103,8 @@ pub(crate) struct PgBackend {
     keyed_first: AtomicBool,
     /// Ordered messages were live at the last look (or it is not known): claims look for them.
     keyed_present: AtomicBool,
+    /// When the claim last walked every key.
+    walked: std::sync::Mutex<Instant>,
 }
 
 impl PgBackend {
@@ -106,6 +114,7 @@ impl PgBackend {
             cursor: std::sync::Mutex::new(None),
             keyed_first: AtomicBool::new(false),
             keyed_present: AtomicBool::new(true),
+            walked: std::sync::Mutex::new(Instant::now()),
         }
     }
 
@@ -195,8 +204,10 @@ impl PgBackend {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone()
             .unwrap_or_default();
-        let rows = sqlx::query(
-            "WITH RECURSIVE after_cursor(k, id) AS ( \
+        *walked(&self.walked) = Instant::now();
+        let rows = heads_query(
+            concat!(
+                "WITH RECURSIVE after_cursor(k, id) AS ( \
                 (SELECT ordering_key, id FROM outbox_messages \
                  WHERE ordering_key > $6 ORDER BY ordering_key, id LIMIT 1) \
                 UNION ALL \
@@ -214,30 +225,12 @@ impl PgBackend {
                     ORDER BY ordering_key, id LIMIT 1) n \
              ), heads AS ( \
                 SELECT k, id FROM after_cursor UNION ALL SELECT k, id FROM up_to_cursor \
-             ), picked AS ( \
-                SELECT m.ctid FROM heads h JOIN outbox_messages m ON m.id = h.id \
-                WHERE m.topic = ANY(CASE WHEN set_config('synchronous_commit', 'off', true) = 'off' \
-                                         THEN $1::text[] END) \
-                  AND m.available_at <= now() \
-                  AND (m.locked_until IS NULL OR m.locked_until < now()) \
-                  AND NOT EXISTS (SELECT 1 FROM outbox_dead d \
-                                  WHERE d.ordering_key = h.k AND d.id < h.id AND NOT d.releases_key) \
-                LIMIT $2 \
-                FOR UPDATE OF m SKIP LOCKED \
-             ) \
-             UPDATE outbox_messages m \
-             SET attempts = m.attempts + 1, claim_token = $3, claimed_by = $4, \
-                 locked_until = now() + make_interval(secs => $5) \
-             WHERE m.ctid = ANY(ARRAY(SELECT ctid FROM picked)) \
-             RETURNING m.id, m.topic, m.payload::text AS payload, m.idempotency_key, \
-                       m.attempts, m.created_at, m.last_error, m.ordering_key, \
-                       m.traceparent, m.tracestate",
+             ), ",
+                claim_heads!()
+            ),
+            p,
+            limit,
         )
-        .bind(p.topics)
-        .bind(limit)
-        .bind(p.claim_token)
-        .bind(p.worker)
-        .bind(secs(p.lease))
         .bind(&cursor)
         .fetch_all(&self.pool)
         .await?;
@@ -261,6 +254,84 @@ impl PgBackend {
         }
         Ok(())
     }
+
+    /// Claims into `out` the heads of `p.released`, the keys this worker's done writes just
+    /// released, on the same terms as [`claim_keyed`](Self::claim_keyed) but one probe per
+    /// released key instead of a walk over every key: a worker whose keys all run walks
+    /// a thousand keys to find the few just released.
+    async fn claim_released(
+        &self,
+        p: &ClaimParams<'_>,
+        limit: i64,
+        out: &mut Vec<ClaimedMessage>,
+    ) -> Result<()> {
+        let keys: Vec<&str> = p.released.iter().map(|k| &**k).collect();
+        let rows = heads_query(
+            concat!(
+                "WITH heads AS ( \
+                SELECT r.k, h.id FROM unnest((SELECT $6::text[])) AS r(k) \
+                CROSS JOIN LATERAL ( \
+                    SELECT id FROM outbox_messages \
+                    WHERE ordering_key = r.k ORDER BY ordering_key, id LIMIT 1) h \
+             ), ",
+                claim_heads!()
+            ),
+            p,
+            limit,
+        )
+        .bind(keys)
+        .fetch_all(&self.pool)
+        .await?;
+        for r in &rows {
+            out.push(claimed(r, p.claim_token, true)?);
+        }
+        if !rows.is_empty() {
+            self.keyed_present.store(true, AtomicOrdering::Relaxed);
+        }
+        Ok(())
+    }
+}
+
+/// The rest of both claims of ordered messages, after their CTE `heads(k, id)` (a key and the
+/// id of its head): the heads that may start, locked and claimed. `$1` topics, `$2` limit, `$3`
+/// claim token, `$4` worker, `$5` lease in seconds.
+macro_rules! claim_heads {
+    () => {
+        "picked AS ( \
+            SELECT m.ctid FROM heads h JOIN outbox_messages m ON m.id = h.id \
+            WHERE m.topic = ANY(CASE WHEN set_config('synchronous_commit', 'off', true) = 'off' \
+                                     THEN $1::text[] END) \
+              AND m.available_at <= now() \
+              AND (m.locked_until IS NULL OR m.locked_until < now()) \
+              AND NOT EXISTS (SELECT 1 FROM outbox_dead d \
+                              WHERE d.ordering_key = h.k AND d.id < h.id AND NOT d.releases_key) \
+            LIMIT $2 \
+            FOR UPDATE OF m SKIP LOCKED \
+         ) \
+         UPDATE outbox_messages m \
+         SET attempts = m.attempts + 1, claim_token = $3, claimed_by = $4, \
+             locked_until = now() + make_interval(secs => $5) \
+         WHERE m.ctid = ANY(ARRAY(SELECT ctid FROM picked)) \
+         RETURNING m.id, m.topic, m.payload::text AS payload, m.idempotency_key, \
+                   m.attempts, m.created_at, m.last_error, m.ordering_key, \
+                   m.traceparent, m.tracestate"
+    };
+}
+use claim_heads;
+
+/// A claim of ordered messages (its SQL ends in [`claim_heads`]) with its first five
+/// parameters bound; the caller binds `$6`, what its `heads` are made from.
+fn heads_query<'q>(
+    sql: &'static str,
+    p: &'q ClaimParams<'_>,
+    limit: i64,
+) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
+    sqlx::query(sql)
+        .bind(p.topics)
+        .bind(limit)
+        .bind(p.claim_token)
+        .bind(p.worker)
+        .bind(secs(p.lease))
 }
 
 /// A claimed row as the worker sees it.
@@ -278,7 +349,12 @@ fn claimed(
         created_at: r.try_get("created_at")?,
         claim_token,
         last_error: r.try_get("last_error")?,
-        ordered,
+        key: if ordered {
+            r.try_get::<Option<String>, _>("ordering_key")?
+                .map(Arc::from)
+        } else {
+            None
+        },
         trace: trace(r.try_get("traceparent")?, r.try_get("tracestate")?),
     })
 }
@@ -480,11 +556,22 @@ impl Backend for PgBackend {
         // sees unordered ones never runs (nor has PostgreSQL plan) the other: they pay nothing
         // for ordering. When no unordered message was due, the ordered claim runs anyway. The
         // two kinds take turns at going first, so neither keeps the other out of full batches.
+        //
+        // The heads of the keys this worker just released are claimed first, a probe per key;
+        // while there are such keys, the walk over every key (which finds the heads that other
+        // workers' writes, new keys and due retries made) runs only every
+        // RELEASED_WALK_INTERVAL, not on every claim.
         let keyed_first = !self.keyed_first.fetch_xor(true, AtomicOrdering::Relaxed);
         let mut out = Vec::new();
-        let mut keyed_ran = false;
-        if keyed_first && self.keyed_present.load(AtomicOrdering::Relaxed) {
-            self.claim_keyed(p, p.limit, &mut out).await?;
+        if !p.released.is_empty() {
+            self.claim_released(p, p.limit, &mut out).await?;
+        }
+        let mut keyed_ran = !p.released.is_empty()
+            && walked(&self.walked).elapsed() < super::RELEASED_WALK_INTERVAL;
+        let want = p.limit - i64::try_from(out.len()).unwrap_or(i64::MAX);
+        if !keyed_ran && want > 0 && keyed_first && self.keyed_present.load(AtomicOrdering::Relaxed)
+        {
+            self.claim_keyed(p, want, &mut out).await?;
             keyed_ran = true;
         }
         let want = p.limit - i64::try_from(out.len()).unwrap_or(i64::MAX);

@@ -7,6 +7,7 @@
 //! changes of the write-ahead log file (commits of other processes).
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
@@ -103,6 +104,8 @@ pub(crate) struct SqliteBackend {
     cursor: std::sync::Mutex<Option<String>>,
     /// Whether the next claim takes ordered messages before unordered ones.
     keyed_first: std::sync::atomic::AtomicBool,
+    /// When the claim last walked every key.
+    walked: std::sync::Mutex<std::time::Instant>,
 }
 
 impl SqliteBackend {
@@ -111,6 +114,7 @@ impl SqliteBackend {
             pool,
             cursor: std::sync::Mutex::new(None),
             keyed_first: std::sync::atomic::AtomicBool::new(false),
+            walked: std::sync::Mutex::new(std::time::Instant::now()),
         }
     }
 
@@ -120,10 +124,13 @@ impl SqliteBackend {
     /// index probe each (a loose index scan), starting after the key this backend claimed last
     /// and wrapping around, so keys take turns. A later message of a key is never a head while
     /// an earlier one exists, so two workers never start two messages of one key.
+    /// With `released`, it claims the heads of `p.released` only, one probe per key, and
+    /// leaves the cursor alone.
     async fn claim_keyed(
         &self,
         p: &ClaimParams<'_>,
         now: i64,
+        released: bool,
         out: &mut Vec<ClaimedMessage>,
     ) -> Result<()> {
         let want = p.limit - i64::try_from(out.len()).unwrap_or(i64::MAX);
@@ -137,23 +144,81 @@ impl SqliteBackend {
             .clone()
             .unwrap_or_default();
         let topics = serde_json::to_string(p.topics).unwrap_or_else(|_| "[]".into());
-        let rows = sqlx::query(
-            "WITH RECURSIVE after_cursor(k) AS ( \
-                SELECT (SELECT min(ordering_key) FROM outbox_messages WHERE ordering_key > ?5) \
-                UNION ALL \
-                SELECT (SELECT min(ordering_key) FROM outbox_messages WHERE ordering_key > a.k) \
-                FROM after_cursor a WHERE a.k IS NOT NULL \
-             ), up_to_cursor(k) AS ( \
-                SELECT (SELECT min(ordering_key) FROM outbox_messages \
-                        WHERE ordering_key IS NOT NULL AND ordering_key <= ?5) \
-                UNION ALL \
-                SELECT (SELECT min(ordering_key) FROM outbox_messages \
-                        WHERE ordering_key > u.k AND ordering_key <= ?5) \
-                FROM up_to_cursor u WHERE u.k IS NOT NULL \
-             ), keys(k) AS ( \
-                SELECT k FROM after_cursor WHERE k IS NOT NULL \
-                UNION ALL SELECT k FROM up_to_cursor WHERE k IS NOT NULL \
-             ), heads(k, id) AS ( \
+        if !released {
+            *self
+                .walked
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = std::time::Instant::now();
+        }
+        let (sql, fifth) = if released {
+            let keys: Vec<&str> = p.released.iter().map(|k| &**k).collect();
+            (
+                concat!(
+                    "WITH keys(k) AS (SELECT value FROM json_each(?5)), ",
+                    sqlite_claim_heads!()
+                ),
+                serde_json::to_string(&keys).unwrap_or_else(|_| "[]".into()),
+            )
+        } else {
+            (
+                concat!(
+                    "WITH RECURSIVE after_cursor(k) AS ( \
+                        SELECT (SELECT min(ordering_key) FROM outbox_messages WHERE ordering_key > ?5) \
+                        UNION ALL \
+                        SELECT (SELECT min(ordering_key) FROM outbox_messages WHERE ordering_key > a.k) \
+                        FROM after_cursor a WHERE a.k IS NOT NULL \
+                     ), up_to_cursor(k) AS ( \
+                        SELECT (SELECT min(ordering_key) FROM outbox_messages \
+                                WHERE ordering_key IS NOT NULL AND ordering_key <= ?5) \
+                        UNION ALL \
+                        SELECT (SELECT min(ordering_key) FROM outbox_messages \
+                                WHERE ordering_key > u.k AND ordering_key <= ?5) \
+                        FROM up_to_cursor u WHERE u.k IS NOT NULL \
+                     ), keys(k) AS ( \
+                        SELECT k FROM after_cursor WHERE k IS NOT NULL \
+                        UNION ALL SELECT k FROM up_to_cursor WHERE k IS NOT NULL \
+                     ), ",
+                    sqlite_claim_heads!()
+                ),
+                cursor,
+            )
+        };
+        let rows = sqlx::query(sql)
+            .bind(p.claim_token.to_string())
+            .bind(p.worker.to_string())
+            .bind(now)
+            .bind(now.saturating_add(ms(p.lease)))
+            .bind(fifth)
+            .bind(topics)
+            .bind(want)
+            .fetch_all(&self.pool)
+            .await?;
+        let mut last_key: Option<String> = None;
+        for r in rows {
+            let key: Option<String> = r.try_get("ordering_key")?;
+            if let Some(key) = key {
+                if last_key.as_ref().is_none_or(|last| key > *last) {
+                    last_key = Some(key);
+                }
+            }
+            out.push(claimed(&r, p.claim_token)?);
+        }
+        if last_key.is_some() && !released {
+            *self
+                .cursor
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = last_key;
+        }
+        Ok(())
+    }
+}
+
+/// The rest of both claims of ordered messages, after their CTE `keys(k)`: each key's head,
+/// claimed if it may start. `?1` claim token, `?2` worker, `?3` now, `?4` lease end, `?6`
+/// topics, `?7` limit.
+macro_rules! sqlite_claim_heads {
+    () => {
+        "heads(k, id) AS ( \
                 SELECT k, (SELECT min(id) FROM outbox_messages WHERE ordering_key = keys.k) FROM keys \
              ) \
              UPDATE outbox_messages \
@@ -166,36 +231,10 @@ impl SqliteBackend {
                                    WHERE d.ordering_key = h.k AND d.id < h.id AND d.releases_key = 0) \
                  LIMIT ?7) \
              RETURNING id, topic, payload, idempotency_key, attempts, created_at, last_error, ordering_key, \
-                       traceparent, tracestate",
-        )
-        .bind(p.claim_token.to_string())
-        .bind(p.worker.to_string())
-        .bind(now)
-        .bind(now.saturating_add(ms(p.lease)))
-        .bind(&cursor)
-        .bind(topics)
-        .bind(want)
-        .fetch_all(&self.pool)
-        .await?;
-        let mut last_key: Option<String> = None;
-        for r in rows {
-            let key: Option<String> = r.try_get("ordering_key")?;
-            if let Some(key) = key {
-                if last_key.as_ref().is_none_or(|last| key > *last) {
-                    last_key = Some(key);
-                }
-            }
-            out.push(claimed(&r, p.claim_token)?);
-        }
-        if last_key.is_some() {
-            *self
-                .cursor
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner) = last_key;
-        }
-        Ok(())
-    }
+                       traceparent, tracestate"
+    };
 }
+use sqlite_claim_heads;
 
 /// A claimed row as the worker sees it.
 fn claimed(r: &sqlx::sqlite::SqliteRow, claim_token: Uuid) -> Result<ClaimedMessage, sqlx::Error> {
@@ -211,7 +250,7 @@ fn claimed(r: &sqlx::sqlite::SqliteRow, claim_token: Uuid) -> Result<ClaimedMess
         created_at: time(created),
         claim_token,
         last_error: r.try_get("last_error")?,
-        ordered: ordered.is_some(),
+        key: ordered.map(Arc::from),
         trace: r
             .try_get::<Option<String>, _>("traceparent")?
             .map(|p| crate::trace::TraceContext::new(p, r.try_get("tracestate").unwrap_or(None))),
@@ -489,8 +528,20 @@ impl Backend for SqliteBackend {
         let keyed_first = !self
             .keyed_first
             .fetch_xor(true, std::sync::atomic::Ordering::Relaxed);
-        if keyed_first {
-            self.claim_keyed(p, now, &mut out).await?;
+        // The heads of the keys this worker just released first; while there are such keys,
+        // the walk over every key runs only every RELEASED_WALK_INTERVAL.
+        if !p.released.is_empty() {
+            self.claim_keyed(p, now, true, &mut out).await?;
+        }
+        let walk = p.released.is_empty()
+            || self
+                .walked
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .elapsed()
+                >= super::RELEASED_WALK_INTERVAL;
+        if keyed_first && walk {
+            self.claim_keyed(p, now, false, &mut out).await?;
         }
         // One statement per topic keeps each claim on the ready index, in due order.
         for topic in p.topics {
@@ -521,8 +572,8 @@ impl Backend for SqliteBackend {
                 out.push(claimed(&r, p.claim_token)?);
             }
         }
-        if !keyed_first {
-            self.claim_keyed(p, now, &mut out).await?;
+        if !keyed_first && walk {
+            self.claim_keyed(p, now, false, &mut out).await?;
         }
         Ok(out)
     }

@@ -1,5 +1,6 @@
 //! Parameter and row types of the backend seam.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -14,6 +15,9 @@ pub(crate) struct ClaimParams<'a> {
     pub(crate) claim_token: Uuid,
     /// The claiming worker's id (its row in the workers table).
     pub(crate) worker: Uuid,
+    /// Ordering keys whose messages this worker's done writes deleted since its last claim:
+    /// the next messages of these keys are looked for first, without walking every key.
+    pub(crate) released: &'a [Arc<str>],
 }
 
 /// A claimed message, running under `claim_token` until its lease runs out.
@@ -30,8 +34,8 @@ pub(crate) struct ClaimedMessage {
     /// The error an earlier attempt recorded, if any: kept when the message is dead-lettered
     /// for attempts that never finished.
     pub(crate) last_error: Option<String>,
-    /// It has an ordering key: when it is done, the next message of its key may start.
-    pub(crate) ordered: bool,
+    /// Its ordering key, if it has one: when it is done, the next message of its key may start.
+    pub(crate) key: Option<Arc<str>>,
     /// The trace context stored at enqueue, if any.
     pub(crate) trace: Option<crate::trace::TraceContext>,
 }
@@ -55,13 +59,14 @@ pub(crate) struct Failure<'a> {
 }
 
 /// A message whose handlers all succeeded.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Done {
     pub(crate) fence: Fence,
     /// An earlier attempt may have recorded per-handler progress, to delete with the message.
     pub(crate) had_attempts: bool,
-    /// It has an ordering key: writing it done lets the next message of its key start.
-    pub(crate) ordered: bool,
+    /// Its ordering key, if it has one: writing it done lets the next message of its key
+    /// start.
+    pub(crate) key: Option<Arc<str>>,
 }
 
 /// What a worker says of itself in its heartbeat.

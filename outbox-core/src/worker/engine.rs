@@ -49,7 +49,8 @@ struct Flight {
     fence: Fence,
     topic: &'static str,
     had_attempts: bool,
-    ordered: bool,
+    /// Its ordering key, if it has one.
+    key: Option<Arc<str>>,
     /// When the lease was last taken or renewed.
     leased_at: Instant,
     /// When it was claimed: a message that has not started waits for a free handler.
@@ -242,7 +243,8 @@ async fn claim_loop(shared: &Arc<Shared>, wake: &Arc<Wakeups>, stop: &Cancellati
         // A full batch, even when fewer handlers can start now: the rest waits for permits in
         // this worker (its leases renewed), so handlers never wait for a claim round trip.
         let want = cfg.batch_size;
-        let claimed = match worker.claim(&*shared.backend, want).await {
+        let released = wake.take_released();
+        let claimed = match worker.claim(&*shared.backend, want, &released).await {
             Ok(c) => {
                 db_failures = 0;
                 c
@@ -362,7 +364,7 @@ async fn claim_loop(shared: &Arc<Shared>, wake: &Arc<Wakeups>, stop: &Cancellati
 impl Shared {
     /// Whether a message with an ordering key is claimed by this worker and not yet finished.
     fn ordered_in_flight(&self) -> bool {
-        lock(&self.flights).values().any(|f| f.ordered)
+        lock(&self.flights).values().any(|f| f.key.is_some())
     }
 
     async fn set_waiting(&self, waiting: bool, wake_peer: bool) {

@@ -44,7 +44,7 @@ pub(crate) async fn run_flusher(
         if open {
             let deadline = tokio::time::sleep(interval);
             tokio::pin!(deadline);
-            let mut ordered = buf.iter().any(|d| d.ordered);
+            let mut ordered = buf.iter().any(|d| d.key.is_some());
             while buf.len() < max {
                 // An ordered message's key waits for this write: take what has already come
                 // and write now. Writes follow one another, so batches still form under load.
@@ -61,7 +61,7 @@ pub(crate) async fn run_flusher(
                     biased;
                     f = rx.recv() => match f {
                         Some(f) => {
-                            ordered |= f.ordered;
+                            ordered |= f.key.is_some();
                             buf.push(f);
                         }
                         None => break,
@@ -75,8 +75,8 @@ pub(crate) async fn run_flusher(
         }
         match backend.outbox_mark_done(worker, &buf).await {
             Ok(n) => {
-                if n > 0 && buf.iter().any(|d| d.ordered) {
-                    wake.released();
+                if n > 0 && buf.iter().any(|d| d.key.is_some()) {
+                    wake.released(buf.iter().filter_map(|d| d.key.clone()));
                 }
                 if (n as usize) < buf.len() {
                     tracing::warn!(

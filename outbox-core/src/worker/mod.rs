@@ -170,7 +170,9 @@ impl Worker {
     /// Not cancellation safe: dropping the future leaves claimed messages to lease expiry.
     pub async fn run_once(&self) -> Result<BatchReport> {
         let backend = self.inner.store.backend();
-        let claimed = self.claim(backend, self.inner.config.batch_size).await?;
+        let claimed = self
+            .claim(backend, self.inner.config.batch_size, &[])
+            .await?;
         let mut completed = self.completed_handlers(backend, &claimed).await;
         let report = Mutex::new(BatchReport {
             claimed: claimed.len(),
@@ -208,7 +210,7 @@ impl Worker {
                         lock(done).push(Done {
                             fence,
                             had_attempts: msg.attempts > 1,
-                            ordered: msg.ordered,
+                            key: msg.key.clone(),
                         });
                         Ok(())
                     }

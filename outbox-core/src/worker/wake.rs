@@ -97,16 +97,27 @@ pub(super) struct Wakeups {
     /// This worker's own done write released ordered messages: ends the short pause a worker
     /// takes between claims under a trickle, so the next message of a key starts at once.
     pub(super) released: Notify,
+    /// The keys those writes released since the last claim, which looks at them first.
+    released_keys: std::sync::Mutex<Vec<Arc<str>>>,
 }
 
 impl Wakeups {
     /// This worker's own commit made ordered messages startable (the next ones of the keys it
     /// finished): the claim loop looks again now, and keeps looking fast for a little while
     /// as after a producer's wake-up.
-    pub(super) fn released(&self) {
+    pub(super) fn released(&self, keys: impl Iterator<Item = Arc<str>>) {
+        super::lock(&self.released_keys).extend(keys);
         self.before_commit.store(true, Ordering::Relaxed);
         self.notify.notify_one();
         self.released.notify_one();
+    }
+
+    /// The keys released since the last call, each once.
+    pub(super) fn take_released(&self) -> Vec<Arc<str>> {
+        let mut keys = std::mem::take(&mut *super::lock(&self.released_keys));
+        keys.sort_unstable();
+        keys.dedup();
+        keys
     }
 }
 

@@ -41,7 +41,7 @@ impl Shared {
                         },
                         topic: handlers[0].topic(),
                         had_attempts: msg.attempts > 1,
-                        ordered: msg.ordered,
+                        key: msg.key.clone(),
                         leased_at: now,
                         claimed_at: now,
                         deadline: now + super::super::config::MAX_DURATION,
@@ -186,7 +186,7 @@ pub(super) async fn collect(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver
                     .send(Done {
                         fence,
                         had_attempts: flight.had_attempts,
-                        ordered: flight.ordered,
+                        key: flight.key,
                     })
                     .is_err()
                 {
@@ -252,6 +252,7 @@ impl Worker {
         &self,
         backend: &dyn Backend,
         limit: usize,
+        released: &[Arc<str>],
     ) -> crate::Result<Vec<ClaimedMessage>> {
         // A claim fills its batch topic by topic; each claim starts one topic further on.
         let mut topics: Vec<&str> = self.inner.topics.keys().copied().collect();
@@ -266,6 +267,7 @@ impl Worker {
                 lease: self.inner.config.lease,
                 claim_token: Uuid::now_v7(),
                 worker: self.inner.id,
+                released,
             })
             .await?;
         metrics::histogram!(crate::metrics::CLAIM_DURATION).record(start.elapsed().as_secs_f64());
