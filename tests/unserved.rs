@@ -3,10 +3,9 @@
 //! `outbox_unserved_ready_messages` gauge and its `/health` turns 503 naming it once the oldest
 //! of them has waited over 60 s; the workers that do run record the topics they serve.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::time::Duration;
 
+use outbox::observe::PrometheusHandle;
 use outbox::{
     enqueue_with, outbox_event, Context, EnqueueOptions, Handler, HandlerError, Store, Worker,
     WorkerConfig,
@@ -56,7 +55,12 @@ fn unserved_section(out: &str) -> Option<&str> {
 
 /// The check on one database, whose `forgotten` topic holds three ready messages two minutes
 /// old (raw rows: the event's type lives in a crate no binary here links).
-async fn unserved_is_loud(mut conn: StoreConn, url: &str, forgotten: &str, observe: &Observe) {
+async fn unserved_is_loud(
+    mut conn: StoreConn,
+    url: &str,
+    forgotten: &str,
+    prometheus: &PrometheusHandle,
+) {
     let store = conn.store();
     // No worker at all: the topic is listed apart, with no live worker.
     let out = ops_stats(url, false);
@@ -87,7 +91,13 @@ async fn unserved_is_loud(mut conn: StoreConn, url: &str, forgotten: &str, obser
         )
         .build()
         .unwrap();
-    let server = observe(w.health()).await;
+    let server = outbox::observe::serve(
+        "127.0.0.1:0".parse().unwrap(),
+        prometheus.clone(),
+        w.health(),
+    )
+    .await
+    .unwrap();
     let addr = server.local_addr();
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let running = tokio::spawn(async move {
@@ -176,21 +186,10 @@ impl StoreConn {
     }
 }
 
-/// Serves `/metrics` and `/health` of a worker on a loopback port.
-type Observe = dyn Fn(outbox::Health) -> Pin<Box<dyn Future<Output = outbox::observe::Server>>>;
-
 // One test: the metrics recorder is the process's, installed once.
 #[tokio::test]
 async fn a_topic_no_live_worker_serves_shows_in_stats_metrics_and_health() {
     let prometheus = outbox::observe::install_prometheus().unwrap();
-    let observe = move |health| {
-        let prometheus = prometheus.clone();
-        Box::pin(async move {
-            outbox::observe::serve("127.0.0.1:0".parse().unwrap(), prometheus, health)
-                .await
-                .unwrap()
-        }) as Pin<Box<dyn Future<Output = _>>>
-    };
 
     let pg = outbox_tests::pg().await;
     pg.insert_raw("forgotten.pg", "{}", 3).await;
@@ -202,7 +201,7 @@ async fn a_topic_no_live_worker_serves_shows_in_stats_metrics_and_health() {
         StoreConn::Pg(pg.pool.clone()),
         &pg.url,
         "forgotten.pg",
-        &observe,
+        &prometheus,
     )
     .await;
     pg.drop_db().await;
@@ -217,7 +216,7 @@ async fn a_topic_no_live_worker_serves_shows_in_stats_metrics_and_health() {
         StoreConn::Sqlite(lite.pool.clone()),
         &lite.url,
         "forgotten.sqlite",
-        &observe,
+        &prometheus,
     )
     .await;
     lite.drop_db().await;

@@ -17,9 +17,15 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::get;
 use axum::Router;
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::PrometheusBuilder;
 
 pub use crate::health::Health;
+/// Why [`install_prometheus`] failed: another global recorder is installed.
+pub use metrics_exporter_prometheus::BuildError;
+/// The handle [`install_prometheus`] returns and [`serve`] and [`router`] render, re-exported
+/// so that an application can keep it (in its own state, say) without depending on
+/// `metrics-exporter-prometheus` itself; `render()` gives the metrics page as text.
+pub use metrics_exporter_prometheus::PrometheusHandle;
 
 /// The address metrics and health bind to unless configured otherwise: loopback only.
 pub const DEFAULT_ADDR: &str = "127.0.0.1:9464";
@@ -30,7 +36,7 @@ pub const DEFAULT_ADDR: &str = "127.0.0.1:9464";
 /// # Errors
 ///
 /// When a global recorder is already installed.
-pub fn install_prometheus() -> Result<PrometheusHandle, metrics_exporter_prometheus::BuildError> {
+pub fn install_prometheus() -> Result<PrometheusHandle, BuildError> {
     let handle = PrometheusBuilder::new().install_recorder()?;
     crate::metrics::describe();
     Ok(handle)
