@@ -73,6 +73,46 @@ fn is_double_booking(e: &sqlx::Error) -> bool {
     })
 }
 
+/// How often a booking runs when PostgreSQL picks it as a deadlock's victim.
+const DEADLOCK_RETRIES: u32 = 3;
+
+/// PostgreSQL aborted the transaction to break a deadlock (SQLSTATE 40P01): run it again.
+fn is_deadlock(e: &anyhow::Error) -> bool {
+    e.downcast_ref::<sqlx::Error>()
+        .and_then(|e| e.as_database_error())
+        .is_some_and(|d| d.code().as_deref() == Some("40P01"))
+}
+
+/// One try of a booking on PostgreSQL: the event and the booking in one transaction.
+async fn book_on_postgres(
+    pool: &PgPool,
+    event: &BookingCreated,
+    options: &EnqueueOptions,
+    public_id: Uuid,
+    b: &NewBooking<'_>,
+) -> anyhow::Result<()> {
+    let mut tx = pool.begin().await?;
+    enqueue_with(&mut *tx, event, options).await?;
+    let r = sqlx::query(
+        "INSERT INTO stayhub_bookings (public_id, property_id, guest_email, check_in, check_out) \
+         VALUES ($1, $2, $3, $4, $5)",
+    )
+    .bind(public_id)
+    .bind(b.property_id)
+    .bind(b.guest_email)
+    .bind(b.check_in)
+    .bind(b.check_out)
+    .execute(&mut *tx)
+    .await;
+    match r {
+        Ok(_) => Ok(tx.commit().await?),
+        Err(e) => {
+            tx.rollback().await?;
+            Err(e.into())
+        }
+    }
+}
+
 impl Db {
     /// `DATABASE_URL` if set (postgres://...), else a fresh SQLite file `stayhub.sqlite`.
     pub(crate) async fn open() -> anyhow::Result<Db> {
@@ -224,24 +264,16 @@ impl Db {
                 }
             }
             Db::Postgres { pool } => {
-                let mut tx = pool.begin().await?;
-                enqueue_with(&mut *tx, &event, &options).await?;
-                let r = sqlx::query(
-                    "INSERT INTO stayhub_bookings (public_id, property_id, guest_email, check_in, check_out) \
-                     VALUES ($1, $2, $3, $4, $5)",
-                )
-                .bind(public_id)
-                .bind(b.property_id)
-                .bind(b.guest_email)
-                .bind(b.check_in)
-                .bind(b.check_out)
-                .execute(&mut *tx)
-                .await;
-                match r {
-                    Ok(_) => tx.commit().await.map_err(anyhow::Error::from),
-                    Err(e) => {
-                        tx.rollback().await?;
-                        Err(e.into())
+                // Two bookings of the same nights inserted at the same moment can each wait on
+                // the other's exclusion check; PostgreSQL breaks the tie by failing one with a
+                // deadlock error. Run again, that one meets the committed booking and is refused
+                // as a double booking, as any application should retry a deadlock victim.
+                let mut attempt = 1;
+                loop {
+                    let r = book_on_postgres(pool, &event, &options, public_id, b).await;
+                    match r {
+                        Err(e) if attempt < DEADLOCK_RETRIES && is_deadlock(&e) => attempt += 1,
+                        r => break r,
                     }
                 }
             }
