@@ -4,7 +4,9 @@
 //!
 //! - one booking is one trace: the span around the producer's transaction, the worker's two
 //!   delivery spans (the second a retry) as its children, one span per handler below each
-//!   delivery, and across the broker the inbox's span below the relay's handler span;
+//!   delivery, and across the broker the inbox's span below the relay's handler span; the failed
+//!   attempt's delivery and handler spans have an error status, the retry's stay unset;
+//! - a message past its attempts is dead-lettered with an error status on its delivery span;
 //! - a message enqueued outside any traced span has NULL trace columns.
 //!
 //! Spans go to an in-memory exporter through a `tracing-opentelemetry` layer; each test reads
@@ -14,7 +16,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use opentelemetry::trace::{SpanId, SpanKind, TraceId, TracerProvider as _};
+use opentelemetry::trace::{SpanId, SpanKind, Status, TraceId, TracerProvider as _};
 use opentelemetry::Value;
 use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SpanData};
 use outbox::{
@@ -82,6 +84,18 @@ fn attr_str(span: &SpanData, key: &str) -> String {
 
 fn id_of(span: &SpanData) -> SpanId {
     span.span_context.span_id()
+}
+
+/// Checks that `span` ended with an error status whose description contains `text`.
+fn assert_error(span: &SpanData, text: &str) {
+    match &span.status {
+        Status::Error { description } => assert!(
+            description.contains(text),
+            "`{}`: no {text:?} in the error status {description:?}",
+            span.name
+        ),
+        other => panic!("`{}` has status {other:?}, not an error", span.name),
+    }
 }
 
 /// Sends the confirmation email; the provider is busy on the first attempt.
@@ -176,6 +190,13 @@ impl Db {
         }
     }
 
+    /// Enqueues `event` in the request span `request`, then ends that span: the message's id
+    /// and the request's trace.
+    async fn enqueue_in(&self, request: tracing::Span, event: &BookingCreated) -> (Uuid, TraceId) {
+        let id = self.enqueue(event).instrument(request.clone()).await;
+        (id, request_trace(&request))
+    }
+
     async fn enqueue_many(&self, events: &[BookingCreated]) -> Vec<Uuid> {
         match self {
             Db::Pg(db) => {
@@ -230,6 +251,14 @@ impl Db {
                     .await
                     .expect("the message is live")
             }
+        }
+    }
+
+    /// Makes the message look claimed and lost `attempts` times, the last error `last_error`.
+    async fn crash_claims(&self, attempts: i32, last_error: &str) {
+        match self {
+            Db::Pg(db) => db.crash_claims(attempts, last_error).await,
+            Db::Lite(db) => db.crash_claims(attempts, last_error).await,
         }
     }
 
@@ -307,12 +336,9 @@ async fn one_booking_is_one_trace(db: Db) {
 
     // The producer: an HTTP request whose span covers the transaction.
     let request = tracing::info_span!("POST /bookings", otel.kind = "server");
-    let id = db
-        .enqueue(&BookingCreated { booking_id: 42 })
-        .instrument(request.clone())
+    let (id, trace_id) = db
+        .enqueue_in(request, &BookingCreated { booking_id: 42 })
         .await;
-    let trace_id = request_trace(&request);
-    drop(request);
 
     let (traceparent, tracestate) = db.stored(id).await;
     let traceparent = traceparent.expect("the request's context is stored");
@@ -456,6 +482,27 @@ async fn one_booking_is_one_trace(db: Db) {
         assert_eq!(parent_handler(call), "send-email");
     }
 
+    // The failed attempt is an error in the trace, with the handler's error: its delivery and
+    // the span of the handler that failed; the handlers that succeeded in it and the whole
+    // successful retry keep the status unset.
+    let handler_in = |delivery: &SpanData, handler: &str| -> &SpanData {
+        handler_spans
+            .iter()
+            .find(|s| s.parent_span_id == id_of(delivery) && attr_str(s, "handler") == handler)
+            .unwrap_or_else(|| panic!("no `{handler}` span below the delivery"))
+    };
+    for failed in [deliveries[0], handler_in(deliveries[0], "send-email")] {
+        assert_error(failed, "the email provider is busy");
+    }
+    for fine in [
+        handler_in(deliveries[0], "index-booking"),
+        handler_in(deliveries[0], "nats-relay"),
+        deliveries[1],
+        handler_in(deliveries[1], "send-email"),
+    ] {
+        assert_eq!(fine.status, Status::Unset, "`{}` succeeded", fine.name);
+    }
+
     // The relay sent its handler span's context; the inbox continued it.
     let relay = handler_spans
         .iter()
@@ -498,7 +545,7 @@ async fn no_context_writes_no_trace_columns(db: Db) {
     db.drop_db().await;
 }
 
-/// Refuses every booking for good.
+/// Refuses every booking for good, with a reason longer than a span's error status keeps.
 struct Refuse;
 
 #[outbox::async_trait]
@@ -507,12 +554,16 @@ impl Handler for Refuse {
     const NAME: &'static str = "refuse";
 
     async fn handle(&self, _: BookingCreated, _: &Context) -> Result<(), HandlerError> {
-        Err(HandlerError::permanent("refused"))
+        Err(HandlerError::permanent(format!(
+            "refused: {}",
+            "é".repeat(2000)
+        )))
     }
 }
 
 /// `enqueue_many` stores the context on every row, a dead letter keeps it, and a retried dead
-/// letter is delivered in the original trace.
+/// letter is delivered in the original trace; the error status of the failed spans is cut to
+/// 1 KiB on a character boundary.
 async fn batches_and_dead_letters_keep_the_trace(db: Db) {
     exporter();
     let request = tracing::info_span!("POST /bookings/batch");
@@ -558,35 +609,76 @@ async fn batches_and_dead_letters_keep_the_trace(db: Db) {
         2,
         "the retried dead letter is in the trace"
     );
+    let failed = spans_of(trace_id)
+        .into_iter()
+        .filter(|s| s.name == "process trace.booking.created" || s.name == "outbox.handler");
+    for span in failed {
+        assert_error(&span, "refused: éé");
+        let Status::Error { description } = &span.status else {
+            unreachable!()
+        };
+        assert!(description.len() <= 1024, "{}", description.len());
+        assert!(description.ends_with("bytes in all]"), "{description}");
+    }
     db.drop_db().await;
 }
 
-#[tokio::test]
-async fn batches_and_dead_letters_keep_the_trace_on_postgres() {
-    batches_and_dead_letters_keep_the_trace(Db::Pg(pg().await)).await;
+/// A message whose attempts all ended without an outcome is dead-lettered without running: that
+/// attempt has no handler span, and its delivery span is an error with why.
+async fn an_exhausted_message_is_an_error_in_the_trace(db: Db) {
+    exporter();
+    let request = tracing::info_span!("POST /bookings");
+    let (id, trace_id) = db
+        .enqueue_in(request, &BookingCreated { booking_id: 7 })
+        .await;
+    db.crash_claims(8, "handler `send-email`: the email provider is busy")
+        .await;
+    let worker = Worker::builder(db.store())
+        .handler(SendEmail)
+        .config(WorkerConfig::default().retry(RetryPolicy::default().max_attempts(8)))
+        .build()
+        .unwrap();
+    assert_eq!(worker.run_once().await.unwrap().dead, 1);
+    let spans = spans_of(trace_id);
+    let delivery = spans
+        .iter()
+        .find(|s| s.name == "process trace.booking.created")
+        .expect("the delivery span");
+    assert_eq!(attr_str(delivery, "messaging.message.id"), id.to_string());
+    assert_eq!(attr_str(delivery, "attempt"), "9");
+    assert!(
+        spans.iter().all(|s| s.name != "outbox.handler"),
+        "no handler ran"
+    );
+    assert_error(delivery, "past the limit of 8");
+    assert_error(delivery, "the email provider is busy");
+    db.drop_db().await;
 }
 
-#[tokio::test]
-async fn batches_and_dead_letters_keep_the_trace_on_sqlite() {
-    batches_and_dead_letters_keep_the_trace(Db::Lite(sqlite().await)).await;
+/// Each scenario's two tests, the first on PostgreSQL and the second on SQLite.
+macro_rules! on_both_backends {
+    ($($scenario:ident: $on_postgres:ident, $on_sqlite:ident;)*) => {$(
+        #[tokio::test]
+        async fn $on_postgres() {
+            $scenario(Db::Pg(pg().await)).await;
+        }
+
+        #[tokio::test]
+        async fn $on_sqlite() {
+            $scenario(Db::Lite(sqlite().await)).await;
+        }
+    )*};
 }
 
-#[tokio::test]
-async fn one_booking_is_one_trace_on_postgres() {
-    one_booking_is_one_trace(Db::Pg(pg().await)).await;
-}
-
-#[tokio::test]
-async fn one_booking_is_one_trace_on_sqlite() {
-    one_booking_is_one_trace(Db::Lite(sqlite().await)).await;
-}
-
-#[tokio::test]
-async fn no_context_writes_no_trace_columns_on_postgres() {
-    no_context_writes_no_trace_columns(Db::Pg(pg().await)).await;
-}
-
-#[tokio::test]
-async fn no_context_writes_no_trace_columns_on_sqlite() {
-    no_context_writes_no_trace_columns(Db::Lite(sqlite().await)).await;
+on_both_backends! {
+    an_exhausted_message_is_an_error_in_the_trace:
+        an_exhausted_message_is_an_error_in_the_trace_on_postgres,
+        an_exhausted_message_is_an_error_in_the_trace_on_sqlite;
+    batches_and_dead_letters_keep_the_trace:
+        batches_and_dead_letters_keep_the_trace_on_postgres,
+        batches_and_dead_letters_keep_the_trace_on_sqlite;
+    one_booking_is_one_trace: one_booking_is_one_trace_on_postgres, one_booking_is_one_trace_on_sqlite;
+    no_context_writes_no_trace_columns:
+        no_context_writes_no_trace_columns_on_postgres,
+        no_context_writes_no_trace_columns_on_sqlite;
 }

@@ -5,9 +5,12 @@
 //! span is recorded by a `tracing-opentelemetry` layer.
 //! The worker's delivery span (`outbox.delivery`, an OpenTelemetry consumer span) is then a
 //! child of that span, each handler runs in a child span of the delivery (`outbox.handler`),
-//! and a retry is a new delivery span in the same trace. [`Context::trace_context`] hands the
-//! handler's own context on, for example to a broker (the relays of `outbox-handlers` put it in
-//! their message headers, and the inbox continues the trace).
+//! and a retry is a new delivery span in the same trace. A failed attempt shows as one: its
+//! delivery span, and the span of each handler that failed in it, end with the OpenTelemetry
+//! status `Error` and the error as its description; a successful one leaves the status unset.
+//! [`Context::trace_context`] hands the handler's own context on, for example to a broker (the
+//! relays of `outbox-handlers` put it in their message headers, and the inbox continues the
+//! trace).
 //!
 //! Without the feature, or outside a traced span, nothing is captured and the message's trace
 //! columns stay NULL; a context stored by another process is still handed to handlers as is.
@@ -140,10 +143,26 @@ pub(crate) fn handler_span(delivery: &tracing::Span, handler: &'static str) -> t
     tracing::info_span!(parent: delivery, "outbox.handler", handler)
 }
 
+/// The most bytes of a description a span's error status carries: a handler's error chain can
+/// be long, and a tracing backend wants a line, not a page.
+#[cfg(feature = "opentelemetry")]
+const MAX_STATUS_BYTES: usize = 1024;
+
+/// Marks `span` failed, after OpenTelemetry's span status rules: its status becomes `Error` with
+/// `description`, cut to `MAX_STATUS_BYTES` on a character boundary. Without the
+/// `opentelemetry` feature, or for a span no `tracing-opentelemetry` layer records, it does
+/// nothing.
+pub(crate) fn set_error(span: &tracing::Span, description: &str) {
+    #[cfg(feature = "opentelemetry")]
+    otel::set_error(span, description);
+    #[cfg(not(feature = "opentelemetry"))]
+    let _ = (span, description);
+}
+
 #[cfg(feature = "opentelemetry")]
 mod otel {
     use opentelemetry::propagation::{Extractor, Injector, TextMapPropagator};
-    use opentelemetry::trace::TraceContextExt;
+    use opentelemetry::trace::{Status, TraceContextExt};
     use opentelemetry_sdk::propagation::TraceContextPropagator;
     use tracing_opentelemetry::OpenTelemetrySpanExt;
 
@@ -203,6 +222,14 @@ mod otel {
             return false;
         }
         span.set_parent(parent).is_ok()
+    }
+
+    pub(super) fn set_error(span: &tracing::Span, description: &str) {
+        if span.is_disabled() {
+            return;
+        }
+        let description = crate::worker::bound_error(description, super::MAX_STATUS_BYTES);
+        span.set_status(Status::error(description));
     }
 }
 

@@ -133,7 +133,8 @@ pub(crate) fn timed_out(
 }
 
 /// Runs every handler of `msg` that has not succeeded yet, one after another, in the span of
-/// this delivery (which continues the trace stored with the message, see [`crate::trace`]).
+/// this delivery (which continues the trace stored with the message, see [`crate::trace`]);
+/// that span and each failed handler's span get an error status when the attempt fails.
 pub(crate) async fn run_message(
     msg: &ClaimedMessage,
     handlers: &[Arc<dyn ErasedHandler>],
@@ -144,11 +145,17 @@ pub(crate) async fn run_message(
 ) -> Outcome {
     let attempt = u32::try_from(msg.attempts).unwrap_or(u32::MAX);
     let delivery = crate::trace::delivery_span(msg.id, &msg.topic, attempt, msg.trace.as_ref());
-    run_handlers(
+    let outcome = run_handlers(
         msg, handlers, completed, config, resources, watch, attempt, &delivery,
     )
     .instrument(delivery.clone())
-    .await
+    .await;
+    // A failed attempt is an error in the trace, whichever way it failed (a handler's error or
+    // attempts exhausted); a successful one keeps the status unset.
+    if let Outcome::Failed { error, .. } = &outcome {
+        crate::trace::set_error(&delivery, error);
+    }
+    outcome
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -229,6 +236,7 @@ async fn run_handlers(
             Ok(()) => succeeded.push(h.name()),
             Err(e) => {
                 let chain = e.chain_string();
+                crate::trace::set_error(&span, &chain);
                 let _enter = span.enter();
                 let delay = match e.kind() {
                     FailureKind::Permanent => None,
