@@ -422,7 +422,15 @@ pub(crate) enum Traced {
     RequestOnly,
     /// The whole transaction in the request's span, so `enqueue` stores its context.
     Full,
+    /// Each producer's transactions take turns: `Full`, then `RequestOnly`, then `Full`...,
+    /// each timed, so that the two variants meet the same disk, the same worker and the same
+    /// other producers (see [`w2t_interleaved`]).
+    Alternating,
 }
+
+/// One producer's transaction timings under [`Traced::Alternating`]: its `k`-th pair is its
+/// `2k`-th transaction (`Full`) and its `2k + 1`-th (`RequestOnly`), in seconds.
+pub(crate) type Pairs = Vec<(f64, f64)>;
 
 /// Awaits `f` in `span`, if there is one.
 async fn in_span<F: std::future::Future>(span: Option<&tracing::Span>, f: F) -> F::Output {
@@ -443,7 +451,7 @@ async fn produce(
     total: u64,
     with_enqueue: bool,
     traced: Traced,
-) -> Result<f64> {
+) -> Result<(f64, Vec<Pairs>)> {
     let next = Arc::new(AtomicU64::new(0));
     let insert = match db.kind {
         Kind::Postgres => {
@@ -457,18 +465,26 @@ async fn produce(
         let pool = pool.clone();
         let next = next.clone();
         tasks.push(tokio::spawn(async move {
-            loop {
+            let mut pairs = Pairs::new();
+            let mut full_secs = None;
+            for k in 0u64.. {
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 if i >= total {
-                    return Ok::<_, anyhow::Error>(());
+                    break;
                 }
+                let this = match traced {
+                    Traced::Alternating if k % 2 == 0 => Traced::Full,
+                    Traced::Alternating => Traced::RequestOnly,
+                    t => t,
+                };
                 let amount = i64::try_from(i % 100_000)?;
                 let customer = format!("customer-{}@example.com", i % 1000);
-                let request = match traced {
+                let started = Instant::now();
+                let request = match this {
                     Traced::No => None,
-                    Traced::RequestOnly | Traced::Full => Some(tracing::info_span!("POST /orders")),
+                    _ => Some(tracing::info_span!("POST /orders")),
                 };
-                let (business, outbox) = match traced {
+                let (business, outbox) = match this {
                     Traced::Full => (request.as_ref(), request.as_ref()),
                     _ => (request.as_ref(), None),
                 };
@@ -489,13 +505,24 @@ async fn produce(
                     }
                     in_span(business, tx.commit()).await?;
                 });
+                // The span ends here, as a request's would, so closing it is in the time.
+                drop(request);
+                let secs = started.elapsed().as_secs_f64();
+                if traced == Traced::Alternating {
+                    match full_secs.take() {
+                        None => full_secs = Some(secs),
+                        Some(full) => pairs.push((full, secs)),
+                    }
+                }
             }
+            Ok::<_, anyhow::Error>(pairs)
         }));
     }
     let mut failure = None;
+    let mut all = Vec::new();
     for t in tasks {
         match t.await {
-            Ok(Ok(())) => {}
+            Ok(Ok(pairs)) => all.push(pairs),
             Ok(Err(e)) => failure = Some(e),
             Err(e) => failure = Some(anyhow!("producer task failed: {e}")),
         }
@@ -503,8 +530,75 @@ async fn produce(
     let secs = start.elapsed().as_secs_f64();
     match failure {
         Some(e) => Err(e),
-        None => Ok(secs),
+        None => Ok((secs, all)),
     }
+}
+
+/// W2T's interleaved run: `total` transactions from `producers` connections with a default
+/// worker running, each producer's transactions alternating between the context stored
+/// ([`Traced::Full`]) and not ([`Traced::RequestOnly`]), every one timed. Returns, for each run
+/// of `block` consecutive pairs of one producer, the ratio of the time its `RequestOnly`
+/// transactions took to the time its `Full` ones took (the throughput of `Full` relative to
+/// `RequestOnly` over that stretch), and the two sums over every pair. Drift (a checkpoint, the disk's speed over a minute) meets
+/// both halves of a pair alike, which separate runs of each variant cannot promise.
+#[cfg(feature = "opentelemetry")]
+pub(crate) async fn w2t_interleaved(
+    db: &Db,
+    producers: u32,
+    total: u64,
+    block: usize,
+) -> Result<Interleaved> {
+    let state = ProbeState::new(total, 0);
+    let stop = Arc::new(Notify::new());
+    let w = worker(&db.pool, &state, DEFAULT_SETTING.config())?;
+    let running = {
+        let stop = stop.clone();
+        tokio::spawn(async move { w.run_until(async move { stop.notified().await }).await })
+    };
+    let pool = db.extra_pool(producers).await?;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let produced = produce(db, &pool, producers, total, true, Traced::Alternating).await;
+    let drained = produced.is_err() || state.wait_all(limit_for(total)).await;
+    stop.notify_one();
+    running.await??;
+    pool.close().await;
+    let (_, per_producer) = produced?;
+    if !drained {
+        bail!("the worker handled {} of {total} messages", state.handled());
+    }
+    let sums = |pairs: &[(f64, f64)]| {
+        pairs
+            .iter()
+            .fold((0.0, 0.0), |(f, r), (a, b)| (f + a, r + b))
+    };
+    let blocks = per_producer
+        .iter()
+        .flat_map(|pairs| pairs.chunks_exact(block.max(1)))
+        .map(|b| {
+            let (full, request) = sums(b);
+            request / full
+        })
+        .collect();
+    let (full, request) = per_producer
+        .iter()
+        .map(|p| sums(p))
+        .fold((0.0, 0.0), |(f, r), (a, b)| (f + a, r + b));
+    Ok(Interleaved {
+        blocks,
+        full,
+        request,
+    })
+}
+
+/// What [`w2t_interleaved`] measured.
+#[cfg(feature = "opentelemetry")]
+pub(crate) struct Interleaved {
+    /// Each block's ratio: its `RequestOnly` seconds to its `Full` seconds.
+    pub(crate) blocks: Vec<f64>,
+    /// Seconds all `Full` transactions of complete pairs took, summed over the producers.
+    pub(crate) full: f64,
+    /// The same for their `RequestOnly` partners.
+    pub(crate) request: f64,
 }
 
 /// One W2 run: `total` transactions (business INSERT, plus `enqueue` when `with_enqueue`) from
@@ -544,7 +638,7 @@ pub(crate) async fn w2(
         running.await??;
     }
     pool.close().await;
-    let secs = produced?;
+    let (secs, _) = produced?;
     if !drained {
         bail!("the worker handled {} of {total} messages", state.handled());
     }
@@ -740,7 +834,7 @@ pub(crate) async fn w10(
     for p in pools {
         p.close().await;
     }
-    let secs = produced?;
+    let (secs, _) = produced?;
     if let Some(e) = failure {
         return Err(e);
     }
