@@ -7,6 +7,8 @@
 //!   delivery, and across the broker the inbox's span below the relay's handler span; the failed
 //!   attempt's delivery and handler spans have an error status, the retry's stay unset;
 //! - a message past its attempts is dead-lettered with an error status on its delivery span;
+//! - an attempt the worker ends because its handler held its thread past the deadline has an
+//!   error status on its delivery and handler spans;
 //! - a message enqueued outside any traced span has NULL trace columns.
 //!
 //! Spans go to an in-memory exporter through a `tracing-opentelemetry` layer; each test reads
@@ -195,6 +197,14 @@ impl Db {
     async fn enqueue_in(&self, request: tracing::Span, event: &BookingCreated) -> (Uuid, TraceId) {
         let id = self.enqueue(event).instrument(request.clone()).await;
         (id, request_trace(&request))
+    }
+
+    /// Enqueues booking `booking_id` in a request span of its own: the message's id and the
+    /// request's trace.
+    async fn booking_in_request(&self, booking_id: i64) -> (Uuid, TraceId) {
+        let request = tracing::info_span!("POST /bookings");
+        self.enqueue_in(request, &BookingCreated { booking_id })
+            .await
     }
 
     async fn enqueue_many(&self, events: &[BookingCreated]) -> Vec<Uuid> {
@@ -627,10 +637,7 @@ async fn batches_and_dead_letters_keep_the_trace(db: Db) {
 /// attempt has no handler span, and its delivery span is an error with why.
 async fn an_exhausted_message_is_an_error_in_the_trace(db: Db) {
     exporter();
-    let request = tracing::info_span!("POST /bookings");
-    let (id, trace_id) = db
-        .enqueue_in(request, &BookingCreated { booking_id: 7 })
-        .await;
+    let (id, trace_id) = db.booking_in_request(7).await;
     db.crash_claims(8, "handler `send-email`: the email provider is busy")
         .await;
     let worker = Worker::builder(db.store())
@@ -653,6 +660,76 @@ async fn an_exhausted_message_is_an_error_in_the_trace(db: Db) {
     assert_error(delivery, "past the limit of 8");
     assert_error(delivery, "the email provider is busy");
     db.drop_db().await;
+}
+
+/// Holds its thread past its timeout on the first attempt, so the engine, not the handler's own
+/// timeout, ends that attempt.
+struct HoldsItsThread;
+
+#[outbox::async_trait]
+impl Handler for HoldsItsThread {
+    type Event = BookingCreated;
+    const NAME: &'static str = "holds-its-thread";
+
+    async fn handle(&self, _: BookingCreated, ctx: &Context) -> Result<(), HandlerError> {
+        if ctx.attempt() == 1 {
+            std::thread::sleep(Duration::from_millis(1500));
+        }
+        Ok(())
+    }
+
+    fn timeout(&self) -> Option<Duration> {
+        Some(Duration::from_millis(200))
+    }
+}
+
+/// An attempt whose handler never returned by its deadline is ended by the worker, and its
+/// delivery span and its handler's span are errors that say so.
+async fn a_handler_past_its_deadline_is_an_error_in_the_trace(db: Db) {
+    exporter();
+    let (id, trace_id) = db.booking_in_request(9).await;
+    let worker = Worker::builder(db.store())
+        .handler(HoldsItsThread)
+        .build()
+        .unwrap();
+    // Attempt 1's delivery span and its handler's span, once both ended: they end when the
+    // attempt's task is dropped, after the handler lets its thread go.
+    let first_attempt = || {
+        let spans = spans_of(trace_id);
+        let delivery = spans
+            .iter()
+            .find(|s| s.name == "process trace.booking.created" && attr_str(s, "attempt") == "1")?;
+        let handler = spans
+            .iter()
+            .find(|s| s.name == "outbox.handler" && s.parent_span_id == id_of(delivery))?;
+        Some((delivery.clone(), handler.clone()))
+    };
+    worker
+        .run_until(async {
+            let give_up = std::time::Instant::now() + Duration::from_secs(20);
+            while first_attempt().is_none() && std::time::Instant::now() < give_up {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+        .await
+        .unwrap();
+    let (delivery, handler) = first_attempt().expect("attempt 1's delivery and handler spans");
+    assert_eq!(attr_str(&delivery, "messaging.message.id"), id.to_string());
+    assert_error(&delivery, "timed out after 200ms");
+    assert_error(&delivery, "held its thread");
+    assert_eq!(attr_str(&handler, "handler"), "holds-its-thread");
+    assert_error(&handler, "timed out after 200ms");
+    db.drop_db().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_past_its_deadline_is_an_error_in_the_trace_on_postgres() {
+    a_handler_past_its_deadline_is_an_error_in_the_trace(Db::Pg(pg().await)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_past_its_deadline_is_an_error_in_the_trace_on_sqlite() {
+    a_handler_past_its_deadline_is_an_error_in_the_trace(Db::Lite(sqlite().await)).await;
 }
 
 /// Each scenario's two tests, the first on PostgreSQL and the second on SQLite.

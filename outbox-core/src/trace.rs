@@ -7,7 +7,8 @@
 //! child of that span, each handler runs in a child span of the delivery (`outbox.handler`),
 //! and a retry is a new delivery span in the same trace. A failed attempt shows as one: its
 //! delivery span, and the span of each handler that failed in it, end with the OpenTelemetry
-//! status `Error` and the error as its description; a successful one leaves the status unset.
+//! status `Error` and the error as its description (also when the worker ends an attempt whose
+//! handler held its thread past the deadline); a successful one leaves the status unset.
 //! [`Context::trace_context`] hands the handler's own context on, for example to a broker (the
 //! relays of `outbox-handlers` put it in their message headers, and the inbox continues the
 //! trace).

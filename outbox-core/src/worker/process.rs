@@ -36,6 +36,9 @@ pub(crate) struct Watch {
     attempt: AtomicU32,
     /// Microseconds since `epoch` when the current poll began, plus one; 0 between polls.
     poll_since: AtomicU64,
+    /// The spans of the attempt running now: its delivery's, and the running handler's.
+    #[cfg(feature = "opentelemetry")]
+    spans: Mutex<(Option<tracing::Span>, Option<tracing::Span>)>,
 }
 
 impl Watch {
@@ -45,7 +48,49 @@ impl Watch {
             handler: Mutex::new(""),
             attempt: AtomicU32::new(0),
             poll_since: AtomicU64::new(0),
+            #[cfg(feature = "opentelemetry")]
+            spans: Mutex::new((None, None)),
         }
+    }
+
+    /// Notes the span of the delivery starting now (`handler` false) or of its handler
+    /// starting now (`handler` true), so that [`fail_spans`](Self::fail_spans) reaches them;
+    /// `None` when that delivery or handler ended (so the span ends then, not with the watch).
+    fn in_span(&self, span: Option<&tracing::Span>, handler: bool) {
+        #[cfg(feature = "opentelemetry")]
+        {
+            let mut spans = self
+                .spans
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if handler {
+                spans.1 = span.cloned();
+            } else {
+                *spans = (span.cloned(), None);
+            }
+        }
+        #[cfg(not(feature = "opentelemetry"))]
+        let _ = (span, handler);
+    }
+
+    /// Marks the running attempt's delivery span and its running handler's span as failed
+    /// with `error`: the engine calls it when it ends an attempt whose handler never returned
+    /// (a handler past its deadline), which the attempt's own code cannot.
+    pub(crate) fn fail_spans(&self, error: &str) {
+        #[cfg(feature = "opentelemetry")]
+        {
+            let spans = std::mem::take(
+                &mut *self
+                    .spans
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner),
+            );
+            for span in [spans.0, spans.1].iter().flatten() {
+                crate::trace::set_error(span, error);
+            }
+        }
+        #[cfg(not(feature = "opentelemetry"))]
+        let _ = error;
     }
 
     /// The handler running now (or last).
@@ -145,6 +190,7 @@ pub(crate) async fn run_message(
 ) -> Outcome {
     let attempt = u32::try_from(msg.attempts).unwrap_or(u32::MAX);
     let delivery = crate::trace::delivery_span(msg.id, &msg.topic, attempt, msg.trace.as_ref());
+    watch.in_span(Some(&delivery), false);
     let outcome = run_handlers(
         msg, handlers, completed, config, resources, watch, attempt, &delivery,
     )
@@ -155,6 +201,7 @@ pub(crate) async fn run_message(
     if let Outcome::Failed { error, .. } = &outcome {
         crate::trace::set_error(&delivery, error);
     }
+    watch.in_span(None, false);
     outcome
 }
 
@@ -201,6 +248,7 @@ async fn run_handlers(
             continue;
         }
         let span = crate::trace::handler_span(delivery, h.name());
+        watch.in_span(Some(&span), true);
         let ctx = Context {
             message_id: msg.id,
             topic: topic.clone(),
@@ -230,6 +278,7 @@ async fn run_handlers(
             watch,
         }
         .await;
+        watch.in_span(None, true);
         metrics::histogram!(crate::metrics::HANDLER_DURATION, "topic" => h.topic(), "handler" => h.name())
             .record(started.elapsed().as_secs_f64());
         match result {

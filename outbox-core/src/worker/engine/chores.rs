@@ -69,6 +69,7 @@ pub(super) async fn chores(shared: Arc<Shared>, stop: CancellationToken) {
                     &shared.worker.inner.config,
                 );
                 tracing::error!(message_id = %f.fence.id, topic = f.topic, handler = f.watch.handler(), error = %error, "handler did not finish by its deadline");
+                f.watch.fail_spans(&error);
                 shared.record(f.topic, if retry_in.is_some() { "retry" } else { "dead" });
                 f.abort();
                 tokio::spawn(
