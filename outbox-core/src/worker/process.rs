@@ -53,24 +53,33 @@ impl Watch {
         }
     }
 
-    /// Notes the span of the delivery starting now (`handler` false) or of its handler
-    /// starting now (`handler` true), so that [`fail_spans`](Self::fail_spans) reaches them;
-    /// `None` when that delivery or handler ended (so the span ends then, not with the watch).
-    fn in_span(&self, span: Option<&tracing::Span>, handler: bool) {
+    /// Notes the span of the delivery starting now, so that [`fail_spans`](Self::fail_spans)
+    /// reaches it; `None` once the delivery ended, so that the span ends then, not with the
+    /// watch.
+    fn delivery_span(&self, span: Option<&tracing::Span>) {
         #[cfg(feature = "opentelemetry")]
         {
-            let mut spans = self
-                .spans
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            if handler {
-                spans.1 = span.cloned();
-            } else {
-                *spans = (span.cloned(), None);
-            }
+            *self.spans() = (span.cloned(), None);
         }
         #[cfg(not(feature = "opentelemetry"))]
-        let _ = (span, handler);
+        let _ = span;
+    }
+
+    /// The same for the span of the handler starting now within the delivery.
+    fn handler_span(&self, span: Option<&tracing::Span>) {
+        #[cfg(feature = "opentelemetry")]
+        {
+            self.spans().1 = span.cloned();
+        }
+        #[cfg(not(feature = "opentelemetry"))]
+        let _ = span;
+    }
+
+    #[cfg(feature = "opentelemetry")]
+    fn spans(&self) -> std::sync::MutexGuard<'_, (Option<tracing::Span>, Option<tracing::Span>)> {
+        self.spans
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Marks the running attempt's delivery span and its running handler's span as failed
@@ -79,12 +88,7 @@ impl Watch {
     pub(crate) fn fail_spans(&self, error: &str) {
         #[cfg(feature = "opentelemetry")]
         {
-            let spans = std::mem::take(
-                &mut *self
-                    .spans
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner),
-            );
+            let spans = std::mem::take(&mut *self.spans());
             for span in [spans.0, spans.1].iter().flatten() {
                 crate::trace::set_error(span, error);
             }
@@ -190,7 +194,7 @@ pub(crate) async fn run_message(
 ) -> Outcome {
     let attempt = u32::try_from(msg.attempts).unwrap_or(u32::MAX);
     let delivery = crate::trace::delivery_span(msg.id, &msg.topic, attempt, msg.trace.as_ref());
-    watch.in_span(Some(&delivery), false);
+    watch.delivery_span(Some(&delivery));
     let outcome = run_handlers(
         msg, handlers, completed, config, resources, watch, attempt, &delivery,
     )
@@ -201,7 +205,7 @@ pub(crate) async fn run_message(
     if let Outcome::Failed { error, .. } = &outcome {
         crate::trace::set_error(&delivery, error);
     }
-    watch.in_span(None, false);
+    watch.delivery_span(None);
     outcome
 }
 
@@ -248,7 +252,7 @@ async fn run_handlers(
             continue;
         }
         let span = crate::trace::handler_span(delivery, h.name());
-        watch.in_span(Some(&span), true);
+        watch.handler_span(Some(&span));
         let ctx = Context {
             message_id: msg.id,
             topic: topic.clone(),
@@ -278,7 +282,7 @@ async fn run_handlers(
             watch,
         }
         .await;
-        watch.in_span(None, true);
+        watch.handler_span(None);
         metrics::histogram!(crate::metrics::HANDLER_DURATION, "topic" => h.topic(), "handler" => h.name())
             .record(started.elapsed().as_secs_f64());
         match result {
