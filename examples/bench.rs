@@ -317,7 +317,7 @@ const W2T_ROUNDS: usize = 9;
 /// transaction's own jitter averages out, short enough that a stall (a checkpoint's fsync) spoils
 /// few of them.
 #[cfg(feature = "opentelemetry")]
-const W2T_BLOCK: usize = 50;
+const W2T_BLOCK: u64 = 50;
 
 /// The fewest pairs behind a paired ratio, whatever `--repeat` says: one pair decides nothing on
 /// a disk whose speed drifts by a third over a minute.
@@ -846,12 +846,14 @@ async fn run(args: &Args, db: &mut Db, report: &mut Report) -> Result<()> {
             // The same two variants taking turns within each producer, every transaction
             // timed: the target's figure, since pairs of neighbouring transactions share
             // whatever the disk and the server do, while separate runs straddle a 3 % effect.
+            // Shrunk with the workload, so that a small `--scale` still fills some runs.
+            let block = usize::try_from(args.scaled(W2T_BLOCK)).unwrap_or(usize::MAX);
             let (mut blocks, mut full_secs, mut request_secs) = (Vec::new(), 0.0, 0.0);
             let mut failed = None;
             for _ in 0..rounds {
                 db.reset().await?;
                 traces::record(true);
-                let r = workloads::w2t_interleaved(db, producers, total, W2T_BLOCK).await;
+                let r = workloads::w2t_interleaved(db, producers, total, block).await;
                 traces::record(false);
                 match r {
                     Ok(i) => {
@@ -873,7 +875,7 @@ async fn run(args: &Args, db: &mut Db, report: &mut Report) -> Result<()> {
             report.push(
                 "W2T",
                 format!(
-                    "ratio context stored / not, {p}, interleaved, median of {n_blocks} runs of {W2T_BLOCK} pairs"
+                    "ratio context stored / not, {p}, interleaved, median of {n_blocks} runs of {block} pairs"
                 ),
                 interleaved,
                 "x",

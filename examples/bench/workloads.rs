@@ -548,24 +548,7 @@ pub(crate) async fn w2t_interleaved(
     total: u64,
     block: usize,
 ) -> Result<Interleaved> {
-    let state = ProbeState::new(total, 0);
-    let stop = Arc::new(Notify::new());
-    let w = worker(&db.pool, &state, DEFAULT_SETTING.config())?;
-    let running = {
-        let stop = stop.clone();
-        tokio::spawn(async move { w.run_until(async move { stop.notified().await }).await })
-    };
-    let pool = db.extra_pool(producers).await?;
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let produced = produce(db, &pool, producers, total, true, Traced::Alternating).await;
-    let drained = produced.is_err() || state.wait_all(limit_for(total)).await;
-    stop.notify_one();
-    running.await??;
-    pool.close().await;
-    let (_, per_producer) = produced?;
-    if !drained {
-        bail!("the worker handled {} of {total} messages", state.handled());
-    }
+    let (_, per_producer) = w2_run(db, producers, total, true, true, Traced::Alternating).await?;
     let sums = |pairs: &[(f64, f64)]| {
         pairs
             .iter()
@@ -613,6 +596,22 @@ pub(crate) async fn w2(
     with_worker: bool,
     traced: Traced,
 ) -> Result<Sample> {
+    Ok(
+        w2_run(db, producers, total, with_enqueue, with_worker, traced)
+            .await?
+            .0,
+    )
+}
+
+/// [`w2`], with each producer's transaction pairs when `traced` is [`Traced::Alternating`].
+async fn w2_run(
+    db: &Db,
+    producers: u32,
+    total: u64,
+    with_enqueue: bool,
+    with_worker: bool,
+    traced: Traced,
+) -> Result<(Sample, Vec<Pairs>)> {
     let handled = with_enqueue && with_worker;
     let state = ProbeState::new(if handled { total } else { u64::MAX }, 0);
     let stop = Arc::new(Notify::new());
@@ -638,14 +637,15 @@ pub(crate) async fn w2(
         running.await??;
     }
     pool.close().await;
-    let (secs, _) = produced?;
+    let (secs, pairs) = produced?;
     if !drained {
         bail!("the worker handled {} of {total} messages", state.handled());
     }
-    Ok(Sample {
+    let sample = Sample {
         rate: total as f64 / secs,
         cpu: cpu.per(total),
-    })
+    };
+    Ok((sample, pairs))
 }
 
 /// W3's figures.
