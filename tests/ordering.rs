@@ -321,6 +321,44 @@ both_backends! {
         }
     }
 
+    async fn a_key_passes_between_workers_of_different_topics(store, pool) {
+        // One key whose steps alternate between a topic only one worker serves and a topic only
+        // the other serves: a worker's done write must leave the next step to the worker that
+        // has its handler (claiming it would hold it unstarted until its lease ran out).
+        let key = "booking:1".to_string();
+        const STEPS: i64 = 40;
+        let mut tx = pool.begin().await.unwrap();
+        for seq in 0..STEPS {
+            if seq % 2 == 0 {
+                enqueue(&mut *tx, &StepA { key: key.clone(), seq, fails: 0 }).await.unwrap();
+            } else {
+                enqueue(&mut *tx, &StepB { key: key.clone(), seq, fails: 0 }).await.unwrap();
+            }
+        }
+        tx.commit().await.unwrap();
+        let log = Arc::new(Log::default());
+        let only_a = Worker::builder(store.clone())
+            .handler(AuditA(log.clone()))
+            .config(config())
+            .build()
+            .unwrap();
+        let only_b = Worker::builder(store.clone())
+            .handler(IndexB(log.clone()))
+            .config(config())
+            .build()
+            .unwrap();
+        let running = start(vec![only_a, only_b]);
+        // 40 hand-overs at the workers' 20 ms poll take about a second; one step held for its
+        // 5 s lease would take the whole run past this.
+        wait_until(Duration::from_secs(20), "the key drained across both workers", async || {
+            live(&store).await == 0
+        })
+        .await;
+        stop(running).await;
+        let seqs: Vec<i64> = log.calls().iter().map(|c| c.2).collect();
+        assert_eq!(seqs, (0..STEPS).collect::<Vec<_>>());
+    }
+
     async fn unkeyed_messages_are_never_held_back_by_keyed_ones(store, pool) {
         // A key stuck behind a message that keeps failing, and unordered messages after it.
         let mut tx = pool.begin().await.unwrap();

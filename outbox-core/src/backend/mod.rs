@@ -31,6 +31,11 @@ pub(crate) use types::*;
 /// workers' writes, new keys and due retries made).
 #[cfg(any(feature = "postgres", feature = "sqlite", feature = "sqlite-unbundled"))]
 pub(crate) const RELEASED_WALK_INTERVAL: std::time::Duration = std::time::Duration::from_millis(25);
+/// The longest [`RELEASED_WALK_INTERVAL`] grows to, doubling after each walk that found no
+/// head, while a worker's own done writes claim the next messages of its keys (PostgreSQL):
+/// those walks then only look for new keys, due retries and keys of other workers' topics.
+#[cfg(feature = "postgres")]
+pub(crate) const CHAINED_WALK_INTERVAL: std::time::Duration = std::time::Duration::from_millis(200);
 
 mod sealed {
     pub trait Sealed {}
@@ -122,6 +127,21 @@ pub(crate) trait Backend: Send + Sync + 'static {
     /// Deletes done messages, each only if its claim token still matches, and counts them for
     /// the statistics under `worker`. Returns how many were deleted.
     async fn outbox_mark_done(&self, worker: uuid::Uuid, done: &[Done]) -> Result<u64>;
+
+    /// As [`outbox_mark_done`](Self::outbox_mark_done), and in the same statement claims under
+    /// `next` the messages that became the heads of the keys it released, on the terms of
+    /// [`outbox_claim_batch`](Self::outbox_claim_batch) (`next.limit` and `next.released` are
+    /// not used). `None` in place of the claimed messages: this backend does not claim there,
+    /// and the caller looks up the released keys' heads with its next claim instead.
+    async fn outbox_mark_done_and_claim(
+        &self,
+        worker: uuid::Uuid,
+        done: &[Done],
+        next: &ClaimParams<'_>,
+    ) -> Result<(u64, Option<Vec<ClaimedMessage>>)> {
+        let _ = next;
+        Ok((self.outbox_mark_done(worker, done).await?, None))
+    }
 
     /// Writes one failed attempt (retry or dead), fenced; records the handlers that succeeded.
     async fn outbox_mark_failed(&self, failure: &Failure<'_>) -> Result<bool>;

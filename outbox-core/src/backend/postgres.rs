@@ -90,7 +90,7 @@ const DEAD_COLUMNS: &str =
     "id, topic, 'dead' AS status, attempts, payload::text AS payload, last_error, \
      created_at, dead_at AS available_at, dead_at AS processed_at, idempotency_key, ordering_key";
 
-fn walked(m: &std::sync::Mutex<Instant>) -> std::sync::MutexGuard<'_, Instant> {
+fn locked<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
@@ -105,6 +105,11 @@ pub(crate) struct PgBackend {
     keyed_present: AtomicBool,
     /// When the claim last walked every key.
     walked: std::sync::Mutex<Instant>,
+    /// When a done write last claimed the next messages of the keys it released.
+    chained: std::sync::Mutex<Option<Instant>>,
+    /// How long after the last walk the next one runs while keys are released or chained:
+    /// from RELEASED_WALK_INTERVAL, doubled after each walk that found nothing.
+    walk_gap: std::sync::Mutex<std::time::Duration>,
 }
 
 impl PgBackend {
@@ -115,6 +120,8 @@ impl PgBackend {
             keyed_first: AtomicBool::new(false),
             keyed_present: AtomicBool::new(true),
             walked: std::sync::Mutex::new(Instant::now()),
+            chained: std::sync::Mutex::new(None),
+            walk_gap: std::sync::Mutex::new(super::RELEASED_WALK_INTERVAL),
         }
     }
 
@@ -204,7 +211,7 @@ impl PgBackend {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone()
             .unwrap_or_default();
-        *walked(&self.walked) = Instant::now();
+        *locked(&self.walked) = Instant::now();
         let rows = heads_query(
             concat!(
                 "WITH RECURSIVE after_cursor(k, id) AS ( \
@@ -243,6 +250,14 @@ impl PgBackend {
                 }
             }
             out.push(claimed(r, p.claim_token, true)?);
+        }
+        {
+            let mut gap = locked(&self.walk_gap);
+            *gap = if rows.is_empty() {
+                (*gap * 2).min(super::CHAINED_WALK_INTERVAL)
+            } else {
+                super::RELEASED_WALK_INTERVAL
+            };
         }
         // Keys compare byte-wise in the database ("C" collation) as Rust strings do.
         if last_key.is_some() {
@@ -332,6 +347,48 @@ fn heads_query<'q>(
         .bind(p.claim_token)
         .bind(p.worker)
         .bind(secs(p.lease))
+}
+
+/// The done write's CTEs: `del` (the done messages deleted, each only under its claim token),
+/// their done counts and their per-handler progress deleted. `$1` ids, `$2` claim tokens, `$3`
+/// worker, `$4` the ids with earlier attempts.
+macro_rules! done_ctes {
+    () => {
+        "WITH del AS ( \
+            DELETE FROM outbox_messages m \
+            USING UNNEST((SELECT $1::uuid[]), (SELECT $2::uuid[])) AS d(id, claim_token) \
+            WHERE m.id = d.id AND m.claim_token = d.claim_token \
+            RETURNING m.id, m.topic, m.ordering_key \
+         ), counted AS ( \
+            INSERT INTO outbox_done_counts (topic, minute, worker, done) \
+            SELECT topic, date_trunc('minute', now()), $3, count(*) FROM del GROUP BY topic \
+            ON CONFLICT (topic, minute, worker) DO UPDATE SET done = outbox_done_counts.done + excluded.done \
+         ), progress AS ( \
+            DELETE FROM outbox_deliveries WHERE message_id = ANY($4::uuid[]) \
+         ) "
+    };
+}
+
+/// A done write (its SQL starts with [`done_ctes`]) with its first four parameters bound.
+fn done_query<'q>(
+    sql: &'static str,
+    worker: Uuid,
+    done: &[Done],
+) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
+    let (ids, tokens): (Vec<Uuid>, Vec<Uuid>) = done
+        .iter()
+        .map(|d| (d.fence.id, d.fence.claim_token))
+        .unzip();
+    let progress: Vec<Uuid> = done
+        .iter()
+        .filter(|d| d.had_attempts)
+        .map(|d| d.fence.id)
+        .collect();
+    sqlx::query(sql)
+        .bind(ids)
+        .bind(tokens)
+        .bind(worker)
+        .bind(progress)
 }
 
 /// A claimed row as the worker sees it.
@@ -566,8 +623,17 @@ impl Backend for PgBackend {
         if !p.released.is_empty() {
             self.claim_released(p, p.limit, &mut out).await?;
         }
-        let mut keyed_ran = !p.released.is_empty()
-            && walked(&self.walked).elapsed() < super::RELEASED_WALK_INTERVAL;
+        // Keys this worker's done writes keep passing on (their next messages claimed by the
+        // write itself, see outbox_mark_done_and_claim) count as released keys here.
+        let chaining = locked(&self.chained)
+            .is_some_and(|at| at.elapsed() < 2 * super::RELEASED_WALK_INTERVAL);
+        let gap = if chaining {
+            *locked(&self.walk_gap)
+        } else {
+            super::RELEASED_WALK_INTERVAL
+        };
+        let mut keyed_ran =
+            (chaining || !p.released.is_empty()) && locked(&self.walked).elapsed() < gap;
         let want = p.limit - i64::try_from(out.len()).unwrap_or(i64::MAX);
         if !keyed_ran && want > 0 && keyed_first && self.keyed_present.load(AtomicOrdering::Relaxed)
         {
@@ -598,37 +664,83 @@ impl Backend for PgBackend {
     }
 
     async fn outbox_mark_done(&self, worker: Uuid, done: &[Done]) -> Result<u64> {
-        let (ids, tokens): (Vec<Uuid>, Vec<Uuid>) = done
-            .iter()
-            .map(|d| (d.fence.id, d.fence.claim_token))
-            .unzip();
-        let progress: Vec<Uuid> = done
-            .iter()
-            .filter(|d| d.had_attempts)
-            .map(|d| d.fence.id)
-            .collect();
-        let n: i64 = sqlx::query_scalar(
-            "WITH del AS ( \
-                DELETE FROM outbox_messages m \
-                USING UNNEST((SELECT $1::uuid[]), (SELECT $2::uuid[])) AS d(id, claim_token) \
-                WHERE m.id = d.id AND m.claim_token = d.claim_token \
-                RETURNING m.topic \
-             ), counted AS ( \
-                INSERT INTO outbox_done_counts (topic, minute, worker, done) \
-                SELECT topic, date_trunc('minute', now()), $3, count(*) FROM del GROUP BY topic \
-                ON CONFLICT (topic, minute, worker) DO UPDATE SET done = outbox_done_counts.done + excluded.done \
-             ), progress AS ( \
-                DELETE FROM outbox_deliveries WHERE message_id = ANY($4::uuid[]) \
-             ) \
-             SELECT count(*) FROM del",
+        let n: i64 = done_query(
+            concat!(done_ctes!(), "SELECT count(*) FROM del"),
+            worker,
+            done,
         )
-        .bind(ids)
-        .bind(tokens)
-        .bind(worker)
-        .bind(progress)
         .fetch_one(&self.pool)
-        .await?;
+        .await?
+        .try_get(0)?;
         Ok(u64::try_from(n).unwrap_or(0))
+    }
+
+    // The heads this write makes are found in the statement's own snapshot, where the rows it
+    // deletes are still live: each released key's first entry other than the row this write
+    // deletes (a key has one running message, so a batch holds at most one row of a key; the
+    // whole batch's ids in that filter cost a comparison per id and entry, 5 us a row at 1,000).
+    // No other claim can take such a head first: until this statement commits, the row it
+    // deletes is its key's head, and the DELETE holds that row's lock. The claim commits
+    // durably with the done rows (no `synchronous_commit` off here).
+    async fn outbox_mark_done_and_claim(
+        &self,
+        worker: Uuid,
+        done: &[Done],
+        next: &ClaimParams<'_>,
+    ) -> Result<(u64, Option<Vec<ClaimedMessage>>)> {
+        if done.iter().all(|d| d.key.is_none()) {
+            return Ok((self.outbox_mark_done(worker, done).await?, None));
+        }
+        let rows = done_query(
+            concat!(
+                done_ctes!(),
+                ", heads AS ( \
+                    SELECT d.ordering_key AS k, h.id FROM del d CROSS JOIN LATERAL ( \
+                        SELECT id FROM outbox_messages \
+                        WHERE ordering_key = d.ordering_key AND id <> d.id \
+                        ORDER BY ordering_key, id LIMIT 1) h \
+                    WHERE d.ordering_key IS NOT NULL \
+                 ), picked AS ( \
+                    SELECT m.ctid FROM heads h JOIN outbox_messages m ON m.id = h.id \
+                    WHERE m.topic = ANY($5::text[]) \
+                      AND m.available_at <= now() \
+                      AND (m.locked_until IS NULL OR m.locked_until < now()) \
+                      AND NOT EXISTS (SELECT 1 FROM outbox_dead d \
+                                      WHERE d.ordering_key = h.k AND d.id < h.id AND NOT d.releases_key) \
+                    FOR UPDATE OF m SKIP LOCKED \
+                 ), claimed AS ( \
+                    UPDATE outbox_messages m \
+                    SET attempts = m.attempts + 1, claim_token = $6, claimed_by = $3, \
+                        locked_until = now() + make_interval(secs => $7) \
+                    WHERE m.ctid = ANY(ARRAY(SELECT ctid FROM picked)) \
+                    RETURNING m.id, m.topic, m.payload::text AS payload, m.idempotency_key, \
+                              m.attempts, m.created_at, m.last_error, m.ordering_key, \
+                              m.traceparent, m.tracestate \
+                 ) \
+                 SELECT (SELECT count(*) FROM del) AS done, c.* \
+                 FROM (SELECT 1) one LEFT JOIN claimed c ON true"
+            ),
+            worker,
+            done,
+        )
+        .bind(next.topics)
+        .bind(next.claim_token)
+        .bind(secs(next.lease))
+        .fetch_all(&self.pool)
+        .await?;
+        let mut n = 0i64;
+        let mut out = Vec::new();
+        for r in &rows {
+            n = r.try_get("done")?;
+            if r.try_get::<Option<Uuid>, _>("id")?.is_some() {
+                out.push(claimed(r, next.claim_token, true)?);
+            }
+        }
+        if !out.is_empty() {
+            self.keyed_present.store(true, AtomicOrdering::Relaxed);
+            *locked(&self.chained) = Some(Instant::now());
+        }
+        Ok((u64::try_from(n).unwrap_or(0), Some(out)))
     }
 
     async fn outbox_mark_failed(&self, f: &Failure<'_>) -> Result<bool> {

@@ -143,6 +143,9 @@ pub(super) async fn run(
     shared.heartbeat().await;
 
     let wake = Arc::new(Wakeups::default());
+    let tasks = CancellationToken::new();
+    // The next messages of keys that the flusher's done writes claim start here.
+    let (start_tx, start_rx) = mpsc::unbounded_channel();
     let flusher = tokio::spawn(super::flush::run_flusher(
         backend.clone(),
         worker.inner.id,
@@ -150,8 +153,19 @@ pub(super) async fn run(
         cfg.flush_interval,
         cfg.batch_size.max(super::flush::FLUSH_MAX),
         wake.clone(),
+        super::flush::NextClaim {
+            topics: worker.inner.topics.keys().copied().collect(),
+            lease: cfg.lease,
+            start: start_tx,
+            stop: stop.clone(),
+        },
     ));
-    let tasks = CancellationToken::new();
+    tokio::spawn(start_claimed(
+        Arc::downgrade(&shared),
+        backend.clone(),
+        start_rx,
+        tasks.clone(),
+    ));
     if cfg.wakeup == Wakeup::Listen {
         tokio::spawn(listen(
             backend.clone(),
@@ -214,6 +228,40 @@ pub(super) async fn run(
     let _ = tokio::time::timeout(Duration::from_millis(300), backend.close()).await;
     tracing::info!(worker = %cfg.name, "worker stopped");
     still_running
+}
+
+/// Starts the messages that the flusher claimed with its done writes, until the worker's
+/// tasks end; what comes after that is handed back, ready again at once. It holds the engine's
+/// state only while it starts a batch, so the flusher still ends when the worker stops.
+async fn start_claimed(
+    shared: std::sync::Weak<Shared>,
+    backend: Arc<dyn Backend>,
+    mut rx: mpsc::UnboundedReceiver<Vec<crate::backend::ClaimedMessage>>,
+    tasks: CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            biased;
+            () = tasks.cancelled() => break,
+            claimed = rx.recv() => {
+                let Some(claimed) = claimed else { return };
+                let Some(shared) = shared.upgrade() else { break };
+                shared.start_all(claimed).await;
+            }
+        }
+    }
+    let mut fences = Vec::new();
+    while let Ok(claimed) = rx.try_recv() {
+        fences.extend(claimed.iter().map(|m| Fence {
+            id: m.id,
+            claim_token: m.claim_token,
+        }));
+    }
+    if !fences.is_empty() {
+        if let Err(e) = backend.outbox_hand_back(&fences).await {
+            tracing::warn!(error = %e, count = fences.len(), "could not hand back messages claimed while the worker stopped; they run again when their lease runs out");
+        }
+    }
 }
 
 async fn claim_loop(shared: &Arc<Shared>, wake: &Arc<Wakeups>, stop: &CancellationToken) {

@@ -6,19 +6,33 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::config::reconnect_delay;
 use super::wake::Wakeups;
-use crate::backend::{Backend, Done};
+use crate::backend::{Backend, ClaimParams, ClaimedMessage, Done};
 
 /// The most done messages one statement deletes.
 pub(crate) const FLUSH_MAX: usize = 1000;
 
+/// How the flusher claims the next messages of the keys its writes release.
+pub(crate) struct NextClaim {
+    /// The worker's topics: only their messages are claimed.
+    pub(crate) topics: Vec<&'static str>,
+    pub(crate) lease: Duration,
+    /// Where the claimed messages go to be started.
+    pub(crate) start: mpsc::UnboundedSender<Vec<ClaimedMessage>>,
+    /// Once the worker stops claiming, so does the flusher.
+    pub(crate) stop: CancellationToken,
+}
+
 /// Collects done messages and writes them every `interval` or every `max` messages, until
 /// every sender is gone and the last batch is written. A batch with ordered messages is written
-/// without waiting out the interval, and wakes the worker's claim loop once written: the next
-/// messages of their keys may start now, and no producer's commit will announce them.
+/// without waiting out the interval: the next messages of their keys may start now, and no
+/// producer's commit will announce them. Where the backend can, the same statement claims
+/// those next messages (sent to `next.start`); otherwise the worker's claim loop is woken to
+/// look them up.
 pub(crate) async fn run_flusher(
     backend: Arc<dyn Backend>,
     worker: Uuid,
@@ -26,6 +40,7 @@ pub(crate) async fn run_flusher(
     interval: Duration,
     max: usize,
     wake: Arc<Wakeups>,
+    next: NextClaim,
 ) {
     let mut buf: Vec<Done> = Vec::with_capacity(max);
     let mut failures: u32 = 0;
@@ -73,10 +88,38 @@ pub(crate) async fn run_flusher(
         if buf.is_empty() {
             return;
         }
-        match backend.outbox_mark_done(worker, &buf).await {
-            Ok(n) => {
-                if n > 0 && buf.iter().any(|d| d.key.is_some()) {
-                    wake.released(buf.iter().filter_map(|d| d.key.clone()));
+        let keyed = buf.iter().any(|d| d.key.is_some());
+        let written = if keyed && !next.stop.is_cancelled() {
+            let params = ClaimParams {
+                topics: &next.topics,
+                limit: 0,
+                lease: next.lease,
+                claim_token: Uuid::now_v7(),
+                worker,
+                released: &[],
+            };
+            backend
+                .outbox_mark_done_and_claim(worker, &buf, &params)
+                .await
+        } else {
+            backend
+                .outbox_mark_done(worker, &buf)
+                .await
+                .map(|n| (n, None))
+        };
+        match written {
+            Ok((n, claimed)) => {
+                match claimed {
+                    Some(c) if !c.is_empty() => {
+                        // The receiver is gone only when the worker is stopping: those
+                        // claims run again after their lease.
+                        let _ = next.start.send(c);
+                    }
+                    Some(_) => {}
+                    None if n > 0 && keyed => {
+                        wake.released(buf.iter().filter_map(|d| d.key.clone()));
+                    }
+                    None => {}
                 }
                 if (n as usize) < buf.len() {
                     tracing::warn!(
