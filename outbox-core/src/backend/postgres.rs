@@ -312,14 +312,11 @@ impl PgBackend {
 /// claim token, `$4` worker, `$5` lease in seconds.
 macro_rules! claim_heads {
     () => {
-        "picked AS ( \
+        concat!("picked AS ( \
             SELECT m.ctid FROM heads h JOIN outbox_messages m ON m.id = h.id \
             WHERE m.topic = ANY(CASE WHEN set_config('synchronous_commit', 'off', true) = 'off' \
                                      THEN $1::text[] END) \
-              AND m.available_at <= now() \
-              AND (m.locked_until IS NULL OR m.locked_until < now()) \
-              AND NOT EXISTS (SELECT 1 FROM outbox_dead d \
-                              WHERE d.ordering_key = h.k AND d.id < h.id AND NOT d.releases_key) \
+              AND ", head_may_start!(), " \
             LIMIT $2 \
             FOR UPDATE OF m SKIP LOCKED \
          ) \
@@ -327,12 +324,32 @@ macro_rules! claim_heads {
          SET attempts = m.attempts + 1, claim_token = $3, claimed_by = $4, \
              locked_until = now() + make_interval(secs => $5) \
          WHERE m.ctid = ANY(ARRAY(SELECT ctid FROM picked)) \
-         RETURNING m.id, m.topic, m.payload::text AS payload, m.idempotency_key, \
-                   m.attempts, m.created_at, m.last_error, m.ordering_key, \
-                   m.traceparent, m.tracestate"
+         RETURNING ", head_columns!())
     };
 }
 use claim_heads;
+
+/// The terms on which a key's head `m` (of `heads h`) may start, besides its topic: due, not
+/// running, and not behind a dead letter that holds its key. Both claims of ordered messages
+/// (the claim's and the done write's) use them.
+macro_rules! head_may_start {
+    () => {
+        "m.available_at <= now() \
+         AND (m.locked_until IS NULL OR m.locked_until < now()) \
+         AND NOT EXISTS (SELECT 1 FROM outbox_dead d \
+                         WHERE d.ordering_key = h.k AND d.id < h.id AND NOT d.releases_key)"
+    };
+}
+use head_may_start;
+
+/// The columns a claim of ordered messages returns, as [`claimed`] reads them.
+macro_rules! head_columns {
+    () => {
+        "m.id, m.topic, m.payload::text AS payload, m.idempotency_key, \
+         m.attempts, m.created_at, m.last_error, m.ordering_key, m.traceparent, m.tracestate"
+    };
+}
+use head_columns;
 
 /// A claim of ordered messages (its SQL ends in [`claim_heads`]) with its first five
 /// parameters bound; the caller binds `$6`, what its `heads` are made from.
@@ -702,20 +719,18 @@ impl Backend for PgBackend {
                     WHERE d.ordering_key IS NOT NULL \
                  ), picked AS ( \
                     SELECT m.ctid FROM heads h JOIN outbox_messages m ON m.id = h.id \
-                    WHERE m.topic = ANY($5::text[]) \
-                      AND m.available_at <= now() \
-                      AND (m.locked_until IS NULL OR m.locked_until < now()) \
-                      AND NOT EXISTS (SELECT 1 FROM outbox_dead d \
-                                      WHERE d.ordering_key = h.k AND d.id < h.id AND NOT d.releases_key) \
+                    WHERE m.topic = ANY($5::text[]) AND ",
+                head_may_start!(),
+                " \
                     FOR UPDATE OF m SKIP LOCKED \
                  ), claimed AS ( \
                     UPDATE outbox_messages m \
                     SET attempts = m.attempts + 1, claim_token = $6, claimed_by = $3, \
                         locked_until = now() + make_interval(secs => $7) \
                     WHERE m.ctid = ANY(ARRAY(SELECT ctid FROM picked)) \
-                    RETURNING m.id, m.topic, m.payload::text AS payload, m.idempotency_key, \
-                              m.attempts, m.created_at, m.last_error, m.ordering_key, \
-                              m.traceparent, m.tracestate \
+                    RETURNING ",
+                head_columns!(),
+                " \
                  ) \
                  SELECT (SELECT count(*) FROM del) AS done, c.* \
                  FROM (SELECT 1) one LEFT JOIN claimed c ON true"
