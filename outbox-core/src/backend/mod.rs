@@ -36,11 +36,6 @@ pub(crate) const RELEASED_WALK_INTERVAL: std::time::Duration = std::time::Durati
 /// those walks then only look for new keys, due retries and keys of other workers' topics.
 #[cfg(feature = "postgres")]
 pub(crate) const CHAINED_WALK_INTERVAL: std::time::Duration = std::time::Duration::from_millis(200);
-/// How often a worker busy with runs of keys ([`ClaimParams::busy`]) walks every key: its keys
-/// step on without claims, its handler slots are mostly spoken for, and idle peers walk at
-/// their own pace.
-#[cfg(any(feature = "postgres", feature = "sqlite", feature = "sqlite-unbundled"))]
-pub(crate) const HELD_WALK_INTERVAL: std::time::Duration = std::time::Duration::from_millis(500);
 
 mod sealed {
     pub trait Sealed {}
@@ -134,8 +129,7 @@ pub(crate) trait Backend: Send + Sync + 'static {
     async fn outbox_mark_done(&self, worker: uuid::Uuid, done: &[Done]) -> Result<u64>;
 
     /// As [`outbox_mark_done`](Self::outbox_mark_done), and in the same statement claims under
-    /// `next` the messages that became the heads of the keys it released (not those of done
-    /// messages whose `next_parked` is set), with their runs, on the terms of
+    /// `next` the messages that became the heads of the keys it released, on the terms of
     /// [`outbox_claim_batch`](Self::outbox_claim_batch) (`next.limit` and `next.released` are
     /// not used). `None` in place of the claimed messages: this backend does not claim there,
     /// and the caller looks up the released keys' heads with its next claim instead.

@@ -191,10 +191,9 @@ impl PgBackend {
         Ok(rows.len())
     }
 
-    /// Claims ordered messages into `out`: up to `limit` heads of their keys (each key's live
-    /// message with the smallest id) that are due, not running, of a topic asked for, and not
-    /// behind a dead letter that holds the key, each with its key's run behind it (up to
-    /// `p.tails` messages, see [`claim_runs`]).
+    /// Claims up to `limit` ordered messages into `out`: the heads of their keys (each key's
+    /// live message with the smallest id) that are due, not running, of a topic asked for, and
+    /// not behind a dead letter that holds the key.
     ///
     /// The claim walks the key index from key to key, one probe per key (a loose index scan).
     /// A later row of a key is never a head while an earlier one exists, locked or not, so two
@@ -217,19 +216,19 @@ impl PgBackend {
             concat!(
                 "WITH RECURSIVE after_cursor(k, id) AS ( \
                 (SELECT ordering_key, id FROM outbox_messages \
-                 WHERE ordering_key > $7 ORDER BY ordering_key, id LIMIT 1) \
+                 WHERE ordering_key > $6 ORDER BY ordering_key, id LIMIT 1) \
                 UNION ALL \
                 SELECT n.ordering_key, n.id FROM after_cursor a CROSS JOIN LATERAL ( \
                     SELECT ordering_key, id FROM outbox_messages \
                     WHERE ordering_key > a.k ORDER BY ordering_key, id LIMIT 1) n \
              ), up_to_cursor(k, id) AS ( \
                 (SELECT ordering_key, id FROM outbox_messages \
-                 WHERE ordering_key IS NOT NULL AND ordering_key <= $7 \
+                 WHERE ordering_key IS NOT NULL AND ordering_key <= $6 \
                  ORDER BY ordering_key, id LIMIT 1) \
                 UNION ALL \
                 SELECT n.ordering_key, n.id FROM up_to_cursor a CROSS JOIN LATERAL ( \
                     SELECT ordering_key, id FROM outbox_messages \
-                    WHERE ordering_key > a.k AND ordering_key <= $7 \
+                    WHERE ordering_key > a.k AND ordering_key <= $6 \
                     ORDER BY ordering_key, id LIMIT 1) n \
              ), heads AS ( \
                 SELECT k, id FROM after_cursor UNION ALL SELECT k, id FROM up_to_cursor \
@@ -285,7 +284,7 @@ impl PgBackend {
         let rows = heads_query(
             concat!(
                 "WITH heads AS ( \
-                SELECT r.k, h.id FROM unnest((SELECT $7::text[])) AS r(k) \
+                SELECT r.k, h.id FROM unnest((SELECT $6::text[])) AS r(k) \
                 CROSS JOIN LATERAL ( \
                     SELECT id FROM outbox_messages \
                     WHERE ordering_key = r.k ORDER BY ordering_key, id LIMIT 1) h \
@@ -309,58 +308,26 @@ impl PgBackend {
 }
 
 /// The rest of both claims of ordered messages, after their CTE `heads(k, id)` (a key and the
-/// id of its head): the heads that may start and the runs behind them ([`claim_runs`]),
-/// locked and claimed. `$1` topics, `$2` limit (of heads), `$3` claim token, `$4` worker, `$5`
-/// lease in seconds, `$6` the most messages claimed behind each head.
+/// id of its head): the heads that may start, locked and claimed. `$1` topics, `$2` limit, `$3`
+/// claim token, `$4` worker, `$5` lease in seconds.
 macro_rules! claim_heads {
     () => {
         concat!("picked AS ( \
-            SELECT m.ctid, h.k, m.id FROM heads h JOIN outbox_messages m ON m.id = h.id \
+            SELECT m.ctid FROM heads h JOIN outbox_messages m ON m.id = h.id \
             WHERE m.topic = ANY(CASE WHEN set_config('synchronous_commit', 'off', true) = 'off' \
                                      THEN $1::text[] END) \
               AND ", head_may_start!(), " \
             LIMIT $2 \
             FOR UPDATE OF m SKIP LOCKED \
-         ), ", claim_runs!("$1", "$6", "$3", "$4", "$5"), " \
-         SELECT * FROM claimed")
+         ) \
+         UPDATE outbox_messages m \
+         SET attempts = m.attempts + 1, claim_token = $3, claimed_by = $4, \
+             locked_until = now() + make_interval(secs => $5) \
+         WHERE m.ctid = ANY(ARRAY(SELECT ctid FROM picked)) \
+         RETURNING ", head_columns!())
     };
 }
 use claim_heads;
-
-/// After a CTE `picked(ctid, k, id)` of key heads locked to claim: `tails`, the messages that
-/// follow each head in its key (at most `$tails` of them), up to the first that may not start
-/// (of another topic, not due, or running under a live lease), so that each key keeps an
-/// unbroken run; `locked_tails`, those rows locked; and `claimed`, heads and runs claimed.
-///
-/// The runs' rows are locked waiting, never skipped: a skipped row would leave a gap in its
-/// key's run. No other claim takes them meanwhile: every claim takes a key's head, or the run
-/// behind a head it holds locked, and these follow a head this statement holds.
-macro_rules! claim_runs {
-    ($topics:literal, $tails:literal, $token:literal, $worker:literal, $lease:literal) => {
-        concat!("tails AS ( \
-            SELECT x.id FROM ( \
-                SELECT t.id, bool_and(t.ok) OVER (PARTITION BY p.k ORDER BY t.id) AS run \
-                FROM picked p CROSS JOIN LATERAL ( \
-                    SELECT id, topic = ANY(", $topics, "::text[]) AND available_at <= now() \
-                               AND (locked_until IS NULL OR locked_until < now()) AS ok \
-                    FROM outbox_messages \
-                    WHERE ordering_key = p.k AND id > p.id \
-                    ORDER BY ordering_key, id LIMIT ", $tails, ") t \
-            ) x WHERE x.run \
-         ), locked_tails AS ( \
-            SELECT m.ctid FROM outbox_messages m \
-            WHERE m.id = ANY(ARRAY(SELECT id FROM tails)) \
-            FOR UPDATE OF m \
-         ), claimed AS ( \
-            UPDATE outbox_messages m \
-            SET attempts = m.attempts + 1, claim_token = ", $token, ", claimed_by = ", $worker, ", \
-                locked_until = now() + make_interval(secs => ", $lease, ") \
-            WHERE m.ctid = ANY(ARRAY(SELECT ctid FROM picked UNION ALL SELECT ctid FROM locked_tails)) \
-            RETURNING ", head_columns!(), " \
-         )")
-    };
-}
-use claim_runs;
 
 /// The terms on which a key's head `m` (of `heads h`) may start, besides its topic: due, not
 /// running, and not behind a dead letter that holds its key. Both claims of ordered messages
@@ -384,8 +351,8 @@ macro_rules! head_columns {
 }
 use head_columns;
 
-/// A claim of ordered messages (its SQL ends in [`claim_heads`]) with its first six
-/// parameters bound; the caller binds `$7`, what its `heads` are made from.
+/// A claim of ordered messages (its SQL ends in [`claim_heads`]) with its first five
+/// parameters bound; the caller binds `$6`, what its `heads` are made from.
 fn heads_query<'q>(
     sql: &'static str,
     p: &'q ClaimParams<'_>,
@@ -397,7 +364,6 @@ fn heads_query<'q>(
         .bind(p.claim_token)
         .bind(p.worker)
         .bind(secs(p.lease))
-        .bind(p.tails.clamp(0, super::KEY_RUN - 1))
 }
 
 /// The done write's CTEs: `del` (the done messages deleted, each only under its claim token),
@@ -676,13 +642,9 @@ impl Backend for PgBackend {
         }
         // Keys this worker's done writes keep passing on (their next messages claimed by the
         // write itself, see outbox_mark_done_and_claim) count as released keys here.
-        // So do keys whose runs the worker holds.
-        let chaining = p.holding
-            || locked(&self.chained)
-                .is_some_and(|at| at.elapsed() < 2 * super::RELEASED_WALK_INTERVAL);
-        let gap = if p.busy {
-            super::HELD_WALK_INTERVAL
-        } else if chaining {
+        let chaining = locked(&self.chained)
+            .is_some_and(|at| at.elapsed() < 2 * super::RELEASED_WALK_INTERVAL);
+        let gap = if chaining {
             *locked(&self.walk_gap)
         } else {
             super::RELEASED_WALK_INTERVAL
@@ -735,43 +697,41 @@ impl Backend for PgBackend {
     // deletes (a key has one running message, so a batch holds at most one row of a key; the
     // whole batch's ids in that filter cost a comparison per id and entry, 5 us a row at 1,000).
     // No other claim can take such a head first: until this statement commits, the row it
-    // deletes is its key's head, and the DELETE holds that row's lock. Behind each head the
-    // write claims the key's run, as a claim does. It claims nothing for a key whose next
-    // message the worker already holds (`next_parked`). The claim commits durably with the done
-    // rows (no `synchronous_commit` off here).
+    // deletes is its key's head, and the DELETE holds that row's lock. The claim commits
+    // durably with the done rows (no `synchronous_commit` off here).
     async fn outbox_mark_done_and_claim(
         &self,
         worker: Uuid,
         done: &[Done],
         next: &ClaimParams<'_>,
     ) -> Result<(u64, Option<Vec<ClaimedMessage>>)> {
-        let release: Vec<Uuid> = done
-            .iter()
-            .filter(|d| d.key.is_some() && !d.next_parked)
-            .map(|d| d.fence.id)
-            .collect();
-        if release.is_empty() {
+        if done.iter().all(|d| d.key.is_none()) {
             return Ok((self.outbox_mark_done(worker, done).await?, None));
         }
         let rows = done_query(
             concat!(
                 done_ctes!(),
                 ", heads AS ( \
-                    SELECT d.ordering_key AS k, h.id \
-                    FROM del d JOIN unnest($9::uuid[]) AS r(id) ON r.id = d.id \
-                    CROSS JOIN LATERAL ( \
+                    SELECT d.ordering_key AS k, h.id FROM del d CROSS JOIN LATERAL ( \
                         SELECT id FROM outbox_messages \
                         WHERE ordering_key = d.ordering_key AND id <> d.id \
                         ORDER BY ordering_key, id LIMIT 1) h \
+                    WHERE d.ordering_key IS NOT NULL \
                  ), picked AS ( \
-                    SELECT m.ctid, h.k, m.id FROM heads h JOIN outbox_messages m ON m.id = h.id \
+                    SELECT m.ctid FROM heads h JOIN outbox_messages m ON m.id = h.id \
                     WHERE m.topic = ANY($5::text[]) AND ",
                 head_may_start!(),
                 " \
                     FOR UPDATE OF m SKIP LOCKED \
-                 ), ",
-                claim_runs!("$5", "$8", "$6", "$3", "$7"),
+                 ), claimed AS ( \
+                    UPDATE outbox_messages m \
+                    SET attempts = m.attempts + 1, claim_token = $6, claimed_by = $3, \
+                        locked_until = now() + make_interval(secs => $7) \
+                    WHERE m.ctid = ANY(ARRAY(SELECT ctid FROM picked)) \
+                    RETURNING ",
+                head_columns!(),
                 " \
+                 ) \
                  SELECT (SELECT count(*) FROM del) AS done, c.* \
                  FROM (SELECT 1) one LEFT JOIN claimed c ON true"
             ),
@@ -781,8 +741,6 @@ impl Backend for PgBackend {
         .bind(next.topics)
         .bind(next.claim_token)
         .bind(secs(next.lease))
-        .bind(next.tails.clamp(0, super::KEY_RUN - 1))
-        .bind(release)
         .fetch_all(&self.pool)
         .await?;
         let mut n = 0i64;

@@ -120,8 +120,7 @@ impl SqliteBackend {
 
     /// Claims up to the rest of the batch among ordered messages: the heads of their keys
     /// (each key's live message with the smallest id) that are due, not running, of a topic
-    /// asked for, and not behind a dead letter that holds the key, each with its key's run
-    /// behind it (up to `p.tails` messages, see [`sqlite_claim_heads`]). The keys are walked one
+    /// asked for, and not behind a dead letter that holds the key. The keys are walked one
     /// index probe each (a loose index scan), starting after the key this backend claimed last
     /// and wrapping around, so keys take turns. A later message of a key is never a head while
     /// an earlier one exists, so two workers never start two messages of one key.
@@ -192,7 +191,6 @@ impl SqliteBackend {
             .bind(fifth)
             .bind(topics)
             .bind(want)
-            .bind(p.tails.clamp(0, super::KEY_RUN - 1))
             .fetch_all(&self.pool)
             .await?;
         let mut last_key: Option<String> = None;
@@ -216,36 +214,22 @@ impl SqliteBackend {
 }
 
 /// The rest of both claims of ordered messages, after their CTE `keys(k)`: each key's head,
-/// claimed if it may start, and behind it the key's run: the messages that follow it (at most
-/// `?8`), up to the first that may not start (of another topic, not due, or running), so each
-/// key keeps an unbroken run. `?1` claim token, `?2` worker, `?3` now, `?4` lease end, `?6`
-/// topics, `?7` limit (of heads).
+/// claimed if it may start. `?1` claim token, `?2` worker, `?3` now, `?4` lease end, `?6`
+/// topics, `?7` limit.
 macro_rules! sqlite_claim_heads {
     () => {
         "heads(k, id) AS ( \
                 SELECT k, (SELECT min(id) FROM outbox_messages WHERE ordering_key = keys.k) FROM keys \
-             ), picked(k, id) AS MATERIALIZED ( \
-                 SELECT h.k, m.id FROM heads h JOIN outbox_messages m ON m.id = h.id \
+             ) \
+             UPDATE outbox_messages \
+             SET attempts = attempts + 1, claim_token = ?1, claimed_by = ?2, locked_until = ?4 \
+             WHERE id IN ( \
+                 SELECT m.id FROM heads h JOIN outbox_messages m ON m.id = h.id \
                  WHERE m.topic IN (SELECT value FROM json_each(?6)) AND m.available_at <= ?3 \
                    AND (m.locked_until IS NULL OR m.locked_until < ?3) \
                    AND NOT EXISTS (SELECT 1 FROM outbox_dead d \
                                    WHERE d.ordering_key = h.k AND d.id < h.id AND d.releases_key = 0) \
-                 LIMIT ?7 \
-             ), tails(id) AS MATERIALIZED ( \
-                 SELECT id FROM ( \
-                     SELECT t.id, min(t.ok) OVER (PARTITION BY t.k ORDER BY t.id) AS run FROM ( \
-                         SELECT p.k, x.id, \
-                                (x.topic IN (SELECT value FROM json_each(?6)) AND x.available_at <= ?3 \
-                                 AND (x.locked_until IS NULL OR x.locked_until < ?3)) AS ok \
-                         FROM picked p JOIN outbox_messages x ON x.id IN ( \
-                             SELECT id FROM outbox_messages WHERE ordering_key = p.k AND id > p.id \
-                             ORDER BY ordering_key, id LIMIT ?8) \
-                     ) t \
-                 ) WHERE run = 1 \
-             ) \
-             UPDATE outbox_messages \
-             SET attempts = attempts + 1, claim_token = ?1, claimed_by = ?2, locked_until = ?4 \
-             WHERE id IN (SELECT id FROM picked UNION ALL SELECT id FROM tails) \
+                 LIMIT ?7) \
              RETURNING id, topic, payload, idempotency_key, attempts, created_at, last_error, ordering_key, \
                        traceparent, tracestate"
     };
@@ -549,19 +533,13 @@ impl Backend for SqliteBackend {
         if !p.released.is_empty() {
             self.claim_keyed(p, now, true, &mut out).await?;
         }
-        // So do keys whose runs the worker holds; a worker busy with them walks less often
-        // still.
-        let walk = (p.released.is_empty() && !p.holding)
+        let walk = p.released.is_empty()
             || self
                 .walked
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .elapsed()
-                >= if p.busy {
-                    super::HELD_WALK_INTERVAL
-                } else {
-                    super::RELEASED_WALK_INTERVAL
-                };
+                >= super::RELEASED_WALK_INTERVAL;
         if keyed_first && walk {
             self.claim_keyed(p, now, false, &mut out).await?;
         }

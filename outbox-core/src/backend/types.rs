@@ -18,22 +18,7 @@ pub(crate) struct ClaimParams<'a> {
     /// Ordering keys whose messages this worker's done writes deleted since its last claim:
     /// the next messages of these keys are looked for first, without walking every key.
     pub(crate) released: &'a [Arc<str>],
-    /// How many of the messages that follow each claimed head of a key, in the key's order,
-    /// the claim takes with it (a key's run): a worker that starts each only once the done
-    /// write of the one before it has committed may ask for them, at most [`KEY_RUN`] - 1.
-    /// Zero: heads only.
-    pub(crate) tails: i64,
-    /// The worker holds runs of keys (messages parked behind running ones of their key): those
-    /// keys step on in the worker without claims, so its walks over every key back off as
-    /// while its done writes claim (PostgreSQL) or release keys (SQLite).
-    pub(crate) holding: bool,
-    /// The worker holds runs of at least half as many keys as it has handler slots: its walks
-    /// over every key then run only every [`HELD_WALK_INTERVAL`](super::HELD_WALK_INTERVAL).
-    pub(crate) busy: bool,
 }
-
-/// The most messages of one key that one claim takes: its head and those that follow it.
-pub(crate) const KEY_RUN: i64 = 16;
 
 /// A claimed message, running under `claim_token` until its lease runs out.
 #[derive(Debug, Clone)]
@@ -82,10 +67,6 @@ pub(crate) struct Done {
     /// Its ordering key, if it has one: writing it done lets the next message of its key
     /// start.
     pub(crate) key: Option<Arc<str>>,
-    /// The worker already holds the next message of its key (claimed in the same run): the
-    /// write claims no successor for it, and the worker starts that message once the write
-    /// has committed.
-    pub(crate) next_parked: bool,
 }
 
 /// What a worker says of itself in its heartbeat.

@@ -11,7 +11,7 @@
 //!   leases of its running messages are renewed;
 //! - at shutdown, the messages still running at the deadline are handed back.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -24,13 +24,12 @@ mod chores;
 mod dispatch;
 
 use super::config::{reconnect_delay, Wakeup};
-use super::flush::Next;
 use super::process::{Outcome, Watch};
 use super::wake::{
     idle_wait, listen, NapEnd, Rate, Wakeups, HOT_POLL, HOT_WINDOW, SETTLE_LOOKS, STREAM_RATE,
 };
 use super::{lock, Worker};
-use crate::backend::{Backend, Beat, ClaimedMessage, Done, Fence, KEY_RUN};
+use crate::backend::{Backend, Beat, Done, Fence};
 
 /// The longest claim interval that sharing it among a topic's workers makes.
 const MAX_SHARED_INTERVAL: Duration = Duration::from_millis(50);
@@ -62,9 +61,6 @@ struct Flight {
     /// The handler task, once it started (a claimed message may wait for a permit).
     abort: Option<tokio::task::AbortHandle>,
     warned_blocking: bool,
-    /// Claimed behind a running message of its key ([`Shared::lines`]): it starts once that
-    /// message's done write has committed, and waits for no permit until then.
-    parked: bool,
 }
 
 impl Flight {
@@ -87,13 +83,6 @@ struct Shared {
     backend: Arc<dyn Backend>,
     handlers_rt: tokio::runtime::Handle,
     flights: Mutex<HashMap<Uuid, Flight>>,
-    /// The messages claimed behind a running message of their key, in the key's order, by key:
-    /// each starts once the done write of the one before it has committed. A key is here while
-    /// it has such messages; they are also in `flights` (parked), so their leases are renewed.
-    /// Locked before `flights` when both are.
-    lines: Mutex<HashMap<Arc<str>, VecDeque<ClaimedMessage>>>,
-    /// Set once the claim loop has stopped: a key's later messages are handed back, not parked.
-    stopping: AtomicBool,
     finished_tx: mpsc::UnboundedSender<Finished>,
     done_tx: mpsc::UnboundedSender<Done>,
     permits: Arc<Semaphore>,
@@ -143,8 +132,6 @@ pub(super) async fn run(
         backend: backend.clone(),
         handlers_rt,
         flights: Mutex::new(HashMap::new()),
-        lines: Mutex::new(HashMap::new()),
-        stopping: AtomicBool::new(false),
         finished_tx,
         done_tx,
         permits: Arc::new(Semaphore::new(cfg.concurrency)),
@@ -193,12 +180,7 @@ pub(super) async fn run(
 
     claim_loop(&shared, &wake, &stop).await;
 
-    // Stop: no new claims, and the messages parked behind running ones of their keys go back
-    // now (ready again at once), for other workers to take. Handlers in flight get until the
-    // deadline.
-    shared.stopping.store(true, Ordering::Relaxed);
-    let parked: Vec<Arc<str>> = lock(&shared.lines).keys().cloned().collect();
-    shared.drop_lines(&parked).await;
+    // Stop: no new claims. Handlers in flight get until the deadline.
     let deadline = Instant::now() + cfg.shutdown_timeout;
     while !lock(&shared.flights).is_empty() && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(5)).await;
@@ -248,41 +230,32 @@ pub(super) async fn run(
     still_running
 }
 
-/// Acts on what the flusher's done writes report, until the worker's tasks end: starts the
-/// messages they claimed and the parked messages of the keys they passed on, and hands back
-/// the parked messages of keys whose write was lost. What is claimed after the end is handed
-/// back, ready again at once. It holds the engine's state only while it acts, so the flusher
-/// still ends when the worker stops.
+/// Starts the messages that the flusher claimed with its done writes, until the worker's
+/// tasks end; what comes after that is handed back, ready again at once. It holds the engine's
+/// state only while it starts a batch, so the flusher still ends when the worker stops.
 async fn start_claimed(
     shared: std::sync::Weak<Shared>,
     backend: Arc<dyn Backend>,
-    mut rx: mpsc::UnboundedReceiver<Next>,
+    mut rx: mpsc::UnboundedReceiver<Vec<crate::backend::ClaimedMessage>>,
     tasks: CancellationToken,
 ) {
     loop {
         tokio::select! {
             biased;
             () = tasks.cancelled() => break,
-            next = rx.recv() => {
-                let Some(next) = next else { return };
+            claimed = rx.recv() => {
+                let Some(claimed) = claimed else { return };
                 let Some(shared) = shared.upgrade() else { break };
-                match next {
-                    Next::Claimed(claimed) => shared.start_all(claimed).await,
-                    Next::Committed(keys) => shared.advance(&keys).await,
-                    Next::Lost(keys) => shared.drop_lines(&keys).await,
-                }
+                shared.start_all(claimed).await;
             }
         }
     }
-    // Parked messages went back when the claim loop stopped; only claims are left to return.
     let mut fences = Vec::new();
-    while let Ok(next) = rx.try_recv() {
-        if let Next::Claimed(claimed) = next {
-            fences.extend(claimed.iter().map(|m| Fence {
-                id: m.id,
-                claim_token: m.claim_token,
-            }));
-        }
+    while let Ok(claimed) = rx.try_recv() {
+        fences.extend(claimed.iter().map(|m| Fence {
+            id: m.id,
+            claim_token: m.claim_token,
+        }));
     }
     if !fences.is_empty() {
         if let Err(e) = backend.outbox_hand_back(&fences).await {
@@ -319,14 +292,7 @@ async fn claim_loop(shared: &Arc<Shared>, wake: &Arc<Wakeups>, stop: &Cancellati
         // this worker (its leases renewed), so handlers never wait for a claim round trip.
         let want = cfg.batch_size;
         let released = wake.take_released();
-        // Runs of keys step on here without claims.
-        let held = lock(&shared.lines).len();
-        // Ordered messages come in runs of their key, each started once the one before it is
-        // written done.
-        let claimed = match worker
-            .claim(&*shared.backend, want, &released, KEY_RUN - 1, held)
-            .await
-        {
+        let claimed = match worker.claim(&*shared.backend, want, &released).await {
             Ok(c) => {
                 db_failures = 0;
                 c

@@ -11,7 +11,7 @@ use uuid::Uuid;
 
 use super::config::reconnect_delay;
 use super::wake::Wakeups;
-use crate::backend::{Backend, ClaimParams, ClaimedMessage, Done, KEY_RUN};
+use crate::backend::{Backend, ClaimParams, ClaimedMessage, Done};
 
 /// The most done messages one statement deletes.
 pub(crate) const FLUSH_MAX: usize = 1000;
@@ -21,23 +21,10 @@ pub(crate) struct NextClaim {
     /// The worker's topics: only their messages are claimed.
     pub(crate) topics: Vec<&'static str>,
     pub(crate) lease: Duration,
-    /// Where the claimed messages go to be started, and the keys whose parked messages may
-    /// start (or must go back).
-    pub(crate) start: mpsc::UnboundedSender<Next>,
+    /// Where the claimed messages go to be started.
+    pub(crate) start: mpsc::UnboundedSender<Vec<ClaimedMessage>>,
     /// Once the worker stops claiming, so does the flusher.
     pub(crate) stop: CancellationToken,
-}
-
-/// What a done write tells the worker.
-#[derive(Debug)]
-pub(crate) enum Next {
-    /// The messages the write claimed, the next of the keys it released: start them.
-    Claimed(Vec<ClaimedMessage>),
-    /// Keys whose next message the worker holds parked ([`Done::next_parked`]): the write of
-    /// the one before it committed, so it may start.
-    Committed(Vec<Arc<str>>),
-    /// Such keys whose write did not land, or may not have: their parked messages go back.
-    Lost(Vec<Arc<str>>),
 }
 
 /// Collects done messages and writes them every `interval` or every `max` messages, until
@@ -101,14 +88,7 @@ pub(crate) async fn run_flusher(
         if buf.is_empty() {
             return;
         }
-        // Keys whose next message this worker holds are passed on by the write itself; only
-        // the others' successors are claimed (or woken for).
-        let keyed = buf.iter().any(|d| d.key.is_some() && !d.next_parked);
-        let parked: Vec<Arc<str>> = buf
-            .iter()
-            .filter(|d| d.next_parked)
-            .filter_map(|d| d.key.clone())
-            .collect();
+        let keyed = buf.iter().any(|d| d.key.is_some());
         let written = if keyed && !next.stop.is_cancelled() {
             let params = ClaimParams {
                 topics: &next.topics,
@@ -117,9 +97,6 @@ pub(crate) async fn run_flusher(
                 claim_token: Uuid::now_v7(),
                 worker,
                 released: &[],
-                tails: KEY_RUN - 1,
-                holding: false,
-                busy: false,
             };
             backend
                 .outbox_mark_done_and_claim(worker, &buf, &params)
@@ -136,26 +113,13 @@ pub(crate) async fn run_flusher(
                     Some(c) if !c.is_empty() => {
                         // The receiver is gone only when the worker is stopping: those
                         // claims run again after their lease.
-                        let _ = next.start.send(Next::Claimed(c));
+                        let _ = next.start.send(c);
                     }
                     Some(_) => {}
                     None if n > 0 && keyed => {
-                        wake.released(
-                            buf.iter()
-                                .filter(|d| !d.next_parked)
-                                .filter_map(|d| d.key.clone()),
-                        );
+                        wake.released(buf.iter().filter_map(|d| d.key.clone()));
                     }
                     None => {}
-                }
-                // A write that deleted fewer rows than it was given lost some leases; which
-                // ones it does not say, so every parked key of the batch goes back.
-                if !parked.is_empty() {
-                    let _ = next.start.send(if n as usize == buf.len() {
-                        Next::Committed(parked)
-                    } else {
-                        Next::Lost(parked)
-                    });
                 }
                 if (n as usize) < buf.len() {
                     tracing::warn!(
@@ -173,9 +137,6 @@ pub(crate) async fn run_flusher(
                 tracing::warn!(error = %e, batch = buf.len(), failures, retry_in = ?delay, "could not write done outcomes; retrying");
                 if failures >= 20 {
                     tracing::error!(batch = buf.len(), "giving up on a batch of done outcomes; those messages will be redelivered after their lease");
-                    if !parked.is_empty() {
-                        let _ = next.start.send(Next::Lost(parked));
-                    }
                     buf.clear();
                     failures = 0;
                 }

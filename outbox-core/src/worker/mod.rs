@@ -174,7 +174,7 @@ impl Worker {
     pub async fn run_once(&self) -> Result<BatchReport> {
         let backend = self.inner.store.backend();
         let claimed = self
-            .claim(backend, self.inner.config.batch_size, &[], 0, 0)
+            .claim(backend, self.inner.config.batch_size, &[])
             .await?;
         let mut completed = self.completed_handlers(backend, &claimed).await;
         let report = Mutex::new(BatchReport {
@@ -214,7 +214,6 @@ impl Worker {
                             fence,
                             had_attempts: msg.attempts > 1,
                             key: msg.key.clone(),
-                            next_parked: false,
                         });
                         Ok(())
                     }

@@ -30,7 +30,7 @@ pub(super) async fn chores(shared: Arc<Shared>, stop: CancellationToken) {
             let mut flights = lock(&shared.flights);
             let queued = flights
                 .values()
-                .filter(|f| f.abort.is_none() && !f.parked)
+                .filter(|f| f.abort.is_none())
                 .map(|f| now.duration_since(f.claimed_at))
                 .max();
             shared.worker.inner.health.set_oldest_queued(queued);
@@ -72,10 +72,6 @@ pub(super) async fn chores(shared: Arc<Shared>, stop: CancellationToken) {
                 f.watch.fail_spans(&error);
                 shared.record(f.topic, if retry_in.is_some() { "retry" } else { "dead" });
                 f.abort();
-                // The messages parked behind it may not start before it: they go back.
-                if let Some(key) = &f.key {
-                    shared.shed_line(key);
-                }
                 tokio::spawn(
                     shared
                         .clone()

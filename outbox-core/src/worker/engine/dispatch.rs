@@ -18,188 +18,9 @@ use crate::backend::{Backend, ClaimParams, ClaimedMessage, Done, Fence};
 
 impl Shared {
     /// Starts one handler task per claimed message on the handlers' runtime, each holding a
-    /// concurrency permit; messages wait here (leases renewed) until a permit is free. Of the
-    /// messages of one key (a claim takes a key's run), the first starts and the rest are
-    /// parked in the key's line, each to start once its predecessor's done write commits.
+    /// concurrency permit; messages wait here (leases renewed) until a permit is free.
     pub(super) async fn start_all(self: &Arc<Self>, claimed: Vec<ClaimedMessage>) {
-        let (run, back) = self.park(claimed);
-        if !back.is_empty() {
-            self.hand_back(back, "the worker is stopping").await;
-        }
-        self.start(run).await;
-    }
-
-    /// Splits a claim into the messages to start now and those parked behind the first
-    /// message of their key (registered as parked flights); once the worker is stopping,
-    /// those are returned to hand back instead.
-    fn park(&self, claimed: Vec<ClaimedMessage>) -> (Vec<ClaimedMessage>, Vec<Fence>) {
-        let mut run = Vec::with_capacity(claimed.len());
-        let mut runs: HashMap<Arc<str>, Vec<ClaimedMessage>> = HashMap::new();
-        for msg in claimed {
-            match &msg.key {
-                Some(k) => runs.entry(k.clone()).or_default().push(msg),
-                None => run.push(msg),
-            }
-        }
-        let mut back = Vec::new();
-        if runs.is_empty() {
-            return (run, back);
-        }
-        let now = Instant::now();
-        let mut lines = lock(&self.lines);
-        let stopping = self.stopping.load(Ordering::Relaxed);
-        let mut flights = lock(&self.flights);
-        for (key, mut msgs) in runs {
-            msgs.sort_by_key(|m| m.id);
-            let mut msgs = msgs.into_iter();
-            // A key with a line has its running message here: all of these wait behind it.
-            // (A claim finds no head of such a key, so this is only a guard.)
-            if !lines.contains_key(&key) {
-                run.extend(msgs.next());
-            }
-            let rest: Vec<ClaimedMessage> = msgs.collect();
-            if rest.is_empty() {
-                continue;
-            }
-            if stopping {
-                back.extend(rest.iter().map(|m| Fence {
-                    id: m.id,
-                    claim_token: m.claim_token,
-                }));
-                continue;
-            }
-            for m in &rest {
-                if let Some(f) = self.flight(m, now) {
-                    flights.insert(m.id, Flight { parked: true, ..f });
-                }
-            }
-            let line = lines.entry(key).or_default();
-            line.extend(rest);
-            line.make_contiguous().sort_by_key(|m| m.id);
-        }
-        (run, back)
-    }
-
-    /// A claimed message's flight, not yet started; `None` for a topic this worker does not
-    /// handle (never claimed: the claim only asks for its topics).
-    fn flight(&self, msg: &ClaimedMessage, now: Instant) -> Option<Flight> {
-        let handlers = self.worker.inner.topics.get(msg.topic.as_str())?;
-        Some(Flight {
-            fence: Fence {
-                id: msg.id,
-                claim_token: msg.claim_token,
-            },
-            topic: handlers[0].topic(),
-            had_attempts: msg.attempts > 1,
-            key: msg.key.clone(),
-            leased_at: now,
-            claimed_at: now,
-            deadline: now + super::super::config::MAX_DURATION,
-            watch: Arc::new(Watch::new(self.epoch)),
-            abort: None,
-            warned_blocking: false,
-            parked: false,
-        })
-    }
-
-    /// Starts the next parked message of each of `keys`: the done write of the message before
-    /// it has committed.
-    pub(super) async fn advance(self: &Arc<Self>, keys: &[Arc<str>]) {
-        let mut run = Vec::new();
-        {
-            let mut lines = lock(&self.lines);
-            if self.stopping.load(Ordering::Relaxed) {
-                return;
-            }
-            let flights = lock(&self.flights);
-            for key in keys {
-                let Some(line) = lines.get_mut(key) else {
-                    continue; // handed back meanwhile
-                };
-                let next = line.pop_front();
-                if line.is_empty() {
-                    lines.remove(key);
-                }
-                // Its flight is gone only if it was handed back.
-                if let Some(m) = next.filter(|m| flights.contains_key(&m.id)) {
-                    run.push(m);
-                }
-            }
-        }
-        self.start(run).await;
-    }
-
-    /// Hands back the parked messages of `keys`, ready again at once: the message before them
-    /// failed, timed out or was not written done, or the worker stops.
-    pub(super) async fn drop_lines(&self, keys: &[Arc<str>]) {
-        let fences = self.take_lines(keys);
-        if !fences.is_empty() {
-            self.hand_back(
-                fences,
-                "the message before them in their key did not complete here",
-            )
-            .await;
-        }
-    }
-
-    /// As [`drop_lines`](Self::drop_lines) for one key, with the hand-back on a task of its
-    /// own: the caller (the collector, the chores) does not wait for it.
-    pub(super) fn shed_line(self: &Arc<Self>, key: &Arc<str>) {
-        let fences = self.take_lines(std::slice::from_ref(key));
-        if !fences.is_empty() {
-            let shared = self.clone();
-            tokio::spawn(async move {
-                shared
-                    .hand_back(
-                        fences,
-                        "the message before them in their key failed or timed out",
-                    )
-                    .await;
-            });
-        }
-    }
-
-    /// Takes the lines of `keys` out, their parked flights with them.
-    fn take_lines(&self, keys: &[Arc<str>]) -> Vec<Fence> {
-        let mut fences = Vec::new();
-        let mut lines = lock(&self.lines);
-        let mut flights = lock(&self.flights);
-        for key in keys {
-            for m in lines.remove(key).into_iter().flatten() {
-                if let Some(f) = flights.remove(&m.id) {
-                    fences.push(f.fence);
-                }
-            }
-        }
-        fences
-    }
-
-    /// Hands back messages that never started, ready again at once with this claim's attempt
-    /// not counted.
-    async fn hand_back(&self, fences: Vec<Fence>, why: &'static str) {
-        match self.backend.outbox_hand_back(&fences).await {
-            Ok(n) => tracing::debug!(
-                count = n,
-                reason = why,
-                "handed back messages parked behind their key"
-            ),
-            Err(e) => tracing::warn!(
-                error = %e,
-                count = fences.len(),
-                reason = why,
-                "could not hand back parked messages; they run again when their lease runs out"
-            ),
-        }
-    }
-
-    /// Starts `run`, claimed messages not yet started (parked ones among them, taken off
-    /// their line), as [`start_all`](Self::start_all) does.
-    async fn start(self: &Arc<Self>, run: Vec<ClaimedMessage>) {
-        if run.is_empty() {
-            return;
-        }
         let inner = &self.worker.inner;
-        let claimed = run;
         let mut completed = self
             .worker
             .completed_handlers(&*self.backend, &claimed)
@@ -208,18 +29,27 @@ impl Shared {
         {
             let mut flights = lock(&self.flights);
             for msg in &claimed {
-                match flights.get_mut(&msg.id) {
-                    // A parked message: it waits for a handler from now on.
-                    Some(f) if f.fence.claim_token == msg.claim_token => {
-                        f.parked = false;
-                        f.claimed_at = now;
-                    }
-                    _ => {
-                        if let Some(f) = self.flight(msg, now) {
-                            flights.insert(msg.id, f);
-                        }
-                    }
-                }
+                let Some(handlers) = inner.topics.get(msg.topic.as_str()) else {
+                    continue; // never claimed: the claim only asks for our topics
+                };
+                flights.insert(
+                    msg.id,
+                    Flight {
+                        fence: Fence {
+                            id: msg.id,
+                            claim_token: msg.claim_token,
+                        },
+                        topic: handlers[0].topic(),
+                        had_attempts: msg.attempts > 1,
+                        key: msg.key.clone(),
+                        leased_at: now,
+                        claimed_at: now,
+                        deadline: now + super::super::config::MAX_DURATION,
+                        watch: Arc::new(Watch::new(self.epoch)),
+                        abort: None,
+                        warned_blocking: false,
+                    },
+                );
             }
         }
         for msg in claimed {
@@ -351,19 +181,12 @@ pub(super) async fn collect(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver
         match outcome {
             Outcome::Done => {
                 shared.record(flight.topic, "done");
-                // The next message of its key is parked here: the write passes the key on to
-                // it instead of claiming a successor.
-                let next_parked = flight
-                    .key
-                    .as_ref()
-                    .is_some_and(|k| lock(&shared.lines).contains_key(k));
                 if shared
                     .done_tx
                     .send(Done {
                         fence,
                         had_attempts: flight.had_attempts,
                         key: flight.key,
-                        next_parked,
                     })
                     .is_err()
                 {
@@ -379,10 +202,6 @@ pub(super) async fn collect(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver
                     flight.topic,
                     if retry_in.is_some() { "retry" } else { "dead" },
                 );
-                // The messages parked behind it may not start before it: they go back.
-                if let Some(key) = &flight.key {
-                    shared.shed_line(key);
-                }
                 tokio::spawn(
                     shared
                         .clone()
@@ -428,15 +247,12 @@ impl Worker {
         completed
     }
 
-    /// One claim statement on `backend`; `tails` as in [`ClaimParams`], `held` the number of
-    /// keys whose runs the worker holds.
+    /// One claim statement on `backend`.
     pub(in crate::worker) async fn claim(
         &self,
         backend: &dyn Backend,
         limit: usize,
         released: &[Arc<str>],
-        tails: i64,
-        held: usize,
     ) -> crate::Result<Vec<ClaimedMessage>> {
         // A claim fills its batch topic by topic; each claim starts one topic further on.
         let mut topics: Vec<&str> = self.inner.topics.keys().copied().collect();
@@ -452,9 +268,6 @@ impl Worker {
                 claim_token: Uuid::now_v7(),
                 worker: self.inner.id,
                 released,
-                tails,
-                holding: held > 0,
-                busy: held > 0 && held * 2 >= self.inner.config.concurrency,
             })
             .await?;
         metrics::histogram!(crate::metrics::CLAIM_DURATION).record(start.elapsed().as_secs_f64());
