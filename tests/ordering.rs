@@ -243,6 +243,98 @@ fn assert_in_order(log: &Log, keys: &[String], steps: i64) {
     }
 }
 
+/// A step of a key's history, on topic `ord.run`, whose handler watches what is live.
+#[outbox_event(topic = "ord.run", ordering_key = "key")]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct RunStep {
+    key: String,
+    seq: i64,
+    /// Its first attempt fails (and is retried).
+    #[serde(default)]
+    fail_once: bool,
+    /// Its first attempt holds its thread past the handler timeout (and is retried).
+    #[serde(default)]
+    block_once: bool,
+    /// How long each attempt takes.
+    #[serde(default)]
+    ms: u64,
+}
+
+/// How many live messages a key has, read by a handler as it starts.
+#[outbox::async_trait]
+trait KeyCount: Send + Sync {
+    async fn live_of(&self, key: &str) -> i64;
+}
+
+#[outbox::async_trait]
+impl KeyCount for sqlx::PgPool {
+    async fn live_of(&self, key: &str) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM outbox_messages WHERE ordering_key = $1")
+            .bind(key)
+            .fetch_one(self)
+            .await
+            .unwrap()
+    }
+}
+
+#[outbox::async_trait]
+impl KeyCount for sqlx::SqlitePool {
+    async fn live_of(&self, key: &str) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM outbox_messages WHERE ordering_key = ?1")
+            .bind(key)
+            .fetch_one(self)
+            .await
+            .unwrap()
+    }
+}
+
+/// Every call of [`RunH`]: (key, seq, attempt, the key's live messages as it started).
+type RunCalls = Arc<Mutex<Vec<(String, i64, u32, i64)>>>;
+
+struct RunH {
+    calls: RunCalls,
+    db: Arc<dyn KeyCount>,
+}
+
+#[outbox::async_trait]
+impl Handler for RunH {
+    type Event = RunStep;
+    const NAME: &'static str = "run";
+    async fn handle(&self, e: RunStep, ctx: &Context) -> Result<(), HandlerError> {
+        let live = self.db.live_of(&e.key).await;
+        self.calls
+            .lock()
+            .unwrap()
+            .push((e.key.clone(), e.seq, ctx.attempt(), live));
+        if e.block_once && ctx.attempt() == 1 {
+            // Never yields: only the worker's deadline ends this attempt.
+            std::thread::sleep(Duration::from_millis(900));
+        }
+        tokio::time::sleep(Duration::from_millis(e.ms)).await;
+        if e.fail_once && ctx.attempt() == 1 {
+            return Err(HandlerError::retry(
+                "injected failure of a step's first attempt",
+            ));
+        }
+        Ok(())
+    }
+}
+
+fn run_worker(store: Store, calls: &RunCalls, db: Arc<dyn KeyCount>, shutdown: Duration) -> Worker {
+    Worker::builder(store)
+        .handler(RunH {
+            calls: calls.clone(),
+            db,
+        })
+        .config(
+            config()
+                .handler_timeout(Duration::from_millis(300))
+                .shutdown_timeout(shutdown),
+        )
+        .build()
+        .expect("the watching worker builds")
+}
+
 macro_rules! both_backends {
     ($(async fn $name:ident($store:ident, $pool:ident) $body:block)*) => {
         mod postgres {
@@ -357,6 +449,87 @@ both_backends! {
         stop(running).await;
         let seqs: Vec<i64> = log.calls().iter().map(|c| c.2).collect();
         assert_eq!(seqs, (0..STEPS).collect::<Vec<_>>());
+    }
+
+    async fn a_keys_next_message_starts_only_once_the_one_before_is_written_done(store, pool) {
+        // A handler that counts its key's live messages as it starts sees only its own step and
+        // the later ones: the one before it was not merely handled but written done (deleted)
+        // before this one started, through failures and a handler that holds its thread past
+        // its deadline. Nothing behind a failed or timed out message is left claimed to wait
+        // for its lease: every step's first call is its first attempt.
+        const STEPS: i64 = 40;
+        let keys = ["r:fail", "r:block", "r:clean"];
+        let mut tx = pool.begin().await.unwrap();
+        for seq in 0..STEPS {
+            for key in keys {
+                let step = RunStep {
+                    key: key.into(),
+                    seq,
+                    fail_once: key == "r:fail" && (seq == 0 || seq == 20),
+                    block_once: key == "r:block" && seq == 5,
+                    ms: 0,
+                };
+                enqueue(&mut *tx, &step).await.unwrap();
+            }
+        }
+        tx.commit().await.unwrap();
+        let calls = RunCalls::default();
+        let db: Arc<dyn KeyCount> = Arc::new(pool.clone());
+        let running = start(vec![run_worker(store.clone(), &calls, db, Duration::from_secs(5))]);
+        wait_until(Duration::from_secs(60), "every key drained", async || live(&store).await == 0).await;
+        stop(running).await;
+        let calls = calls.lock().unwrap().clone();
+        for key in keys {
+            let mine: Vec<&(String, i64, u32, i64)> = calls.iter().filter(|c| c.0 == key).collect();
+            let seqs: Vec<i64> = mine.iter().map(|c| c.1).collect();
+            let mut firsts = seqs.clone();
+            firsts.dedup();
+            assert_eq!(firsts, (0..STEPS).collect::<Vec<_>>(), "{key}: in order, none skipped: {seqs:?}");
+            for (_, seq, attempt, live) in &mine {
+                assert_eq!(*live, STEPS - seq, "{key} step {seq} (attempt {attempt}) started before the one before it was written done");
+            }
+            // A step's first call is its first attempt: nothing behind a failed or timed out one
+            // was claimed and left to its lease.
+            for seq in 0..STEPS {
+                let first = mine.iter().find(|c| c.1 == seq).unwrap();
+                assert_eq!(first.2, 1, "{key} step {seq}'s first call: {first:?}");
+            }
+        }
+        assert_eq!(calls.len() as i64, 3 * STEPS + 3, "one retry per injected failure");
+    }
+
+    async fn a_stopping_worker_leaves_nothing_of_a_key_claimed(store, pool) {
+        // A worker stopped while a key steps on: the done write of the last running step may
+        // claim the next one as the worker stops; that claim goes back at once, so the stop
+        // waits for nothing but the running step, and the next worker takes the key on from
+        // there at first attempts.
+        const STEPS: i64 = 60;
+        let key = "r:stop".to_string();
+        let steps: Vec<RunStep> = (0..STEPS)
+            .map(|seq| RunStep { key: key.clone(), seq, fail_once: false, block_once: false, ms: 30 })
+            .collect();
+        let mut tx = pool.begin().await.unwrap();
+        enqueue_many(&mut *tx, &steps).await.unwrap();
+        tx.commit().await.unwrap();
+        let calls = RunCalls::default();
+        let db: Arc<dyn KeyCount> = Arc::new(pool.clone());
+        let running = start(vec![run_worker(store.clone(), &calls, db.clone(), Duration::from_secs(30))]);
+        wait_until(Duration::from_secs(30), "a few steps handled", async || calls.lock().unwrap().len() >= 3).await;
+        let stopping = std::time::Instant::now();
+        stop(running).await;
+        // The running step gets its 30 ms; nothing else is a reason to wait out the 30 s.
+        assert!(stopping.elapsed() < Duration::from_secs(10), "stop took {:?}", stopping.elapsed());
+        let t = store.stats().await.unwrap().total;
+        assert_eq!(t.in_flight, 0, "nothing is left claimed: {t:?}");
+        let handled = calls.lock().unwrap().len() as i64;
+        assert_eq!(t.pending(), STEPS - handled, "{t:?}");
+        // Another worker takes the rest from where the first stopped, each step's first attempt.
+        let running = start(vec![run_worker(store.clone(), &calls, db, Duration::from_secs(5))]);
+        wait_until(Duration::from_secs(60), "the key drained", async || live(&store).await == 0).await;
+        stop(running).await;
+        let calls = calls.lock().unwrap().clone();
+        assert_eq!(calls.iter().map(|c| c.1).collect::<Vec<_>>(), (0..STEPS).collect::<Vec<_>>());
+        assert!(calls.iter().all(|c| c.2 == 1), "no attempt counted twice: {calls:?}");
     }
 
     async fn unkeyed_messages_are_never_held_back_by_keyed_ones(store, pool) {
