@@ -205,6 +205,14 @@ pub(crate) trait Backend: Send + Sync + 'static {
     /// the commit, or from a file that changes for other reasons too, so its workers still poll.)
     fn listens(&self) -> bool;
 
+    /// How many done writes of one worker may run at once. Each is one statement, and a
+    /// server runs a statement on one core: a second write in flight lets a server with more
+    /// cores work on both, where the next messages of the first write's keys wait for it.
+    /// (SQLite writes one transaction at a time, so a second would only wait for the lock.)
+    fn done_writes_in_flight(&self) -> usize {
+        1
+    }
+
     /// Opens a wake-up listener for the worker `worker`, if this backend has one.
     async fn wakeup_listener(&self, worker: uuid::Uuid) -> Result<Option<Box<dyn WakeupListener>>>;
 }

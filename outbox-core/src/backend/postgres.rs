@@ -367,7 +367,9 @@ fn heads_query<'q>(
 }
 
 /// The done write's CTEs: `del` (the done messages deleted, each only under its claim token),
-/// their done counts and their per-handler progress deleted. `$1` ids, `$2` claim tokens, `$3`
+/// their done counts and their per-handler progress deleted. A worker's writes in flight at
+/// once add to the same count rows, so they lock them in one order (by topic): the later waits
+/// for the earlier's commit, and they never deadlock. `$1` ids, `$2` claim tokens, `$3`
 /// worker, `$4` the ids with earlier attempts.
 macro_rules! done_ctes {
     () => {
@@ -378,7 +380,7 @@ macro_rules! done_ctes {
             RETURNING m.id, m.topic, m.ordering_key \
          ), counted AS ( \
             INSERT INTO outbox_done_counts (topic, minute, worker, done) \
-            SELECT topic, date_trunc('minute', now()), $3, count(*) FROM del GROUP BY topic \
+            SELECT topic, date_trunc('minute', now()), $3, count(*) FROM del GROUP BY topic ORDER BY topic \
             ON CONFLICT (topic, minute, worker) DO UPDATE SET done = outbox_done_counts.done + excluded.done \
          ), progress AS ( \
             DELETE FROM outbox_deliveries WHERE message_id = ANY($4::uuid[]) \
@@ -1177,6 +1179,10 @@ impl Backend for PgBackend {
             .execute(&self.pool)
             .await?;
         Ok(())
+    }
+
+    fn done_writes_in_flight(&self) -> usize {
+        2
     }
 
     fn listens(&self) -> bool {

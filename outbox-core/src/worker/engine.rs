@@ -38,8 +38,9 @@ const CHORE_TICK: Duration = Duration::from_millis(100);
 /// A handler whose poll has not returned for this long holds its thread: it is named in the
 /// log and counted in [`BLOCKING`](crate::metrics::BLOCKING).
 const BLOCKING_AFTER: Duration = Duration::from_millis(500);
-/// Connections of the engine's own pool: claims, outcomes, chores, and one spare.
-const ENGINE_CONNECTIONS: u32 = 4;
+/// Connections of the engine's own pool: claims, two done writes in flight, failed outcomes
+/// and chores, and one spare.
+const ENGINE_CONNECTIONS: u32 = 5;
 /// The most time the final writes of a shutdown (hand-back, last successes, deregistration)
 /// may take after the deadline.
 const FINAL_WRITES: Duration = Duration::from_millis(800);

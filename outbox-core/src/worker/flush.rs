@@ -33,6 +33,12 @@ pub(crate) struct NextClaim {
 /// producer's commit will announce them. Where the backend can, the same statement claims
 /// those next messages (sent to `next.start`); otherwise the worker's claim loop is woken to
 /// look them up.
+///
+/// A batch with ordered messages may be written while up to
+/// [`Backend::done_writes_in_flight`] - 1 other writes run: the next messages of its keys wait
+/// for it, not for the writes before it. A key has one running message, so its next done
+/// outcome comes only after the write that claimed that message: two writes in flight never
+/// hold one key.
 pub(crate) async fn run_flusher(
     backend: Arc<dyn Backend>,
     worker: Uuid,
@@ -42,53 +48,72 @@ pub(crate) async fn run_flusher(
     wake: Arc<Wakeups>,
     next: NextClaim,
 ) {
-    let mut buf: Vec<Done> = Vec::with_capacity(max);
+    let in_flight = backend.done_writes_in_flight().max(1);
+    let next = Arc::new(next);
+    let mut writes = tokio::task::JoinSet::new();
+    loop {
+        while writes.try_join_next().is_some() {}
+        let mut buf: Vec<Done> = Vec::new();
+        match rx.recv().await {
+            Some(f) => buf.push(f),
+            None => break,
+        }
+        let deadline = tokio::time::sleep(interval);
+        tokio::pin!(deadline);
+        let mut ordered = buf[0].key.is_some();
+        while buf.len() < max {
+            // An ordered message's key waits for this write: take what has already come and
+            // write now. Writes in flight delay the next one, so batches still form under load.
+            if ordered {
+                while buf.len() < max {
+                    match rx.try_recv() {
+                        Ok(f) => buf.push(f),
+                        Err(_) => break,
+                    }
+                }
+                break;
+            }
+            tokio::select! {
+                biased;
+                f = rx.recv() => match f {
+                    Some(f) => {
+                        ordered |= f.key.is_some();
+                        buf.push(f);
+                    }
+                    None => break,
+                },
+                () = &mut deadline => break,
+            }
+        }
+        // Unordered outcomes gate nothing (their handler slots are free already): their
+        // writes go one at a time, so their batches stay large.
+        let limit = if ordered { in_flight } else { 1 };
+        while writes.len() >= limit {
+            writes.join_next().await;
+        }
+        writes.spawn(write(
+            backend.clone(),
+            worker,
+            buf,
+            wake.clone(),
+            next.clone(),
+        ));
+    }
+    while writes.join_next().await.is_some() {}
+}
+
+/// Writes one batch of done outcomes, retrying while the database is unreachable; after 20
+/// failures the batch is given up (those messages are delivered again after their lease).
+async fn write(
+    backend: Arc<dyn Backend>,
+    worker: Uuid,
+    buf: Vec<Done>,
+    wake: Arc<Wakeups>,
+    next: Arc<NextClaim>,
+) {
+    let keyed = buf.iter().any(|d| d.key.is_some());
     let mut failures: u32 = 0;
     loop {
-        let open = if buf.is_empty() {
-            match rx.recv().await {
-                Some(f) => {
-                    buf.push(f);
-                    true
-                }
-                None => false,
-            }
-        } else {
-            true
-        };
-        if open {
-            let deadline = tokio::time::sleep(interval);
-            tokio::pin!(deadline);
-            let mut ordered = buf.iter().any(|d| d.key.is_some());
-            while buf.len() < max {
-                // An ordered message's key waits for this write: take what has already come
-                // and write now. Writes follow one another, so batches still form under load.
-                if ordered {
-                    while buf.len() < max {
-                        match rx.try_recv() {
-                            Ok(f) => buf.push(f),
-                            Err(_) => break,
-                        }
-                    }
-                    break;
-                }
-                tokio::select! {
-                    biased;
-                    f = rx.recv() => match f {
-                        Some(f) => {
-                            ordered |= f.key.is_some();
-                            buf.push(f);
-                        }
-                        None => break,
-                    },
-                    () = &mut deadline => break,
-                }
-            }
-        }
-        if buf.is_empty() {
-            return;
-        }
-        let keyed = buf.iter().any(|d| d.key.is_some());
         let written = if keyed && !next.stop.is_cancelled() {
             let params = ClaimParams {
                 topics: &next.topics,
@@ -128,23 +153,18 @@ pub(crate) async fn run_flusher(
                         "some done outcomes were not written: their lease ran out and another claim took them"
                     );
                 }
-                buf.clear();
-                failures = 0;
+                return;
             }
             Err(e) => {
                 failures += 1;
+                if failures >= 20 {
+                    tracing::error!(batch = buf.len(), error = %e, "giving up on a batch of done outcomes; those messages will be redelivered after their lease");
+                    return;
+                }
                 let delay = reconnect_delay(failures);
                 tracing::warn!(error = %e, batch = buf.len(), failures, retry_in = ?delay, "could not write done outcomes; retrying");
-                if failures >= 20 {
-                    tracing::error!(batch = buf.len(), "giving up on a batch of done outcomes; those messages will be redelivered after their lease");
-                    buf.clear();
-                    failures = 0;
-                }
                 tokio::time::sleep(delay).await;
             }
-        }
-        if !open && buf.is_empty() && rx.is_closed() && rx.is_empty() {
-            return;
         }
     }
 }
