@@ -653,6 +653,29 @@ both_backends! {
         let first_b = k.iter().position(|c| c.0 == "index-b").unwrap();
         assert!(k[..first_b].iter().filter(|c| c.1 == 0).count() == 2, "step 0 (both handlers) first: {k:?}");
     }
+
+    async fn a_delayed_message_behind_a_running_one_of_its_key_waits_out_its_delay(store, pool) {
+        // Step 1 becomes its key's head when step 0 is written done, long before it is due: the
+        // write that releases the key must leave it for later.
+        const DELAY: Duration = Duration::from_millis(1500);
+        let enqueued = std::time::Instant::now();
+        let mut tx = pool.begin().await.unwrap();
+        enqueue(&mut *tx, &StepA { key: "k".into(), seq: 0, fails: 0 }).await.unwrap();
+        enqueue_with(&mut *tx, &StepA { key: "k".into(), seq: 1, fails: 0 },
+            &EnqueueOptions::new().delay(DELAY)).await.unwrap();
+        tx.commit().await.unwrap();
+        let log = Arc::new(Log::default());
+        let running = start(vec![worker(store.clone(), &log)]);
+        let step_1 = |log: &Log| log.calls().iter().filter(|c| c.2 == 1).count();
+        while enqueued.elapsed() < DELAY - Duration::from_millis(100) {
+            assert_eq!(step_1(&log), 0, "step 1 started {:?} after its enqueue, before its delay", enqueued.elapsed());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(log.calls().iter().filter(|c| c.2 == 0).count(), 2, "step 0 ran on both handlers meanwhile");
+        wait_until(Duration::from_secs(10), "step 1 done", async || live(&store).await == 0).await;
+        stop(running).await;
+        assert_eq!(step_1(&log), 2);
+    }
 }
 
 #[tokio::test]
