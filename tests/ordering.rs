@@ -243,10 +243,10 @@ fn assert_in_order(log: &Log, keys: &[String], steps: i64) {
     }
 }
 
-/// A step of a key's history, on topic `ord.run`, whose handler watches what is live.
-#[outbox_event(topic = "ord.run", ordering_key = "key")]
+/// A step of a key's history, on topic `ord.watched`, whose handler watches what is live.
+#[outbox_event(topic = "ord.watched", ordering_key = "key")]
 #[derive(Debug, Clone, Serialize, Deserialize)]
-struct RunStep {
+struct WatchedStep {
     key: String,
     seq: i64,
     /// Its first attempt fails (and is retried).
@@ -288,19 +288,19 @@ impl KeyCount for sqlx::SqlitePool {
     }
 }
 
-/// Every call of [`RunH`]: (key, seq, attempt, the key's live messages as it started).
-type RunCalls = Arc<Mutex<Vec<(String, i64, u32, i64)>>>;
+/// Every call of [`WatchingH`]: (key, seq, attempt, the key's live messages as it started).
+type WatchedCalls = Arc<Mutex<Vec<(String, i64, u32, i64)>>>;
 
-struct RunH {
-    calls: RunCalls,
+struct WatchingH {
+    calls: WatchedCalls,
     db: Arc<dyn KeyCount>,
 }
 
 #[outbox::async_trait]
-impl Handler for RunH {
-    type Event = RunStep;
-    const NAME: &'static str = "run";
-    async fn handle(&self, e: RunStep, ctx: &Context) -> Result<(), HandlerError> {
+impl Handler for WatchingH {
+    type Event = WatchedStep;
+    const NAME: &'static str = "watching";
+    async fn handle(&self, e: WatchedStep, ctx: &Context) -> Result<(), HandlerError> {
         let live = self.db.live_of(&e.key).await;
         self.calls
             .lock()
@@ -320,9 +320,14 @@ impl Handler for RunH {
     }
 }
 
-fn run_worker(store: Store, calls: &RunCalls, db: Arc<dyn KeyCount>, shutdown: Duration) -> Worker {
+fn watching_worker(
+    store: Store,
+    calls: &WatchedCalls,
+    db: Arc<dyn KeyCount>,
+    shutdown: Duration,
+) -> Worker {
     Worker::builder(store)
-        .handler(RunH {
+        .handler(WatchingH {
             calls: calls.clone(),
             db,
         })
@@ -462,7 +467,7 @@ both_backends! {
         let mut tx = pool.begin().await.unwrap();
         for seq in 0..STEPS {
             for key in keys {
-                let step = RunStep {
+                let step = WatchedStep {
                     key: key.into(),
                     seq,
                     fail_once: key == "r:fail" && (seq == 0 || seq == 20),
@@ -473,9 +478,9 @@ both_backends! {
             }
         }
         tx.commit().await.unwrap();
-        let calls = RunCalls::default();
+        let calls = WatchedCalls::default();
         let db: Arc<dyn KeyCount> = Arc::new(pool.clone());
-        let running = start(vec![run_worker(store.clone(), &calls, db, Duration::from_secs(5))]);
+        let running = start(vec![watching_worker(store.clone(), &calls, db, Duration::from_secs(5))]);
         wait_until(Duration::from_secs(60), "every key drained", async || live(&store).await == 0).await;
         stop(running).await;
         let calls = calls.lock().unwrap().clone();
@@ -505,15 +510,15 @@ both_backends! {
         // there at first attempts.
         const STEPS: i64 = 60;
         let key = "r:stop".to_string();
-        let steps: Vec<RunStep> = (0..STEPS)
-            .map(|seq| RunStep { key: key.clone(), seq, fail_once: false, block_once: false, ms: 30 })
+        let steps: Vec<WatchedStep> = (0..STEPS)
+            .map(|seq| WatchedStep { key: key.clone(), seq, fail_once: false, block_once: false, ms: 30 })
             .collect();
         let mut tx = pool.begin().await.unwrap();
         enqueue_many(&mut *tx, &steps).await.unwrap();
         tx.commit().await.unwrap();
-        let calls = RunCalls::default();
+        let calls = WatchedCalls::default();
         let db: Arc<dyn KeyCount> = Arc::new(pool.clone());
-        let running = start(vec![run_worker(store.clone(), &calls, db.clone(), Duration::from_secs(30))]);
+        let running = start(vec![watching_worker(store.clone(), &calls, db.clone(), Duration::from_secs(30))]);
         wait_until(Duration::from_secs(30), "a few steps handled", async || calls.lock().unwrap().len() >= 3).await;
         let stopping = std::time::Instant::now();
         stop(running).await;
@@ -524,7 +529,7 @@ both_backends! {
         let handled = calls.lock().unwrap().len() as i64;
         assert_eq!(t.pending(), STEPS - handled, "{t:?}");
         // Another worker takes the rest from where the first stopped, each step's first attempt.
-        let running = start(vec![run_worker(store.clone(), &calls, db, Duration::from_secs(5))]);
+        let running = start(vec![watching_worker(store.clone(), &calls, db, Duration::from_secs(5))]);
         wait_until(Duration::from_secs(60), "the key drained", async || live(&store).await == 0).await;
         stop(running).await;
         let calls = calls.lock().unwrap().clone();
