@@ -53,14 +53,11 @@ pub(crate) async fn run_flusher(
     let mut writes = tokio::task::JoinSet::new();
     loop {
         while writes.try_join_next().is_some() {}
-        let mut buf: Vec<Done> = Vec::new();
-        match rx.recv().await {
-            Some(f) => buf.push(f),
-            None => break,
-        }
+        let Some(first) = rx.recv().await else { break };
+        let mut ordered = first.key.is_some();
+        let mut buf = vec![first];
         let deadline = tokio::time::sleep(interval);
         tokio::pin!(deadline);
-        let mut ordered = buf[0].key.is_some();
         while buf.len() < max {
             // An ordered message's key waits for this write: take what has already come and
             // write now. Writes in flight delay the next one, so batches still form under load.
@@ -95,6 +92,7 @@ pub(crate) async fn run_flusher(
             backend.clone(),
             worker,
             buf,
+            ordered,
             wake.clone(),
             next.clone(),
         ));
@@ -102,16 +100,17 @@ pub(crate) async fn run_flusher(
     while writes.join_next().await.is_some() {}
 }
 
-/// Writes one batch of done outcomes, retrying while the database is unreachable; after 20
-/// failures the batch is given up (those messages are delivered again after their lease).
+/// Writes one batch of done outcomes (`keyed`: some have an ordering key), retrying while the
+/// database is unreachable; after 20 failures the batch is given up (those messages are
+/// delivered again after their lease).
 async fn write(
     backend: Arc<dyn Backend>,
     worker: Uuid,
     buf: Vec<Done>,
+    keyed: bool,
     wake: Arc<Wakeups>,
     next: Arc<NextClaim>,
 ) {
-    let keyed = buf.iter().any(|d| d.key.is_some());
     let mut failures: u32 = 0;
     loop {
         let written = if keyed && !next.stop.is_cancelled() {
