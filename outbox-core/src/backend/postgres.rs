@@ -332,12 +332,21 @@ use claim_heads;
 /// The terms on which a key's head `m` may start, besides its topic: due, not running, and
 /// not behind a dead letter that holds its key. Both claims of ordered messages (the claim's
 /// and the done write's) use them.
+///
+/// The first, uncorrelated test (no dead letter holds any key) is evaluated once per
+/// statement, from the partial index of such letters; only when one exists is each head
+/// checked against its own key. With no such letter, which is the usual case, the planner
+/// would otherwise probe `outbox_dead` once per head (a scan of the empty table when its
+/// statistics say it is empty), some 8 % of a key step on the server.
 macro_rules! head_may_start {
     () => {
         "m.available_at <= now() \
          AND (m.locked_until IS NULL OR m.locked_until < now()) \
-         AND NOT EXISTS (SELECT 1 FROM outbox_dead d \
-                         WHERE d.ordering_key = m.ordering_key AND d.id < m.id AND NOT d.releases_key)"
+         AND (NOT EXISTS (SELECT 1 FROM outbox_dead \
+                          WHERE ordering_key IS NOT NULL AND NOT releases_key) \
+              OR NOT EXISTS (SELECT 1 FROM outbox_dead d \
+                             WHERE d.ordering_key = m.ordering_key AND d.id < m.id \
+                               AND NOT d.releases_key))"
     };
 }
 use head_may_start;
