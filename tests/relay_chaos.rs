@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 use outbox::{enqueue_many, outbox_event};
 use outbox_handlers::async_nats::{self, jetstream};
-use outbox_handlers::lapin::options::BasicConsumeOptions;
+use outbox_handlers::lapin::options::{BasicConsumeOptions, QueueDeclareOptions};
 use outbox_handlers::lapin::types::{AMQPValue, FieldTable};
 use outbox_handlers::relay::headers;
 use outbox_tests::rabbitmq::{amqp_url, Topology};
@@ -176,8 +176,24 @@ impl Brokers {
     }
 
     /// The `Outbox-Message-Id` of every message in the queue, with how often each occurs.
-    async fn queue_ids(&self, at_least: usize) -> HashMap<Uuid, usize> {
+    ///
+    /// Reads exactly as many deliveries as the broker says the queue holds (every worker is
+    /// stopped by then), so a slow consumer cannot pass for a lost message, and then checks
+    /// that the queue is empty.
+    async fn queue_ids(&self) -> HashMap<Uuid, usize> {
         let channel = self.rabbit.conn.create_channel().await.unwrap();
+        let held = channel
+            .queue_declare(
+                self.rabbit.queue.as_str().into(),
+                QueueDeclareOptions {
+                    passive: true,
+                    ..QueueDeclareOptions::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .expect("the queue exists")
+            .message_count();
         let mut consumer = channel
             .basic_consume(
                 self.rabbit.queue.as_str().into(),
@@ -191,22 +207,20 @@ impl Brokers {
             .await
             .unwrap();
         let mut ids: HashMap<Uuid, usize> = HashMap::new();
-        let mut seen = 0usize;
-        // Everything is in the queue already: read all, then until it has been quiet a second.
-        loop {
-            let quiet = Duration::from_secs(if seen >= at_least { 1 } else { 10 });
-            let Ok(Some(delivery)) = tokio::time::timeout(quiet, consumer.next()).await else {
-                break;
-            };
-            let delivery = delivery.expect("a delivery");
+        for seen in 0..held {
+            let delivery = tokio::time::timeout(Duration::from_secs(30), consumer.next())
+                .await
+                .unwrap_or_else(|_| panic!("the queue holds {held} messages; {seen} arrived"))
+                .expect("a delivery")
+                .expect("no error");
             let table = delivery.properties.headers().as_ref().expect("headers");
             let Some(AMQPValue::LongString(id)) = table.inner().get(headers::MESSAGE_ID) else {
                 panic!("no message id header")
             };
             *ids.entry(id.to_string().parse::<Uuid>().unwrap())
                 .or_default() += 1;
-            seen += 1;
         }
+        eprintln!("RabbitMQ's queue held {held} messages, {} distinct", ids.len());
         ids
     }
 
@@ -321,12 +335,17 @@ async fn relayed_exactly_once_into_jetstream_and_at_least_once_into_rabbitmq_thr
         "the stream holds exactly the enqueued events"
     );
 
-    let in_queue = brokers.queue_ids(enqueued.len()).await;
-    let missing = enqueued
+    let in_queue = brokers.queue_ids().await;
+    let missing: Vec<&Uuid> = enqueued
         .iter()
         .filter(|id| !in_queue.contains_key(id))
-        .count();
-    assert_eq!(missing, 0, "every event reached RabbitMQ");
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "{} events never reached RabbitMQ, e.g. {:?}",
+        missing.len(),
+        &missing[..missing.len().min(10)]
+    );
     let extra = in_queue.values().map(|&n| n - 1).sum::<usize>();
     eprintln!("RabbitMQ received {extra} repeated deliveries (at least once, as documented)");
 
