@@ -220,7 +220,10 @@ impl Brokers {
             *ids.entry(id.to_string().parse::<Uuid>().unwrap())
                 .or_default() += 1;
         }
-        eprintln!("RabbitMQ's queue held {held} messages, {} distinct", ids.len());
+        eprintln!(
+            "RabbitMQ's queue held {held} messages, {} distinct",
+            ids.len()
+        );
         ids
     }
 
