@@ -11,21 +11,17 @@
 //! (default amqp://guest:guest@127.0.0.1:5672/%2f).
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use outbox::{enqueue_many, outbox_event};
 use outbox_handlers::async_nats::{self, jetstream};
-use outbox_handlers::lapin::options::{BasicConsumeOptions, QueueDeclareOptions};
-use outbox_handlers::lapin::types::{AMQPValue, FieldTable};
 use outbox_handlers::relay::headers;
+use outbox_tests::proxy::{host_port, Proxy};
 use outbox_tests::rabbitmq::{amqp_url, Topology};
 use outbox_tests::{pg, random_ms, sigkill, TestDb};
 use serde::{Deserialize, Serialize};
-use tokio::net::{TcpListener, TcpStream};
 use tokio::process::{Child, Command};
-use tokio::task::AbortHandle;
 use uuid::Uuid;
 
 /// The event the `relay-worker` binary relays, under the same topic.
@@ -42,69 +38,6 @@ const LIMIT: Duration = Duration::from_secs(240);
 
 fn nats_url() -> String {
     std::env::var("NATS_URL").unwrap_or_else(|_| "127.0.0.1:4222".to_string())
-}
-
-/// `host:port` of a broker URL (`amqp://user:pw@host:port/vhost` or `host:port`).
-fn host_port(url: &str) -> String {
-    let rest = url.split_once("://").map_or(url, |(_, r)| r);
-    let rest = rest.rsplit_once('@').map_or(rest, |(_, r)| r);
-    rest.split('/').next().unwrap_or(rest).to_string()
-}
-
-/// A TCP proxy on loopback in front of a broker: [`drop_all`](Proxy::drop_all) closes every
-/// connection through it at once, as a network blip or a broker restart would.
-struct Proxy {
-    port: u16,
-    conns: Arc<Mutex<Vec<AbortHandle>>>,
-    accept: AbortHandle,
-}
-
-impl Proxy {
-    async fn start(upstream: String) -> Proxy {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let conns: Arc<Mutex<Vec<AbortHandle>>> = Arc::default();
-        let held = conns.clone();
-        let accept = tokio::spawn(async move {
-            loop {
-                let Ok((mut inbound, _)) = listener.accept().await else {
-                    continue;
-                };
-                let upstream = upstream.clone();
-                let task = tokio::spawn(async move {
-                    if let Ok(mut outbound) = TcpStream::connect(&upstream).await {
-                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
-                    }
-                });
-                let mut conns = held.lock().unwrap();
-                conns.retain(|c| !c.is_finished());
-                conns.push(task.abort_handle());
-            }
-        })
-        .abort_handle();
-        Proxy {
-            port,
-            conns,
-            accept,
-        }
-    }
-
-    /// Closes every connection through the proxy; returns how many there were.
-    fn drop_all(&self) -> usize {
-        let mut conns = self.conns.lock().unwrap();
-        let n = conns.iter().filter(|c| !c.is_finished()).count();
-        for c in conns.drain(..) {
-            c.abort();
-        }
-        n
-    }
-}
-
-impl Drop for Proxy {
-    fn drop(&mut self) {
-        self.accept.abort();
-        self.drop_all();
-    }
 }
 
 struct Brokers {
@@ -172,58 +105,6 @@ impl Brokers {
                 .unwrap();
             *ids.entry(id).or_default() += 1;
         }
-        ids
-    }
-
-    /// The `Outbox-Message-Id` of every message in the queue, with how often each occurs.
-    ///
-    /// Reads exactly as many deliveries as the broker says the queue holds (every worker is
-    /// stopped by then), so a slow consumer cannot pass for a lost message, and then checks
-    /// that the queue is empty.
-    async fn queue_ids(&self) -> HashMap<Uuid, usize> {
-        let channel = self.rabbit.conn.create_channel().await.unwrap();
-        let held = channel
-            .queue_declare(
-                self.rabbit.queue.as_str().into(),
-                QueueDeclareOptions {
-                    passive: true,
-                    ..QueueDeclareOptions::default()
-                },
-                FieldTable::default(),
-            )
-            .await
-            .expect("the queue exists")
-            .message_count();
-        let mut consumer = channel
-            .basic_consume(
-                self.rabbit.queue.as_str().into(),
-                "chaos-check".into(),
-                BasicConsumeOptions {
-                    no_ack: true,
-                    ..BasicConsumeOptions::default()
-                },
-                FieldTable::default(),
-            )
-            .await
-            .unwrap();
-        let mut ids: HashMap<Uuid, usize> = HashMap::new();
-        for seen in 0..held {
-            let delivery = tokio::time::timeout(Duration::from_secs(30), consumer.next())
-                .await
-                .unwrap_or_else(|_| panic!("the queue holds {held} messages; {seen} arrived"))
-                .expect("a delivery")
-                .expect("no error");
-            let table = delivery.properties.headers().as_ref().expect("headers");
-            let Some(AMQPValue::LongString(id)) = table.inner().get(headers::MESSAGE_ID) else {
-                panic!("no message id header")
-            };
-            *ids.entry(id.to_string().parse::<Uuid>().unwrap())
-                .or_default() += 1;
-        }
-        eprintln!(
-            "RabbitMQ's queue held {held} messages, {} distinct",
-            ids.len()
-        );
         ids
     }
 
@@ -338,7 +219,7 @@ async fn relayed_exactly_once_into_jetstream_and_at_least_once_into_rabbitmq_thr
         "the stream holds exactly the enqueued events"
     );
 
-    let in_queue = brokers.queue_ids().await;
+    let in_queue = brokers.rabbit.message_ids().await;
     let missing: Vec<&Uuid> = enqueued
         .iter()
         .filter(|id| !in_queue.contains_key(id))

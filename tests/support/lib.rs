@@ -815,12 +815,18 @@ pub mod jobs {
 /// RabbitMQ for the relay tests: the broker at `AMQP_URL`
 /// (default amqp://guest:guest@127.0.0.1:5672/%2f).
 pub mod rabbitmq {
+    use std::collections::HashMap;
+    use std::time::Duration;
+
+    use futures_util::StreamExt;
     use outbox_handlers::lapin::options::{
-        ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions, QueueDeclareOptions,
-        QueueDeleteOptions,
+        BasicConsumeOptions, ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions,
+        QueueDeclareOptions, QueueDeleteOptions,
     };
-    use outbox_handlers::lapin::types::FieldTable;
+    use outbox_handlers::lapin::types::{AMQPValue, FieldTable};
     use outbox_handlers::lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
+    use outbox_handlers::relay::headers;
+    use uuid::Uuid;
 
     /// The broker's URL.
     pub fn amqp_url() -> String {
@@ -887,6 +893,61 @@ pub mod rabbitmq {
             }
         }
 
+        /// The `Outbox-Message-Id` of every message in the queue, with how often each occurs.
+        ///
+        /// Consumes exactly as many deliveries as the broker says the queue holds, so a slow
+        /// consumer cannot pass for a lost message: stop every publisher first.
+        ///
+        /// # Panics
+        ///
+        /// When a delivery does not arrive within 30 s or has no message id header.
+        pub async fn message_ids(&self) -> HashMap<Uuid, usize> {
+            let channel = self.conn.create_channel().await.unwrap();
+            let held = channel
+                .queue_declare(
+                    self.queue.as_str().into(),
+                    QueueDeclareOptions {
+                        passive: true,
+                        ..QueueDeclareOptions::default()
+                    },
+                    FieldTable::default(),
+                )
+                .await
+                .expect("the queue exists")
+                .message_count();
+            let mut consumer = channel
+                .basic_consume(
+                    self.queue.as_str().into(),
+                    "message-ids".into(),
+                    BasicConsumeOptions {
+                        no_ack: true,
+                        ..BasicConsumeOptions::default()
+                    },
+                    FieldTable::default(),
+                )
+                .await
+                .unwrap();
+            let mut ids: HashMap<Uuid, usize> = HashMap::new();
+            for seen in 0..held {
+                let delivery = tokio::time::timeout(Duration::from_secs(30), consumer.next())
+                    .await
+                    .unwrap_or_else(|_| panic!("the queue holds {held} messages; {seen} arrived"))
+                    .expect("a delivery")
+                    .expect("no error");
+                let table = delivery.properties.headers().as_ref().expect("headers");
+                let Some(AMQPValue::LongString(id)) = table.inner().get(headers::MESSAGE_ID) else {
+                    panic!("no message id header")
+                };
+                *ids.entry(id.to_string().parse::<Uuid>().unwrap())
+                    .or_default() += 1;
+            }
+            eprintln!(
+                "RabbitMQ's queue held {held} messages, {} distinct",
+                ids.len()
+            );
+            ids
+        }
+
         /// Deletes the queue and the exchange.
         pub async fn delete(self) {
             let _ = self
@@ -900,6 +961,81 @@ pub mod rabbitmq {
                     ExchangeDeleteOptions::default(),
                 )
                 .await;
+        }
+    }
+}
+
+/// A TCP proxy on loopback in front of a broker, to cut connections as a network would.
+pub mod proxy {
+    use std::sync::{Arc, Mutex};
+
+    use tokio::net::{TcpListener, TcpStream};
+    use tokio::task::AbortHandle;
+
+    /// `host:port` of a broker URL (`amqp://user:pw@host:port/vhost` or `host:port`).
+    pub fn host_port(url: &str) -> String {
+        let rest = url.split_once("://").map_or(url, |(_, r)| r);
+        let rest = rest.rsplit_once('@').map_or(rest, |(_, r)| r);
+        rest.split('/').next().unwrap_or(rest).to_string()
+    }
+
+    /// A TCP proxy on loopback in front of a broker: [`drop_all`](Proxy::drop_all) closes every
+    /// connection through it at once, as a network blip or a broker restart would.
+    pub struct Proxy {
+        /// The loopback port to connect to instead of the upstream's.
+        pub port: u16,
+        conns: Arc<Mutex<Vec<AbortHandle>>>,
+        accept: AbortHandle,
+    }
+
+    impl Proxy {
+        /// Listens on a free loopback port and forwards every connection to `upstream`
+        /// (`host:port`).
+        pub async fn start(upstream: String) -> Proxy {
+            let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let port = listener.local_addr().unwrap().port();
+            let conns: Arc<Mutex<Vec<AbortHandle>>> = Arc::default();
+            let held = conns.clone();
+            let accept = tokio::spawn(async move {
+                loop {
+                    let Ok((mut inbound, _)) = listener.accept().await else {
+                        continue;
+                    };
+                    let upstream = upstream.clone();
+                    let task = tokio::spawn(async move {
+                        if let Ok(mut outbound) = TcpStream::connect(&upstream).await {
+                            let _ =
+                                tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                        }
+                    });
+                    let mut conns = held.lock().unwrap();
+                    conns.retain(|c| !c.is_finished());
+                    conns.push(task.abort_handle());
+                }
+            })
+            .abort_handle();
+            Proxy {
+                port,
+                conns,
+                accept,
+            }
+        }
+
+        /// Closes every connection through the proxy; returns how many there were.
+        pub fn drop_all(&self) -> usize {
+            let mut conns = self.conns.lock().unwrap();
+            let n = conns.iter().filter(|c| !c.is_finished()).count();
+            for c in conns.drain(..) {
+                c.abort();
+            }
+            n
+        }
+    }
+
+    impl Drop for Proxy {
+        fn drop(&mut self) {
+            self.accept.abort();
+            self.drop_all();
         }
     }
 }
