@@ -19,8 +19,11 @@
 //! | refused as too large (`CONTENT_TOO_LARGE`, `PRECONDITION_FAILED`) | permanent |
 //! | negatively confirmed (`nack`), connection or channel lost, anything else | retry |
 //!
-//! One connection and one confirm-mode channel serve every relay and every concurrent call (each
-//! call waits for its own confirm); when either closes, the next publish opens a new one.
+//! One connection serves every relay and every concurrent call; each call in flight publishes on
+//! a confirm-mode channel of its own, kept open for the next call, because RabbitMQ's confirms
+//! and returns can be matched to their publish only on a channel with one publish in flight.
+//! When the connection closes, the next publish opens a new one. A broker allows 2,047 channels
+//! per connection by default (`channel_max`): keep the worker's concurrency below that.
 //!
 //! # Example
 //!
@@ -77,7 +80,10 @@ struct Inner {
     uri: String,
     exchange: String,
     map: BTreeMap<String, (String, String)>,
-    link: Mutex<Link>,
+    /// The shared connection, once opened.
+    conn: Mutex<Option<Arc<Connection>>>,
+    /// Open confirm-mode channels with no publish in flight; see [`Lease`].
+    idle: std::sync::Mutex<Vec<Channel>>,
 }
 
 impl RabbitPublisher {
@@ -117,34 +123,92 @@ impl RabbitPublisher {
     }
 }
 
-/// The shared connection and confirm-mode channel, once opened.
-#[derive(Default)]
-struct Link {
-    conn: Option<Connection>,
-    channel: Option<Channel>,
-}
-
 impl RabbitPublisher {
-    /// The open confirm-mode channel, opening the connection or the channel first if needed.
-    async fn channel(&self) -> Result<Channel, lapin::Error> {
-        let mut link = self.inner.link.lock().await;
-        if let Some(channel) = link.channel.as_ref().filter(|c| c.status().connected()) {
-            return Ok(channel.clone());
+    /// A confirm-mode channel with no publish in flight: an idle one of the shared connection,
+    /// else a new one, opening the connection first if it is closed.
+    async fn checkout(&self) -> Result<Lease<'_>, lapin::Error> {
+        loop {
+            let idle = lock(&self.inner.idle).pop();
+            match idle {
+                Some(channel) if channel.status().connected() => return Ok(self.lease(channel)),
+                // A channel of a connection that was lost, or closed by the broker.
+                Some(_) => continue,
+                None => break,
+            }
         }
-        let conn = match link.conn.take().filter(|c| c.status().connected()) {
-            Some(conn) => conn,
-            None => {
-                link.channel = None;
-                Connection::connect(&self.inner.uri, ConnectionProperties::default()).await?
+        let conn = {
+            let mut conn = self.inner.conn.lock().await;
+            match conn.as_ref().filter(|c| c.status().connected()) {
+                Some(open) => open.clone(),
+                None => {
+                    lock(&self.inner.idle).clear();
+                    let open = Arc::new(
+                        Connection::connect(&self.inner.uri, ConnectionProperties::default())
+                            .await?,
+                    );
+                    conn.insert(open).clone()
+                }
             }
         };
-        let conn = link.conn.insert(conn);
         let channel = conn.create_channel().await?;
         channel
             .confirm_select(ConfirmSelectOptions::default())
             .await?;
-        link.channel = Some(channel.clone());
-        Ok(channel)
+        Ok(self.lease(channel))
+    }
+
+    fn lease(&self, channel: Channel) -> Lease<'_> {
+        Lease {
+            idle: &self.inner.idle,
+            channel,
+            settled: false,
+        }
+    }
+}
+
+fn lock(idle: &std::sync::Mutex<Vec<Channel>>) -> std::sync::MutexGuard<'_, Vec<Channel>> {
+    idle.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// A channel lent to one publish.
+///
+/// RabbitMQ confirms a channel's publishes by a number it gives them in the order their frames
+/// arrive, and returns an unroutable message before its confirm without naming the publish:
+/// lapin can match a confirm or a return to its call only while a channel has one publish in
+/// flight. Two concurrent calls on one channel may reach the wire in the other order than lapin
+/// numbered them, and a confirm then resolves the wrong call: a message lost in a connection
+/// drop is reported as delivered, or a routable one as returned. So each publish in flight
+/// has a channel of its own, given back for the next publish once its confirm has come.
+struct Lease<'a> {
+    idle: &'a std::sync::Mutex<Vec<Channel>>,
+    channel: Channel,
+    /// Set once the publish has its confirm, or failed.
+    settled: bool,
+}
+
+impl Lease<'_> {
+    /// The publish has its confirm (or failed): the channel, if still open, serves the next.
+    fn give_back(mut self) {
+        self.settled = true;
+    }
+}
+
+impl Drop for Lease<'_> {
+    /// Gives a settled channel back. A publish abandoned before its confirm (its handler timed
+    /// out) closes its channel instead: the confirm may still come, and would resolve the next
+    /// publish on that channel.
+    fn drop(&mut self) {
+        if self.settled {
+            if self.channel.status().connected() {
+                lock(self.idle).push(self.channel.clone());
+            }
+        } else if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let channel = self.channel.clone();
+            runtime.spawn(async move {
+                let _ = channel.close(200, "publish abandoned".into()).await;
+            });
+        }
     }
 }
 
@@ -169,11 +233,12 @@ impl RabbitPublisher {
     /// A [`HandlerError`] classified as the [module](self) describes.
     pub async fn publish_payload(&self, payload: &[u8], ctx: &Context) -> Result<(), HandlerError> {
         let (exchange, key) = self.route(ctx.topic());
-        let channel = self
-            .channel()
+        let lease = self
+            .checkout()
             .await
             .map_err(|e| HandlerError::retry(format!("cannot reach RabbitMQ: {e}")))?;
-        let confirm = channel
+        let confirm = lease
+            .channel
             .basic_publish(
                 ShortString::from(exchange),
                 ShortString::from(key),
@@ -189,6 +254,7 @@ impl RabbitPublisher {
             Ok(pending) => pending.await,
             Err(e) => Err(e),
         };
+        lease.give_back();
         match confirmation {
             Ok(Confirmation::Ack(None)) => Ok(()),
             Ok(Confirmation::Ack(Some(returned)) | Confirmation::Nack(Some(returned))) => {
@@ -215,8 +281,7 @@ fn classify(e: &lapin::Error, exchange: &str, key: &str) -> HandlerError {
     if let ErrorKind::ProtocolError(amqp) = e.kind() {
         let words = amqp.get_message().as_str();
         match amqp.kind() {
-            // The broker closes the channel shared by every publish in flight: only the publish
-            // whose exchange it names is at fault, the others retry on a new channel.
+            // The broker closes the channel over it: the exchange named must be this publish's.
             AMQPErrorKind::Soft(AMQPSoftError::NOTFOUND)
                 if words.contains(&format!("'{exchange}'")) =>
             {
@@ -340,7 +405,8 @@ impl RabbitPublisherBuilder {
                 uri: self.uri,
                 exchange: self.exchange,
                 map,
-                link: Mutex::new(Link::default()),
+                conn: Mutex::new(None),
+                idle: std::sync::Mutex::new(Vec::new()),
             }),
         })
     }
