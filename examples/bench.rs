@@ -17,6 +17,7 @@
 //! | W7  | PostgreSQL and NATS: 20,000 pending messages relayed into a file-backed JetStream stream by a default worker (the publisher as a raw handler), timed from worker start until none is live; beside raw async-nats publishing of the same payloads, as many awaiting their acknowledgement at once as the worker's concurrency, alternating (`--repeat` rounds); and their ratio |
 //! | W8  | the inbox consuming the 20,000 messages W7's relay left in the stream, each in a transaction with its processed-id record, until all are acknowledged |
 //! | W9  | W1 (best setting) of 20,000 messages with ordering keys, 1,000 keys interleaved; ratio to W1 as the median of at least 5 pairs' ratios, each pair's order alternating; and one key of 20,000 messages, drained serially (default `WorkerConfig`), every call checked to come in enqueue order |
+//! | W9B | W9 beside 1,000 keys that dead letters hold, each with a message of the drained topic waiting behind its dead letter; ratio to W1 as for W9 (no target: it shows what blocked keys cost the others) |
 //! | W10 | PostgreSQL: 8 producers, 2,000 transactions each (business `INSERT` + `enqueue`), against 1, 4 and 8 default workers (a pool each) and against 4 beside an idle worker of another topic; `Wakeup::Listen` alternating with `Wakeup::Poll` (`--repeat` pairs, at most 3): producer tx/s, the ratio listen/poll and the share of transactions that sent a NOTIFY (counted by a LISTENer on the wake-up channel) |
 //! | RSS | peak RSS (VmHWM) of a worker process draining a 100,000-message backlog |
 //! | W2T | with `--features opentelemetry` only: W2's enqueue transactions (1 and 8 producers, a worker running), in at least 9 rounds of three variants, each round starting with the next: OpenTelemetry recording nothing; each transaction's business statements in a recorded request span, `enqueue` outside it (no context stored, as without the feature); the whole transaction in the span, its context stored and continued by the worker (spans and events at INFO and above, batch-exported to a sink that drops them); the ratios of the last to the other two, each the median of the rounds' ratios; then the target's figure: as many rounds in which each producer's transactions alternate between the context stored and not, every one timed, and the median over runs of 50 such pairs of the time without to the time with (pairs of neighbouring transactions meet the same disk and server, which separate runs do not), beside the ratio of all pairs' time summed |
@@ -305,6 +306,8 @@ enum Against<'a> {
     Unhandled(u64),
     /// W9: the drain with ordering keys, this many keys interleaved.
     Keys(u64),
+    /// W9B: W9's drain beside `blocked` keys held by dead letters.
+    BlockedKeys { keys: u64, blocked: u64 },
 }
 
 /// The fewest rounds behind W2T's ratios: the effect it looks for (3 %) is smaller than the
@@ -358,6 +361,10 @@ async fn paired(
                 Against::Keys(keys) => {
                     db.reset().await?;
                     workloads::w9(db, n, keys, setting.config()).await
+                }
+                Against::BlockedKeys { keys, blocked } => {
+                    db.reset().await?;
+                    workloads::w9_blocked(db, n, keys, blocked, setting.config()).await
                 }
             });
         }
@@ -941,7 +948,7 @@ async fn run(args: &Args, db: &mut Db, report: &mut Report) -> Result<()> {
         let pairs = match &big {
             Ok(big) => {
                 let filled = async {
-                    big.insert_done(done, "bench.message", &workloads::sample_payload())
+                    big.insert_done(done, "bench.message", &workloads::sample_payload(), None)
                         .await?;
                     big.analyze().await
                 };
@@ -990,6 +997,28 @@ async fn run(args: &Args, db: &mut Db, report: &mut Report) -> Result<()> {
             pairs,
             best_setting,
             Target::at_least(0.8),
+        );
+        // The same beside keys that dead letters hold, each with a message waiting: what an
+        // outage of one downstream leaves for the other keys to drain past.
+        let blocked = args.scaled(1_000);
+        let pairs = paired(
+            db,
+            n1,
+            best_setting,
+            repeat,
+            Against::BlockedKeys { keys, blocked },
+        )
+        .await;
+        push_paired(
+            report,
+            "W9B",
+            &format!(
+                "W9 beside {blocked} keys blocked by dead letters ({best_setting}), median of \
+                 {pairs_n} pairs"
+            ),
+            pairs,
+            best_setting,
+            None,
         );
         // One key drains one message at a time (claim, handler, done write, claim), as many
         // messages as W9 spreads over its keys.

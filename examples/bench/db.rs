@@ -332,24 +332,33 @@ impl Db {
     /// Seeds the history of a long-running system beside the live table, which keeps live
     /// messages only: `n` dead letters in `outbox_dead` (time-ordered ids, ~200-byte payloads,
     /// dead two hours ago), and the per-minute counts of `n` done messages (done messages are
-    /// deleted; 1,000 a minute in the `n / 1000` minutes before that).
-    pub(crate) async fn insert_done(&self, n: u64, topic: &str, payload: &str) -> Result<()> {
+    /// deleted; 1,000 a minute in the `n / 1000` minutes before that). With `keys`, dead letter
+    /// `i` (from 1) holds the ordering key `{keys}{i}`.
+    pub(crate) async fn insert_done(
+        &self,
+        n: u64,
+        topic: &str,
+        payload: &str,
+        keys: Option<&str>,
+    ) -> Result<()> {
         let n = i64::try_from(n)?;
         match &self.pool {
             Pool::Pg(p) => {
                 sqlx::query(
-                    "INSERT INTO outbox_dead (id, topic, payload, attempts, last_error, created_at, dead_at) \
+                    "INSERT INTO outbox_dead (id, topic, payload, attempts, last_error, created_at, dead_at, \
+                                              ordering_key) \
                      SELECT (lpad(to_hex(t.ms), 12, '0') || '7' || substr(t.h, 1, 3) || '8' \
                              || substr(t.h, 4, 15))::uuid, \
-                            $2, $3::json, 8, 'bench: seeded dead letter', t.ts, t.ts \
+                            $2, $3::json, 8, 'bench: seeded dead letter', t.ts, t.ts, $4 || t.g \
                      FROM (SELECT (extract(epoch FROM now()) * 1000)::bigint - 7200000 + g / 1000 AS ms, \
-                                  md5(g::text) AS h, \
+                                  md5(g::text) AS h, g, \
                                   now() - interval '2 hours' + (g / 1000) * interval '1 millisecond' AS ts \
                            FROM generate_series(1, $1) AS g) AS t",
                 )
                 .bind(n)
                 .bind(topic)
                 .bind(payload)
+                .bind(keys)
                 .execute(p)
                 .await?;
                 sqlx::query(
@@ -373,15 +382,18 @@ impl Db {
                 )? - 7_200_000;
                 sqlx::query(
                     "WITH RECURSIVE g(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM g WHERE n < ?1) \
-                     INSERT INTO outbox_dead (id, topic, payload, attempts, last_error, created_at, dead_at) \
-                     SELECT printf('%08x-0000-7000-8000-%012x', ?4 / 1000, n), ?2, ?3, 8, \
-                            'bench: seeded dead letter', ?4 + n / 1000, ?4 + n / 1000 \
+                     INSERT INTO outbox_dead (id, topic, payload, attempts, last_error, created_at, dead_at, \
+                                              ordering_key) \
+                     SELECT printf('%08x-%04x-7000-8000-%012x', (?4 + n / 1000) >> 16, \
+                                   (?4 + n / 1000) & 65535, n), ?2, ?3, 8, \
+                            'bench: seeded dead letter', ?4 + n / 1000, ?4 + n / 1000, ?5 || n \
                      FROM g",
                 )
                 .bind(n)
                 .bind(topic)
                 .bind(payload)
                 .bind(then)
+                .bind(keys)
                 .execute(p)
                 .await?;
                 let minute = then - then.rem_euclid(60_000);

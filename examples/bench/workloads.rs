@@ -69,19 +69,23 @@ pub(crate) struct KeyedBenchMessage {
 /// the events of many aggregates arrive.
 pub(crate) fn keyed_messages(n: u64, keys: u64) -> Vec<KeyedBenchMessage> {
     (0..n)
-        .map(|seq| {
-            let m = BenchMessage::new(seq);
-            KeyedBenchMessage {
-                key: format!("bench:{}", seq % keys.max(1)),
-                seq: m.seq,
-                order_id: m.order_id,
-                customer: m.customer,
-                amount_cents: m.amount_cents,
-                currency: m.currency,
-                note: m.note,
-            }
-        })
+        .map(|seq| KeyedBenchMessage::new(seq, format!("bench:{}", seq % keys.max(1))))
         .collect()
+}
+
+impl KeyedBenchMessage {
+    fn new(seq: u64, key: String) -> KeyedBenchMessage {
+        let m = BenchMessage::new(seq);
+        KeyedBenchMessage {
+            key,
+            seq: m.seq,
+            order_id: m.order_id,
+            customer: m.customer,
+            amount_cents: m.amount_cents,
+            currency: m.currency,
+            note: m.note,
+        }
+    }
 }
 
 /// The topic of [`BenchMessage`].
@@ -285,13 +289,14 @@ pub(crate) struct Sample {
     pub(crate) cpu: CpuPer,
 }
 
-/// Waits until the probe has seen its `target` calls and then until no live message of
-/// `topics` is left (the last outcome is written), within `limit`.
+/// Waits until the probe has seen its `target` calls and then until `leave` live messages of
+/// `topics` are left (the last outcome is written; those left are blocked), within `limit`.
 async fn until_drained(
     db: &Db,
     topics: &[&str],
     state: &ProbeState,
     limit: Duration,
+    leave: i64,
 ) -> Result<()> {
     let deadline = Instant::now() + limit;
     if !state.wait_all(limit).await {
@@ -302,8 +307,8 @@ async fn until_drained(
         );
     }
     loop {
-        let left = db.remaining(topics).await?;
-        if left == 0 {
+        let left = db.remaining(topics).await? - leave;
+        if left <= 0 {
             return Ok(());
         }
         if Instant::now() >= deadline {
@@ -318,7 +323,7 @@ async fn until_drained(
 /// binary starts) until no live message of the topic is left.
 pub(crate) async fn w1(db: &Db, n: u64, config: WorkerConfig) -> Result<Sample> {
     db.seed(&messages(n)).await?;
-    timed_drain(db, n, config, ProbeState::new(n, 0)).await
+    timed_drain(db, n, config, ProbeState::new(n, 0), 0).await
 }
 
 /// W9: W1's drain of `n` messages with ordering keys, `keys` of them, timed the same way. With
@@ -330,7 +335,7 @@ pub(crate) async fn w9(db: &Db, n: u64, keys: u64, config: WorkerConfig) -> Resu
     } else {
         ProbeState::new(n, 0)
     };
-    let sample = timed_drain(db, n, config, state.clone()).await?;
+    let sample = timed_drain(db, n, config, state.clone(), 0).await?;
     if state.out_of_order() > 0 {
         bail!(
             "{} of {n} messages of one key were handled out of enqueue order",
@@ -340,13 +345,44 @@ pub(crate) async fn w9(db: &Db, n: u64, keys: u64, config: WorkerConfig) -> Resu
     Ok(sample)
 }
 
-/// The timed part of W1 and W9, on messages already seeded.
+/// W9B: W9's drain beside `blocked` keys that a dead letter holds, each with a message of the
+/// drained topic waiting behind it, as after an outage of one downstream: every walk over the
+/// keys meets them, and every head claimed asks whether a dead letter holds its key.
+pub(crate) async fn w9_blocked(
+    db: &Db,
+    n: u64,
+    keys: u64,
+    blocked: u64,
+    config: WorkerConfig,
+) -> Result<Sample> {
+    db.insert_done(blocked, "bench.doomed", &sample_payload(), Some(BLOCKED))
+        .await?;
+    let waiting: Vec<_> = (1..=blocked)
+        .map(|i| KeyedBenchMessage::new(n + i, format!("{BLOCKED}{i}")))
+        .collect();
+    db.seed(&waiting).await?;
+    db.seed(&keyed_messages(n, keys)).await?;
+    let sample = timed_drain(db, n, config, ProbeState::new(n, 0), blocked).await?;
+    let left = db.remaining(&[TOPIC]).await?;
+    if left != i64::try_from(blocked)? {
+        bail!("{left} messages are live after the drain; the {blocked} blocked ones should be");
+    }
+    Ok(sample)
+}
+
+/// The key prefix of W9B's dead letters and of the messages they block.
+const BLOCKED: &str = "blocked:";
+
+/// The timed part of W1 and W9, on messages already seeded: `n` to handle, and `blocked` more
+/// that stay live.
 async fn timed_drain(
     db: &Db,
     n: u64,
     config: WorkerConfig,
     state: Arc<ProbeState>,
+    blocked: u64,
 ) -> Result<Sample> {
+    let leave = i64::try_from(blocked)?;
     db.analyze().await?;
     // Every run starts right after a checkpoint, so none pays for one the seeding left due.
     db.checkpoint().await?;
@@ -357,7 +393,7 @@ async fn timed_drain(
     let mut timed = None;
     let ran = w
         .run_until(async {
-            let drained = until_drained(db, &[TOPIC], &state, limit_for(n)).await;
+            let drained = until_drained(db, &[TOPIC], &state, limit_for(n), leave).await;
             let secs = start.elapsed().as_secs_f64();
             timed = Some((drained.map(|()| secs), meter.stop(db).await));
         })
