@@ -16,7 +16,7 @@ use outbox::{enqueue, outbox_event, Context, Event, FailureKind, Handler, Resour
 use outbox_handlers::lapin::options::BasicGetOptions;
 use outbox_handlers::lapin::types::{AMQPValue, FieldTable};
 use outbox_handlers::relay::headers;
-use outbox_handlers::relay::rabbitmq::RabbitPublisher;
+use outbox_handlers::relay::rabbitmq::{RabbitPublisher, RabbitPublisherBuilder};
 use outbox_tests::proxy::{host_port, Proxy};
 use outbox_tests::rabbitmq::{amqp_url, Topology};
 use outbox_tests::{pg, random_ms};
@@ -285,20 +285,36 @@ async fn every_confirmed_publish_is_in_the_queue_through_connection_drops() {
 /// a routable message and reporting the unroutable one as delivered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn each_concurrent_publish_gets_its_own_return_or_confirm() {
+    let rabbit = |uri| RabbitPublisher::builder(uri);
+    concurrent_outcomes(rabbit, 500).await;
+}
+
+/// With two channels at most, 64 concurrent calls wait for one in turn: none fails for want of a
+/// channel, and each still gets its own outcome.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn calls_beyond_max_channels_wait_for_a_channel() {
+    let rabbit = |uri| RabbitPublisher::builder(uri).max_channels(2);
+    concurrent_outcomes(rabbit, 20).await;
+}
+
+/// 64 tasks publish `each` messages on one publisher, alternately to a bound routing key and to
+/// one nobody listens to, and check every call's outcome and the queue.
+async fn concurrent_outcomes(builder: impl Fn(String) -> RabbitPublisherBuilder, each: usize) {
     const TOPIC: &str = "relay.routed";
     const UNROUTED: &str = "relay.unrouted";
+    const TASKS: usize = 64;
     let topology = Topology::new(TOPIC).await;
-    let rabbit = RabbitPublisher::builder(amqp_url())
+    let rabbit = builder(amqp_url())
         .exchange(topology.exchange.clone())
         .map(UNROUTED, topology.exchange.clone(), "nobody.listens")
         .build()
         .unwrap();
-    let tasks: Vec<_> = (0..64)
+    let tasks: Vec<_> = (0..TASKS)
         .map(|t| {
             let rabbit = rabbit.clone();
             tokio::spawn(async move {
                 let (mut routed, mut wrong) = (HashSet::new(), Vec::new());
-                for i in 0..500 {
+                for i in 0..each {
                     let topic = if (i + t) % 2 == 0 { TOPIC } else { UNROUTED };
                     let ctx = Context::for_test(topic, "rabbitmq-relay", Resources::new());
                     let outcome = rabbit.publish_payload(b"{}", &ctx).await;
@@ -322,14 +338,19 @@ async fn each_concurrent_publish_gets_its_own_return_or_confirm() {
         routed.extend(r);
         wrong.extend(w);
     }
+    let calls = TASKS * each;
     assert!(
         wrong.is_empty(),
-        "{} of 32,000 publishes got another's outcome, e.g. {:?}",
+        "{} of {calls} publishes got another's outcome, e.g. {:?}",
         wrong.len(),
         &wrong[..wrong.len().min(5)]
     );
     let in_queue = topology.message_ids().await;
-    assert_eq!(in_queue.len(), 16_000, "one message per routable publish");
+    assert_eq!(
+        in_queue.len(),
+        calls / 2,
+        "one message per routable publish"
+    );
     assert!(in_queue.keys().all(|id| routed.contains(id)));
     topology.delete().await;
 }

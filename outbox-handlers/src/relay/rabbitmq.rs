@@ -22,8 +22,9 @@
 //! One connection serves every relay and every concurrent call; each call in flight publishes on
 //! a confirm-mode channel of its own, kept open for the next call, because RabbitMQ's confirms
 //! and returns can be matched to their publish only on a channel with one publish in flight.
-//! When the connection closes, the next publish opens a new one. A broker allows 2,047 channels
-//! per connection by default (`channel_max`): keep the worker's concurrency below that.
+//! When the connection closes, the next publish opens a new one. At most
+//! [`max_channels`](RabbitPublisherBuilder::max_channels) channels are open, 128 unless set; a
+//! call beyond them waits for one.
 //!
 //! # Example
 //!
@@ -59,13 +60,19 @@ use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProper
 use outbox::{
     Context, Event, FromResources, Handler, HandlerError, RawHandler, ResourceError, Resources,
 };
-use tokio::sync::Mutex;
+use tokio::sync::{Mutex, Semaphore};
 
 use super::headers;
 use crate::ConfigError;
 
 /// The exchange used when none is set.
 pub const DEFAULT_EXCHANGE: &str = "outbox";
+
+/// The channels a publisher opens at most when none is set: as many publishes in flight.
+pub const DEFAULT_MAX_CHANNELS: usize = 128;
+
+/// The most channels AMQP 0-9-1 numbers on one connection.
+const AMQP_MAX_CHANNELS: usize = 65_535;
 
 /// Publishes outbox messages to RabbitMQ: the shared connection and the topic-to-route rule.
 ///
@@ -84,6 +91,8 @@ struct Inner {
     conn: Mutex<Option<Arc<Connection>>>,
     /// Open confirm-mode channels with no publish in flight; see [`Lease`].
     idle: std::sync::Mutex<Vec<Channel>>,
+    /// One permit per channel the publisher may have open: a publish holds one while in flight.
+    channels: Semaphore,
 }
 
 impl RabbitPublisher {
@@ -93,6 +102,7 @@ impl RabbitPublisher {
             uri: uri.into(),
             exchange: DEFAULT_EXCHANGE.to_string(),
             map: Vec::new(),
+            max_channels: DEFAULT_MAX_CHANNELS,
         }
     }
 
@@ -233,6 +243,10 @@ impl RabbitPublisher {
     /// A [`HandlerError`] classified as the [module](self) describes.
     pub async fn publish_payload(&self, payload: &[u8], ctx: &Context) -> Result<(), HandlerError> {
         let (exchange, key) = self.route(ctx.topic());
+        // Held until the publish ends, after its channel is given back (or closed).
+        let Ok(_channel) = self.inner.channels.acquire().await else {
+            return Err(HandlerError::retry("the RabbitMQ publisher is shut down"));
+        };
         let lease = self
             .checkout()
             .await
@@ -346,6 +360,7 @@ pub struct RabbitPublisherBuilder {
     uri: String,
     exchange: String,
     map: Vec<(String, String, String)>,
+    max_channels: usize,
 }
 
 impl fmt::Debug for RabbitPublisherBuilder {
@@ -353,11 +368,32 @@ impl fmt::Debug for RabbitPublisherBuilder {
         f.debug_struct("RabbitPublisherBuilder")
             .field("exchange", &self.exchange)
             .field("map", &self.map)
+            .field("max_channels", &self.max_channels)
             .finish_non_exhaustive()
     }
 }
 
 impl RabbitPublisherBuilder {
+    /// The most channels the publisher opens on its connection, which is the most publishes in
+    /// flight (default [`DEFAULT_MAX_CHANNELS`]): a call beyond them waits for a channel to be
+    /// free. Each publish in flight needs a channel of its own (see the [module](self)); keep this
+    /// below the broker's `channel_max` (2,047 by default), as every channel costs the broker
+    /// memory. A worker whose concurrency is above it relays no faster for the excess.
+    ///
+    /// ```
+    /// use outbox_handlers::relay::rabbitmq::RabbitPublisher;
+    /// let rabbit = RabbitPublisher::builder("amqp://127.0.0.1:5672/%2f")
+    ///     .max_channels(32)
+    ///     .build()
+    ///     .unwrap();
+    /// # let _ = rabbit;
+    /// assert!(RabbitPublisher::builder("amqp://127.0.0.1:5672/%2f").max_channels(0).build().is_err());
+    /// ```
+    pub fn max_channels(mut self, channels: usize) -> Self {
+        self.max_channels = channels;
+        self
+    }
+
     /// The exchange topics are published to, with the topic as routing key
     /// (default [`DEFAULT_EXCHANGE`]). `""` is the default exchange, which routes to the queue
     /// named like the routing key.
@@ -382,9 +418,10 @@ impl RabbitPublisherBuilder {
     ///
     /// # Errors
     ///
-    /// [`ConfigError::Invalid`] naming `rabbitmq.uri`, `rabbitmq.exchange` or
-    /// `rabbitmq.map.<topic>` when the URI does not start with `amqp://` or `amqps://` or a
-    /// name is longer than AMQP allows (255 bytes).
+    /// [`ConfigError::Invalid`] naming `rabbitmq.uri`, `rabbitmq.exchange`,
+    /// `rabbitmq.map.<topic>` or `rabbitmq.max_channels` when the URI does not start with
+    /// `amqp://` or `amqps://`, a name is longer than AMQP allows (255 bytes), or the channels
+    /// are not between 1 and 65,535.
     pub fn build(self) -> Result<RabbitPublisher, ConfigError> {
         if !(self.uri.starts_with("amqp://") || self.uri.starts_with("amqps://")) {
             return Err(ConfigError::Rejected {
@@ -393,6 +430,15 @@ impl RabbitPublisherBuilder {
             });
         }
         check_name("rabbitmq.exchange", &self.exchange)?;
+        if !(1..=AMQP_MAX_CHANNELS).contains(&self.max_channels) {
+            return Err(ConfigError::Invalid {
+                key: "rabbitmq.max_channels".into(),
+                reason: format!(
+                    "must be between 1 and {AMQP_MAX_CHANNELS}, the channels AMQP numbers"
+                ),
+                got: self.max_channels.to_string(),
+            });
+        }
         let mut map = BTreeMap::new();
         for (topic, exchange, key) in self.map {
             let name = format!("rabbitmq.map.{topic}");
@@ -407,6 +453,7 @@ impl RabbitPublisherBuilder {
                 map,
                 conn: Mutex::new(None),
                 idle: std::sync::Mutex::new(Vec::new()),
+                channels: Semaphore::new(self.max_channels),
             }),
         })
     }
