@@ -206,8 +206,10 @@ impl Lease<'_> {
 
 impl Drop for Lease<'_> {
     /// Gives a settled channel back. A publish abandoned before its confirm (its handler timed
-    /// out) closes its channel instead: the confirm may still come, and would resolve the next
-    /// publish on that channel.
+    /// out) closes its channel instead: lapin keeps an abandoned confirm on its channel until
+    /// someone waits for all of the channel's confirms, which this publisher never does, so a
+    /// channel reused after each abandoned publish would hold more of them for as long as it
+    /// stays open.
     fn drop(&mut self) {
         if self.settled {
             if self.channel.status().connected() {
