@@ -16,6 +16,7 @@
 //! | W6  | `enqueue_many` of 100,000 messages in batches of 1,000 |
 //! | W7  | PostgreSQL and NATS: 20,000 pending messages relayed into a file-backed JetStream stream by a default worker (the publisher as a raw handler), timed from worker start until none is live; beside raw async-nats publishing of the same payloads, as many awaiting their acknowledgement at once as the worker's concurrency, alternating (`--repeat` rounds); and their ratio |
 //! | W8  | the inbox consuming the 20,000 messages W7's relay left in the stream, each in a transaction with its processed-id record, until all are acknowledged |
+//! | W7R | PostgreSQL and RabbitMQ: 20,000 pending messages relayed into a durable queue by a default worker (a confirm-mode channel per publish in flight); beside raw lapin publishing of the same payloads from one task on one channel, 32 awaiting their confirm; alternating, and their ratio (no target) |
 //! | W9  | W1 (best setting) of 20,000 messages with ordering keys, 1,000 keys interleaved; ratio to W1 as the median of at least 5 pairs' ratios, each pair's order alternating; and one key of 20,000 messages, drained serially (default `WorkerConfig`), every call checked to come in enqueue order |
 //! | W9B | W9 beside 1,000 keys that dead letters hold, each with a message of the drained topic waiting behind its dead letter; ratio to W1 as for W9 (no target: it shows what blocked keys cost the others) |
 //! | W10 | PostgreSQL: 8 producers, 2,000 transactions each (business `INSERT` + `enqueue`), against 1, 4 and 8 default workers (a pool each) and against 4 beside an idle worker of another topic; `Wakeup::Listen` alternating with `Wakeup::Poll` (`--repeat` pairs, at most 3): producer tx/s, the ratio listen/poll and the share of transactions that sent a NOTIFY (counted by a LISTENer on the wake-up channel) |
@@ -142,6 +143,13 @@ struct Args {
     /// does not answer.
     #[arg(long, env = "NATS_URL", default_value = "127.0.0.1:4222")]
     nats_url: String,
+    /// The RabbitMQ of W7R; it is skipped, saying so, when it does not answer.
+    #[arg(
+        long,
+        env = "AMQP_URL",
+        default_value = "amqp://guest:guest@127.0.0.1:5672/%2f"
+    )]
+    amqp_url: String,
     /// The PostgreSQL server to create the bench database on.
     #[arg(
         long,
@@ -568,6 +576,46 @@ async fn w7_w8(args: &Args, db: &mut Db, report: &mut Report) -> Result<()> {
             false,
         );
     }
+    Ok(())
+}
+
+/// W7R: the RabbitMQ relay beside raw lapin publishing, alternating.
+async fn w7r(args: &Args, db: &mut Db, report: &mut Report) -> Result<()> {
+    let queue = match broker::BenchQueue::create(&args.amqp_url).await {
+        Ok(queue) => queue,
+        Err(e) => {
+            eprintln!("  W7R skipped: {e:#} (--amqp-url)");
+            report.push("W7R", "relay to RabbitMQ", Err(e), "msgs/s", None);
+            return Ok(());
+        }
+    };
+    let n = args.scaled(20_000);
+    // As many publishes awaiting their confirm as the default worker runs handlers.
+    let in_flight = 32;
+    let (mut relay, mut raw) = (Vec::new(), Vec::new());
+    for _ in 0..args.repeat.max(1) {
+        db.reset().await?;
+        raw.push(broker::w7r_raw(db, &queue, n, in_flight).await);
+        relay.push(broker::w7r_relay(db, &queue, n).await);
+    }
+    queue.delete().await;
+    let rl = report.push_runs(
+        "W7R",
+        format!("relay {n} to RabbitMQ (default worker)"),
+        relay,
+        "msgs/s",
+        None,
+        true,
+    );
+    let rw = report.push_runs(
+        "W7R",
+        format!("raw lapin publish of {n}, one channel, {in_flight} in flight"),
+        raw,
+        "msgs/s",
+        None,
+        false,
+    );
+    report.push("W7R", "ratio relay/raw", ratio(&rl, &rw), "x", None);
     Ok(())
 }
 
@@ -1039,9 +1087,12 @@ async fn run(args: &Args, db: &mut Db, report: &mut Report) -> Result<()> {
         w10(args, db, report).await?;
     }
 
-    // W7 and W8: the JetStream relay and the inbox.
+    // W7 and W8: the JetStream relay and the inbox; W7R: the RabbitMQ relay.
     if (args.wants("w7") || args.wants("w8")) && db.kind == Kind::Postgres {
         w7_w8(args, db, report).await?;
+    }
+    if args.wants("w7r") && db.kind == Kind::Postgres {
+        w7r(args, db, report).await?;
     }
 
     // W6: bulk enqueue.
