@@ -111,6 +111,14 @@ async fn relay_drain<H: RawHandler>(db: &Db, n: u64, relay: H) -> Result<Sample>
     })
 }
 
+/// The JSON of messages `0..n`, as the raw publishes of W7 and W7R send them.
+fn payloads(n: u64) -> Result<Vec<Vec<u8>>> {
+    Ok(messages(n)
+        .iter()
+        .map(serde_json::to_vec)
+        .collect::<Result<_, _>>()?)
+}
+
 async fn until_empty(db: &Db, limit: Duration) -> Result<()> {
     let deadline = Instant::now() + limit;
     while db.remaining(&[TOPIC]).await? > 0 {
@@ -131,10 +139,7 @@ pub(crate) async fn w7_raw(
     in_flight: usize,
 ) -> Result<Sample> {
     stream.purge().await?;
-    let payloads: Vec<Vec<u8>> = messages(n)
-        .iter()
-        .map(serde_json::to_vec)
-        .collect::<Result<_, _>>()?;
+    let payloads = payloads(n)?;
     let subject = format!("{}.{TOPIC}", stream.prefix);
     let meter = CpuMeter::start(db).await;
     let start = Instant::now();
@@ -376,10 +381,7 @@ pub(crate) async fn w7r_raw(
     in_flight: usize,
 ) -> Result<Sample> {
     queue.purge().await?;
-    let payloads: Vec<Vec<u8>> = messages(n)
-        .iter()
-        .map(serde_json::to_vec)
-        .collect::<Result<_, _>>()?;
+    let payloads = payloads(n)?;
     let channel = queue.conn.create_channel().await?;
     channel
         .confirm_select(ConfirmSelectOptions::default())
