@@ -3,7 +3,8 @@
 //!
 //! Events: topic `test.work` (handler `record`). Each run inserts a row into `effects`
 //! (message_id, handler, n) of the same database, PostgreSQL or SQLite; the test decides
-//! whether that table has a unique key.
+//! whether that table has a unique key. With `OUTBOX_TEST_LOG_STARTS` set, each run also prints
+//! `started <message id> attempt <n>` on stdout as it begins, before it sleeps.
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -23,6 +24,7 @@ enum Effects {
 
 struct Record {
     effects: Effects,
+    log_starts: bool,
 }
 
 #[outbox::async_trait]
@@ -31,6 +33,9 @@ impl Handler for Record {
     const NAME: &'static str = "record";
 
     async fn handle(&self, work: Work, ctx: &Context) -> Result<(), HandlerError> {
+        if self.log_starts {
+            println!("started {} attempt {}", ctx.message_id(), ctx.attempt());
+        }
         if work.sleep_ms > 0 {
             tokio::time::sleep(Duration::from_millis(work.sleep_ms)).await;
         }
@@ -60,6 +65,7 @@ impl FromResources for Record {
     fn from_resources(resources: &Resources) -> Result<Self, ResourceError> {
         Ok(Record {
             effects: resources.require::<Effects>()?.clone(),
+            log_starts: std::env::var_os("OUTBOX_TEST_LOG_STARTS").is_some(),
         })
     }
 }

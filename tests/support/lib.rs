@@ -63,12 +63,21 @@ pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
 /// Sends SIGKILL to a child process: it dies at once, as in a crash or an OOM kill, with no
 /// chance to clean up.
 pub fn sigkill(child: &tokio::process::Child) {
+    send_signal(child, "-KILL");
+}
+
+/// Sends SIGTERM to a child process: a supervisor's stop request.
+pub fn sigterm(child: &tokio::process::Child) {
+    send_signal(child, "-TERM");
+}
+
+fn send_signal(child: &tokio::process::Child, signal: &str) {
     let pid = child.id().expect("the child is running");
     let status = std::process::Command::new("kill")
-        .args(["-KILL", &pid.to_string()])
+        .args([signal, &pid.to_string()])
         .status()
         .expect("run kill");
-    assert!(status.success(), "kill -KILL {pid}: {status}");
+    assert!(status.success(), "kill {signal} {pid}: {status}");
 }
 
 /// A number of milliseconds below `below`, different from run to run: when the next kill of a
@@ -979,13 +988,16 @@ pub mod proxy {
         rest.split('/').next().unwrap_or(rest).to_string()
     }
 
-    /// A TCP proxy on loopback in front of a broker: [`drop_all`](Proxy::drop_all) closes every
-    /// connection through it at once, as a network blip or a broker restart would.
+    /// A TCP proxy on loopback in front of a broker or a database: [`drop_all`](Proxy::drop_all)
+    /// closes every connection through it at once, as a network blip or a broker restart would;
+    /// [`black_hole`](Proxy::black_hole) stops moving bytes while keeping every connection open,
+    /// as a network partition does.
     pub struct Proxy {
         /// The loopback port to connect to instead of the upstream's.
         pub port: u16,
         conns: Arc<Mutex<Vec<AbortHandle>>>,
         accept: AbortHandle,
+        holed: tokio::sync::watch::Sender<bool>,
     }
 
     impl Proxy {
@@ -996,16 +1008,28 @@ pub mod proxy {
             let port = listener.local_addr().unwrap().port();
             let conns: Arc<Mutex<Vec<AbortHandle>>> = Arc::default();
             let held = conns.clone();
+            let (holed, hole) = tokio::sync::watch::channel(false);
             let accept = tokio::spawn(async move {
                 loop {
                     let Ok((mut inbound, _)) = listener.accept().await else {
                         continue;
                     };
                     let upstream = upstream.clone();
+                    let mut hole = hole.clone();
                     let task = tokio::spawn(async move {
+                        let holed_now = *hole.borrow();
+                        if holed_now {
+                            // Accepted, never answered: held open until the test ends.
+                            std::future::pending::<()>().await;
+                        }
                         if let Ok(mut outbound) = TcpStream::connect(&upstream).await {
-                            let _ =
-                                tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                            tokio::select! {
+                                _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                                _ = async { hole.wait_for(|h| *h).await.is_ok() } => {
+                                    // Both ends stay open; nothing moves any more.
+                                    std::future::pending::<()>().await;
+                                }
+                            }
                         }
                     });
                     let mut conns = held.lock().unwrap();
@@ -1018,7 +1042,14 @@ pub mod proxy {
                 port,
                 conns,
                 accept,
+                holed,
             }
+        }
+
+        /// From now on no byte moves either way, and new connections are accepted and never
+        /// answered: every open connection hangs, as behind a network partition.
+        pub fn black_hole(&self) {
+            self.holed.send_replace(true);
         }
 
         /// Closes every connection through the proxy; returns how many there were.

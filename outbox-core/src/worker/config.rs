@@ -169,9 +169,11 @@ impl WorkerConfig {
 
     /// How long a stopping worker waits for handlers in flight (default 25 s).
     ///
-    /// At the deadline, the messages still running are handed back (ready again at once, their
+    /// At the stop request, messages claimed but not started are handed back at once. At the
+    /// deadline, the messages still running are handed back (ready again at once, their
     /// attempt not counted), their handler tasks are cancelled, and
-    /// [`run_until`](crate::Worker::run_until) returns within a second. Set it a little below
+    /// [`run_until`](crate::Worker::run_until) returns within half a second, whether or not the
+    /// database answers. Set it a little below
     /// the grace period of whatever stops the process (Kubernetes waits 30 s by default before
     /// it kills, `docker stop` 10 s), so the hand-back happens before the kill.
     pub fn shutdown_timeout(mut self, timeout: Duration) -> Self {

@@ -9,7 +9,10 @@
 //!   they never yield, handlers that hold their thread are named, and every
 //!   [`WorkerConfig::lease`](crate::WorkerConfig::lease) / 5 the worker's heartbeat and the
 //!   leases of its running messages are renewed;
-//! - at shutdown, the messages still running at the deadline are handed back.
+//! - at shutdown ([`run`]), two phases, each bounded as a whole: from the stop request to the
+//!   deadline, messages claimed but not started are handed back at once and never start, while
+//!   running handlers may finish; from the deadline, the messages still running are handed back
+//!   and the engine ends within [`FINAL_WRITES`], whatever the database does.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
@@ -41,25 +44,30 @@ const BLOCKING_AFTER: Duration = Duration::from_millis(500);
 /// Connections of the engine's own pool: claims, two done writes in flight, failed outcomes
 /// and chores, and one spare.
 const ENGINE_CONNECTIONS: u32 = 5;
-/// The most time the final writes of a shutdown (hand-back, last successes, deregistration)
-/// may take after the deadline.
-const FINAL_WRITES: Duration = Duration::from_millis(800);
+/// The most time the final writes of a shutdown (hand-back, last successes, deregistration,
+/// closing the pool) may take after the deadline, all together.
+const FINAL_WRITES: Duration = Duration::from_millis(500);
+/// How often the stop phase looks for messages to hand back and for running ones that ended.
+const STOP_TICK: Duration = Duration::from_millis(5);
 
-/// One message whose handlers run.
+/// One claimed message of this worker: waiting for a handler slot or a thread, or running.
 struct Flight {
     fence: Fence,
     topic: &'static str,
-    had_attempts: bool,
+    /// The attempt this claim counted.
+    attempt: u32,
     /// Its ordering key, if it has one.
     key: Option<Arc<str>>,
     /// When the lease was last taken or renewed.
     leased_at: Instant,
-    /// When it was claimed: a message that has not started waits for a free handler.
+    /// When it was claimed: until its task starts it waits for a free handler or a thread.
     claimed_at: Instant,
-    /// The engine fails the message as timed out at this instant, yielding or not.
-    deadline: Instant,
+    /// The time its handlers may take together, counted from the moment its task starts; a
+    /// handler still holding its thread past that (plus two chore ticks) is failed as timed
+    /// out by the engine. Set when the task is spawned.
+    budget: Option<Duration>,
     watch: Arc<Watch>,
-    /// The handler task, once it started (a claimed message may wait for a permit).
+    /// The handler task, once spawned (a claimed message may wait for a permit).
     abort: Option<tokio::task::AbortHandle>,
     warned_blocking: bool,
 }
@@ -69,6 +77,13 @@ impl Flight {
         if let Some(a) = &self.abort {
             a.abort();
         }
+    }
+
+    /// The instant past which a handler of this message that still holds its thread is failed
+    /// as timed out; none until its task started.
+    fn deadline(&self) -> Option<Instant> {
+        let budget = self.budget?;
+        Some(self.watch.started_at()? + budget.saturating_add(CHORE_TICK * 2))
     }
 }
 
@@ -84,6 +99,8 @@ struct Shared {
     backend: Arc<dyn Backend>,
     handlers_rt: tokio::runtime::Handle,
     flights: Mutex<HashMap<Uuid, Flight>>,
+    /// The stop request: from then on no message starts.
+    stop: CancellationToken,
     finished_tx: mpsc::UnboundedSender<Finished>,
     done_tx: mpsc::UnboundedSender<Done>,
     permits: Arc<Semaphore>,
@@ -133,6 +150,7 @@ pub(super) async fn run(
         backend: backend.clone(),
         handlers_rt,
         flights: Mutex::new(HashMap::new()),
+        stop: stop.clone(),
         finished_tx,
         done_tx,
         permits: Arc::new(Semaphore::new(cfg.concurrency)),
@@ -165,7 +183,7 @@ pub(super) async fn run(
         Arc::downgrade(&shared),
         backend.clone(),
         start_rx,
-        tasks.clone(),
+        stop.clone(),
     ));
     if cfg.wakeup == Wakeup::Listen {
         tokio::spawn(listen(
@@ -179,15 +197,45 @@ pub(super) async fn run(
     tokio::spawn(chores::chores(shared.clone(), tasks.clone()));
     tokio::spawn(chores::periodic(shared.clone(), tasks.clone()));
 
-    claim_loop(&shared, &wake, &stop).await;
+    // Until the stop request. The claim loop is polled on after it, within the deadline: a
+    // statement it has in flight then may still land, and what it claimed is handed back.
+    let mut claiming = Box::pin(claim_loop(shared.clone(), wake, stop.clone()));
+    let mut claim_loop_ended = tokio::select! {
+        () = &mut claiming => true,
+        () = stop.cancelled() => false,
+    };
 
-    // Stop: no new claims. Handlers in flight get until the deadline.
+    // From the stop request to the deadline, as one bounded unit: whatever is claimed and not
+    // started goes back at once (again each tick, for what the claim loop's last statement or a
+    // done write in flight claimed); running handlers may finish.
     let deadline = Instant::now() + cfg.shutdown_timeout;
-    while !lock(&shared.flights).is_empty() && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    let stopping = async {
+        loop {
+            shared.hand_back_unstarted().await;
+            if claim_loop_ended {
+                if lock(&shared.flights).is_empty() {
+                    break;
+                }
+                tokio::time::sleep(STOP_TICK).await;
+            } else {
+                tokio::select! {
+                    () = &mut claiming => claim_loop_ended = true,
+                    () = tokio::time::sleep(STOP_TICK) => {}
+                }
+            }
+        }
+    };
+    let _ = tokio::time::timeout_at(deadline.into(), stopping).await;
+
+    // From the deadline, as one bounded unit: the messages still running (and any that could
+    // not be handed back before) are handed back, the last successes written, the worker's
+    // row removed and the pool closed. What does not fit is left to the leases.
     tasks.cancel();
+    // A claim loop still in a statement: what that claims is left to its lease.
+    drop(claiming);
     let left: Vec<Flight> = lock(&shared.flights).drain().map(|(_, f)| f).collect();
+    let still_running = shared.running_tasks.clone();
+    let worker_id = worker.inner.id;
     let final_writes = async {
         if !left.is_empty() {
             for f in &left {
@@ -211,39 +259,41 @@ pub(super) async fn run(
             }
         }
         collector.abort();
-    };
-    let _ = tokio::time::timeout(FINAL_WRITES, final_writes).await;
-    let still_running = shared.running_tasks.load(Ordering::Relaxed);
-    let worker_id = worker.inner.id;
-    drop(shared);
-    // The flusher ends once every sender is gone: the collector's and ours are.
-    let rest = FINAL_WRITES.saturating_sub(Duration::from_millis(300));
-    let _ = tokio::time::timeout(rest, async {
+        drop(shared);
+        // The flusher ends once every sender is gone: the collector's and ours are.
         let _ = flusher.await;
         if let Err(e) = backend.worker_deregister(worker_id).await {
             tracing::debug!(error = %e, "could not deregister the worker row");
         }
-    })
-    .await;
-    // The engine's own pool: closed now, not whenever its last handle is dropped.
-    let _ = tokio::time::timeout(Duration::from_millis(300), backend.close()).await;
+        // The engine's own pool: closed now, not whenever its last handle is dropped.
+        backend.close().await;
+    };
+    if tokio::time::timeout_at((deadline + FINAL_WRITES).into(), final_writes)
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            "the final writes of the shutdown did not finish in time (is the database reachable?); \
+             messages not handed back run again when their lease runs out"
+        );
+    }
     tracing::info!(worker = %cfg.name, "worker stopped");
-    still_running
+    still_running.load(Ordering::Relaxed)
 }
 
-/// Starts the messages that the flusher claimed with its done writes, until the worker's
-/// tasks end; what comes after that is handed back, ready again at once. It holds the engine's
-/// state only while it starts a batch, so the flusher still ends when the worker stops.
+/// Starts the messages that the flusher claimed with its done writes, until the stop request;
+/// what comes after that is handed back, ready again at once. It holds the engine's state only
+/// while it starts a batch, so the flusher still ends when the worker stops.
 async fn start_claimed(
     shared: std::sync::Weak<Shared>,
     backend: Arc<dyn Backend>,
     mut rx: mpsc::UnboundedReceiver<Vec<crate::backend::ClaimedMessage>>,
-    tasks: CancellationToken,
+    stop: CancellationToken,
 ) {
     loop {
         tokio::select! {
             biased;
-            () = tasks.cancelled() => break,
+            () = stop.cancelled() => break,
             claimed = rx.recv() => {
                 let Some(claimed) = claimed else { return };
                 let Some(shared) = shared.upgrade() else { break };
@@ -251,21 +301,23 @@ async fn start_claimed(
             }
         }
     }
-    let mut fences = Vec::new();
-    while let Ok(claimed) = rx.try_recv() {
-        fences.extend(claimed.iter().map(|m| Fence {
-            id: m.id,
-            claim_token: m.claim_token,
-        }));
-    }
-    if !fences.is_empty() {
+    // A done write in flight at the stop request may still claim: until the flusher ends.
+    while let Some(claimed) = rx.recv().await {
+        let fences: Vec<Fence> = claimed
+            .iter()
+            .map(|m| Fence {
+                id: m.id,
+                claim_token: m.claim_token,
+            })
+            .collect();
         if let Err(e) = backend.outbox_hand_back(&fences).await {
             tracing::warn!(error = %e, count = fences.len(), "could not hand back messages claimed while the worker stopped; they run again when their lease runs out");
         }
     }
 }
 
-async fn claim_loop(shared: &Arc<Shared>, wake: &Arc<Wakeups>, stop: &CancellationToken) {
+async fn claim_loop(shared: Arc<Shared>, wake: Arc<Wakeups>, stop: CancellationToken) {
+    let (shared, wake, stop) = (&shared, &wake, &stop);
     let worker = &shared.worker;
     let cfg = &worker.inner.config;
     let mut db_failures: u32 = 0;

@@ -258,9 +258,13 @@ impl Worker {
     /// The worker's own loop runs on a thread and a small connection pool of its own (opened
     /// at start, with the connect options of the store's pool): claims, outcome writes, lease
     /// renewals and wake-ups never wait on a handler. Handlers run as tasks of the runtime
-    /// that calls this. At the deadline, messages still running are handed back (ready again
-    /// at once, their attempt not counted) and their tasks cancelled; a handler that blocks its
-    /// thread cannot be cancelled and is left running (see [`Worker::running_handlers`]).
+    /// that calls this. At the stop request, messages claimed but not started yet (waiting for
+    /// a handler slot or a thread) are handed back at once (ready again, their attempt not
+    /// counted) and never start. At the deadline, messages still running are handed back the
+    /// same way and their tasks cancelled; a handler that blocks its thread cannot be cancelled
+    /// and is left running (see [`Worker::running_handlers`]). The final writes get at most
+    /// half a second after the deadline, so this returns in time even when the database does
+    /// not answer; what could not be handed back then runs again when its lease runs out.
     /// Database errors are logged and retried with backoff; they never end the loop.
     ///
     /// # Errors

@@ -4,7 +4,7 @@ use std::collections::HashSet;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context as TaskContext, Poll};
 use std::time::{Duration, Instant};
@@ -28,12 +28,17 @@ pub(crate) enum Outcome {
     },
 }
 
-/// What the engine sees of a running message from its own thread: which handler runs, and
-/// since when its current poll has not returned (a handler that holds its thread).
+/// What the engine sees of a claimed message from its own thread: whether its handlers have
+/// started (or were withdrawn before they could), which handler runs, and since when its
+/// current poll has not returned (a handler that holds its thread).
 pub(crate) struct Watch {
     epoch: Instant,
+    /// [`WAITING`] until the task first runs, then microseconds since `epoch` at that moment
+    /// plus one; [`WITHDRAWN`] when the engine took the message back before it started. Moving
+    /// away from [`WAITING`] is a compare-and-swap, so a message either starts or is withdrawn,
+    /// never both.
+    start: AtomicU64,
     handler: Mutex<&'static str>,
-    attempt: AtomicU32,
     /// Microseconds since `epoch` when the current poll began, plus one; 0 between polls.
     poll_since: AtomicU64,
     /// The spans of the attempt running now: its delivery's, and the running handler's.
@@ -41,12 +46,17 @@ pub(crate) struct Watch {
     spans: Mutex<(Option<tracing::Span>, Option<tracing::Span>)>,
 }
 
+/// [`Watch::start`]: the message's task has not run yet.
+const WAITING: u64 = 0;
+/// [`Watch::start`]: the message was withdrawn before its task ran; it never will.
+const WITHDRAWN: u64 = u64::MAX;
+
 impl Watch {
     pub(crate) fn new(epoch: Instant) -> Self {
         Self {
             epoch,
+            start: AtomicU64::new(WAITING),
             handler: Mutex::new(""),
-            attempt: AtomicU32::new(0),
             poll_since: AtomicU64::new(0),
             #[cfg(feature = "opentelemetry")]
             spans: Mutex::new((None, None)),
@@ -97,17 +107,41 @@ impl Watch {
         let _ = error;
     }
 
+    /// Called by the message's task when it first runs: true if its handlers may run now,
+    /// false if the engine withdrew the message first (the task must then do nothing).
+    pub(crate) fn begin(&self) -> bool {
+        self.start
+            .compare_exchange(WAITING, self.micros(), Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
+    /// Called by the engine to take back a message whose task has not run: true if it did
+    /// (the task will never run a handler), false if the task started first.
+    pub(crate) fn withdraw(&self) -> bool {
+        self.start
+            .compare_exchange(WAITING, WITHDRAWN, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
+    /// Whether the message was withdrawn before it started.
+    pub(crate) fn withdrawn(&self) -> bool {
+        self.start.load(Ordering::Acquire) == WITHDRAWN
+    }
+
+    /// When the message's task started, if it has.
+    pub(crate) fn started_at(&self) -> Option<Instant> {
+        match self.start.load(Ordering::Acquire) {
+            WAITING | WITHDRAWN => None,
+            since => Some(self.epoch + Duration::from_micros(since - 1)),
+        }
+    }
+
     /// The handler running now (or last).
     pub(crate) fn handler(&self) -> &'static str {
         *self
             .handler
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    /// The attempt being made.
-    pub(crate) fn attempt(&self) -> u32 {
-        self.attempt.load(Ordering::Relaxed)
     }
 
     /// How long the current poll has been running, if one is.
@@ -121,8 +155,12 @@ impl Watch {
         }
     }
 
+    /// Microseconds since `epoch`, plus one: never 0 ([`WAITING`]) nor [`WITHDRAWN`].
     fn micros(&self) -> u64 {
-        u64::try_from(self.epoch.elapsed().as_micros()).unwrap_or(u64::MAX - 1) + 1
+        u64::try_from(self.epoch.elapsed().as_micros())
+            .unwrap_or(u64::MAX)
+            .min(u64::MAX - 2)
+            + 1
     }
 }
 
@@ -144,13 +182,15 @@ impl<F: Future> Future for Watched<'_, F> {
     }
 }
 
-/// The outcome of a message whose handler `handler` did not finish by its deadline: the engine
-/// writes it when the handler never yields to its own timeout.
+/// The outcome of a message whose handler `handler` held its thread past its deadline: the
+/// engine writes it, since a handler that never yields never reaches its own timeout. Only a
+/// handler that started and holds its thread gets here; a message waiting for a thread or a
+/// permit is never timed out.
 pub(crate) fn timed_out(
     handlers: &[Arc<dyn ErasedHandler>],
     handler: &str,
     attempt: u32,
-    held: Option<Duration>,
+    held: Duration,
     config: &WorkerConfig,
 ) -> (Option<Duration>, String) {
     let h = handlers
@@ -168,16 +208,13 @@ pub(crate) fn timed_out(
         h.and_then(|h| h.backoff(attempt))
             .unwrap_or_else(|| config.retry.backoff(attempt))
     });
-    let how = match held {
-        Some(d) => format!(
-            "; it has held its thread without yielding for {d:?}: move blocking work into \
-             tokio::task::spawn_blocking"
-        ),
-        None => String::new(),
-    };
     (
         retry_in,
-        format!("handler `{handler}`: handler timed out after {timeout:?}{how}"),
+        format!(
+            "handler `{handler}`: timed out after {timeout:?}: it held its thread past its deadline \
+             (its current poll has not returned for {held:?}); move blocking work into \
+             tokio::task::spawn_blocking"
+        ),
     )
 }
 
@@ -220,7 +257,6 @@ async fn run_handlers(
     attempt: u32,
     delivery: &tracing::Span,
 ) -> Outcome {
-    watch.attempt.store(attempt, Ordering::Relaxed);
     let topic: Arc<str> = Arc::from(msg.topic.as_str());
     let mut succeeded = Vec::new();
     let mut errors = Vec::new();

@@ -30,7 +30,7 @@ pub(super) async fn chores(shared: Arc<Shared>, stop: CancellationToken) {
             let mut flights = lock(&shared.flights);
             let queued = flights
                 .values()
-                .filter(|f| f.abort.is_none())
+                .filter(|f| f.watch.started_at().is_none())
                 .map(|f| now.duration_since(f.claimed_at))
                 .max();
             shared.worker.inner.health.set_oldest_queued(queued);
@@ -50,22 +50,32 @@ pub(super) async fn chores(shared: Arc<Shared>, stop: CancellationToken) {
                         );
                     }
                 }
-                if now >= f.deadline {
-                    expired.push(f.fence.id);
-                } else if now.duration_since(f.leased_at) >= renew_every {
+                // Only a handler that started and holds its thread past its deadline is failed
+                // here: one that yields meets its own timeout, and a message still waiting for
+                // a thread or a permit is never charged for a neighbour that holds it.
+                let held = f.watch.holding(now);
+                if let (Some(deadline), Some(held)) = (f.deadline(), held) {
+                    if now >= deadline {
+                        expired.push((f.fence.id, held));
+                        continue;
+                    }
+                }
+                if now.duration_since(f.leased_at) >= renew_every {
                     f.leased_at = now;
                     renew.push(f.fence);
                 }
             }
-            let expired: Vec<Flight> = expired.iter().filter_map(|id| flights.remove(id)).collect();
+            let expired: Vec<(Flight, Duration)> = expired
+                .iter()
+                .filter_map(|(id, held)| flights.remove(id).map(|f| (f, *held)))
+                .collect();
             drop(flights);
-            for f in expired {
-                let attempt = f.watch.attempt();
+            for (f, held) in expired {
                 let (retry_in, error) = timed_out(
                     &shared.worker.inner.topics[f.topic],
                     f.watch.handler(),
-                    attempt,
-                    f.watch.holding(now),
+                    f.attempt,
+                    held,
                     &shared.worker.inner.config,
                 );
                 tracing::error!(message_id = %f.fence.id, topic = f.topic, handler = f.watch.handler(), error = %error, "handler did not finish by its deadline");

@@ -18,7 +18,9 @@ use crate::backend::{Backend, ClaimParams, ClaimedMessage, Done, Fence};
 
 impl Shared {
     /// Starts one handler task per claimed message on the handlers' runtime, each holding a
-    /// concurrency permit; messages wait here (leases renewed) until a permit is free.
+    /// concurrency permit; messages wait here (leases renewed) until a permit is free. At the
+    /// stop request it returns at once: the messages not started stay in the running set, not
+    /// started, for the stop phase to hand back.
     pub(super) async fn start_all(self: &Arc<Self>, claimed: Vec<ClaimedMessage>) {
         let inner = &self.worker.inner;
         let mut completed = self
@@ -40,11 +42,11 @@ impl Shared {
                             claim_token: msg.claim_token,
                         },
                         topic: handlers[0].topic(),
-                        had_attempts: msg.attempts > 1,
+                        attempt: u32::try_from(msg.attempts).unwrap_or(u32::MAX),
                         key: msg.key.clone(),
                         leased_at: now,
                         claimed_at: now,
-                        deadline: now + super::super::config::MAX_DURATION,
+                        budget: None,
                         watch: Arc::new(Watch::new(self.epoch)),
                         abort: None,
                         warned_blocking: false,
@@ -69,7 +71,11 @@ impl Shared {
                 id: msg.id,
                 claim_token: msg.claim_token,
             };
-            let Some(watch) = lock(&self.flights).get(&msg.id).map(|f| f.watch.clone()) else {
+            let Some(watch) = lock(&self.flights)
+                .get(&msg.id)
+                .map(|f| f.watch.clone())
+                .filter(|w| !w.withdrawn())
+            else {
                 continue; // handed back meanwhile (shutdown)
             };
             let task = {
@@ -79,6 +85,10 @@ impl Shared {
                 running.fetch_add(1, Ordering::Relaxed);
                 async move {
                     let _running = RunningGuard(running);
+                    // Withdrawn before it got a thread (the worker is stopping): it never runs.
+                    if !watch.begin() {
+                        return;
+                    }
                     let handlers = &worker.inner.topics[msg.topic.as_str()];
                     let outcome = run_message(
                         &msg,
@@ -94,24 +104,62 @@ impl Shared {
                 }
             };
             let abort = self.handlers_rt.spawn(task).abort_handle();
-            let now = Instant::now();
             if let Some(f) = lock(&self.flights).get_mut(&fence.id) {
                 f.abort = Some(abort);
-                // The handler's own timeout fires first when it yields; this one catches a
-                // handler that does not.
-                f.deadline = now + budget.saturating_add(CHORE_TICK * 2);
+                // The handler's own timeout fires first when it yields; the engine's, counted
+                // from the task's start, catches a handler that holds its thread.
+                f.budget = Some(budget);
             }
         }
     }
 
     /// Waits for a free handler slot, telling health the loop is alive meanwhile: a worker
-    /// whose handlers are all busy is working, not stuck.
+    /// whose handlers are all busy is working, not stuck. `None` at the stop request.
     pub(super) async fn permit(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
         loop {
             tokio::select! {
+                biased;
+                () = self.stop.cancelled() => return None,
                 p = self.permits.clone().acquire_owned() => return p.ok(),
                 () = tokio::time::sleep(CHORE_TICK) => self.worker.inner.health.tick(),
             }
+        }
+    }
+
+    /// Hands back every message claimed and not started (waiting for a permit or a thread):
+    /// each is withdrawn first, so that it never starts, then released in one statement, ready
+    /// again at once with its attempt not counted. A message whose hand-back fails stays in the
+    /// running set, withdrawn, for the final hand-back at the deadline.
+    pub(super) async fn hand_back_unstarted(&self) {
+        let fences: Vec<Fence> = lock(&self.flights)
+            .values()
+            .filter(|f| f.watch.withdraw())
+            .map(|f| {
+                f.abort();
+                f.fence
+            })
+            .collect();
+        if fences.is_empty() {
+            return;
+        }
+        match self.backend.outbox_hand_back(&fences).await {
+            Ok(n) => {
+                let mut flights = lock(&self.flights);
+                for f in &fences {
+                    if flights.get(&f.id).is_some_and(|x| x.fence == *f) {
+                        flights.remove(&f.id);
+                    }
+                }
+                tracing::info!(
+                    count = n,
+                    "stop requested: messages claimed but not started are handed back, ready again now with their attempt not counted"
+                );
+            }
+            Err(e) => tracing::warn!(
+                error = %e,
+                count = fences.len(),
+                "stop requested and messages claimed but not started could not be handed back; trying again at the deadline"
+            ),
         }
     }
 
@@ -185,7 +233,7 @@ pub(super) async fn collect(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver
                     .done_tx
                     .send(Done {
                         fence,
-                        had_attempts: flight.had_attempts,
+                        had_attempts: flight.attempt > 1,
                         key: flight.key,
                     })
                     .is_err()
