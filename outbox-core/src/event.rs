@@ -4,7 +4,7 @@ use serde::{de::DeserializeOwned, Serialize};
 
 /// A payload type that can be enqueued: a snapshot of what happened, named by a topic.
 ///
-/// Implement it with [`#[outbox_event]`](crate::outbox_event) rather than by hand: the attribute
+/// Implement it with `#[outbox_event]` (feature `macros`) rather than by hand: the attribute
 /// derives the topic from the type name (`BookingCreated` -> `booking.created`), checks it at
 /// compile time and registers the event so the worker can warn about events nobody handles.
 ///

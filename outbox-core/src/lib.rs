@@ -5,7 +5,7 @@
 //! exponential backoff, dead letters and numbers that show whether it keeps up.
 //!
 //! ```no_run
-//! use outbox::{enqueue, outbox_event, Context, Handler, HandlerError};
+//! use outbox::{enqueue, outbox_event, Context, Handler, HandlerError, Worker};
 //! use serde::{Deserialize, Serialize};
 //!
 //! #[outbox_event] // topic "booking.created"
@@ -24,14 +24,21 @@
 //!     }
 //! }
 //!
-//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! # async fn run(shutdown: impl std::future::Future<Output = ()> + Send) -> Result<(), Box<dyn std::error::Error>> {
 //! let pool = sqlx::PgPool::connect("postgres://localhost/app").await?;
 //! outbox::migrate(&pool).await?;
 //!
+//! // In the request: the business change and its event, in one transaction.
 //! let mut tx = pool.begin().await?;
 //! // ... your INSERT INTO bookings ...
 //! enqueue(&mut *tx, &BookingCreated { booking_id: 1, email: "guest@example.com".into() }).await?;
 //! tx.commit().await?;
+//!
+//! // In the worker (a task of your service, or a binary of its own): every committed event
+//! // reaches the handler until `shutdown` completes (Ctrl-C, SIGTERM); then the messages in
+//! // flight get until the shutdown deadline, and what still runs is handed back.
+//! let worker = Worker::builder(&pool).handler(SendConfirmation).build()?;
+//! worker.run_until(shutdown).await?;
 //! # Ok(()) }
 //! ```
 //!
@@ -45,25 +52,17 @@
 //!   their dependencies from [`Resources`]. [`Registry::check`] names what is missing.
 //! - The schema is applied by [`migrate`] and tracked in its own table, apart from your
 //!   application's sqlx migrations.
-//! - All SQL lives in one module per database; PostgreSQL is the `postgres` feature.
+//! - All SQL lives in one folder per database (`backend/<database>/`, the same files in each);
+//!   PostgreSQL is the `postgres` feature, SQLite the `sqlite` feature.
 //! - On SQLite, begin a transaction that reads before it writes with
-//!   [`sqlite_begin_immediate`]: a plain `pool.begin()` fails such a transaction with
+//!   `outbox::sqlite_begin_immediate` (feature `sqlite`): a plain `pool.begin()` fails such a transaction with
 //!   "database is locked" while other connections write.
 //!
 #![doc = include_str!("docs/guide.md")]
 //!
 //! # Features
 //!
-//! | feature    | default | what it adds |
-//! |------------|---------|--------------|
-//! | `macros`   | yes     | re-exports `#[outbox_event]` |
-//! | `postgres` | no      | the PostgreSQL backend |
-//! | `sqlite`   | no      | the SQLite backend, SQLite compiled in (bundled) |
-//! | `sqlite-unbundled` | no | the SQLite backend against the system's SQLite library |
-//! | `cli`      | no      | the pieces of a worker binary (arguments, signals, logging) and the `outbox` operations binary; the only feature that asks for tokio's multi-threaded runtime |
-//! | `prometheus` | no    | a Prometheus `/metrics` and a `/health` endpoint ([`observe`]) |
-//! | `console`  | no      | an operator's console in the browser (`console`), and `outbox console` |
-//! | `full`     | no      | all of the above but `sqlite-unbundled` |
+#![doc = include_str!("docs/features.md")]
 //!
 //! Choose at least one backend, as with sqlx. The README counts the crates each common choice
 //! builds.

@@ -1,7 +1,7 @@
 //! Every metric the outbox records, defined in one place.
 //!
 //! Metrics go through the [`metrics`] facade: install any recorder (the `prometheus` feature's
-//! [`observe::install_prometheus`](crate::observe::install_prometheus) does) and they appear.
+//! `outbox::observe::install_prometheus` does) and they appear.
 //! Without a recorder they cost next to nothing.
 //!
 //! | name | type | labels | what |

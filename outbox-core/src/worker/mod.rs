@@ -141,7 +141,8 @@ impl Worker {
         &self.inner.store
     }
 
-    /// The worker's health, for an endpoint of your own or [`observe::serve`](crate::observe).
+    /// The worker's health, for an endpoint of your own or `outbox::observe::serve` (feature
+    /// `prometheus`).
     pub fn health(&self) -> Health {
         self.inner.health.clone()
     }
@@ -338,7 +339,7 @@ impl Worker {
     /// Handler tasks that were still running when [`run_until`](Worker::run_until) returned:
     /// they blocked their thread past the shutdown deadline and could not be cancelled. A
     /// worker binary should exit without waiting for them (the runtime would wait on drop);
-    /// [`cli::run_worker`](crate::cli) does.
+    /// `outbox::cli::run_worker` (feature `cli`) does.
     pub fn running_handlers(&self) -> u64 {
         self.inner
             .abandoned
