@@ -5,6 +5,7 @@
 //! set, the StayHub test rewrites the README's `docs/console-overview.png` and
 //! `docs/console-dead-letter.png`.
 
+use std::io::Write as _;
 use std::net::SocketAddr;
 use std::process::Stdio;
 use std::time::Duration;
@@ -523,8 +524,38 @@ impl Drop for Browser {
     }
 }
 
+/// Whether `program` is on `PATH`.
+fn installed(program: &str) -> bool {
+    std::env::var_os("PATH")
+        .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(program).is_file()))
+}
+
 impl Browser {
-    async fn start() -> Browser {
+    /// A browser; `None`, after saying so on the terminal, when Chromium or chromedriver is
+    /// missing and the run does not require them (`OUTBOX_REQUIRE_BROWSER`, set by CI, makes a
+    /// missing browser a failure, so CI can never pass these tests by skipping them).
+    async fn start() -> Option<Browser> {
+        let missing: Vec<&str> = ["chromium", "chromedriver"]
+            .into_iter()
+            .filter(|p| !installed(p))
+            .collect();
+        if !missing.is_empty() {
+            let why = format!(
+                "{} not on PATH: install them with `apt-get install chromium chromium-driver`",
+                missing.join(" and ")
+            );
+            assert!(
+                std::env::var_os("OUTBOX_REQUIRE_BROWSER").is_none(),
+                "{why} (OUTBOX_REQUIRE_BROWSER is set, so this browser test may not be skipped)"
+            );
+            let test = std::thread::current()
+                .name()
+                .unwrap_or("a browser test")
+                .to_string();
+            // Past the test harness's capture, so that the skip shows even when the test passes.
+            let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {why}");
+            return None;
+        }
         let turn = BROWSER.lock().await;
         let port = {
             let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -560,11 +591,11 @@ impl Browser {
             .connect(&url)
             .await
             .expect("a WebDriver session");
-        Browser {
+        Some(Browser {
             client,
             driver,
             _turn: turn,
-        }
+        })
     }
 
     async fn text(&self, css: &str) -> String {
@@ -645,7 +676,9 @@ async fn the_overview_shows_what_the_database_holds() {
     tx.commit().await.unwrap();
 
     let addr = serve(&db, ConsoleConfig::new()).await;
-    let b = Browser::start().await;
+    let Some(b) = Browser::start().await else {
+        return;
+    };
     b.client.goto(&format!("http://{addr}/")).await.unwrap();
     let stats = Store::from(&db.pool).stats().await.unwrap();
     assert_eq!(stats.topics.len(), 3);
@@ -689,7 +722,9 @@ async fn open_a_dead_letter_retry_it_and_see_it_leave_the_list() {
     )
     .await;
     let addr = serve(&db, ConsoleConfig::new()).await;
-    let b = Browser::start().await;
+    let Some(b) = Browser::start().await else {
+        return;
+    };
     b.client.goto(&format!("http://{addr}/dead")).await.unwrap();
     assert_eq!(b.count("#dead tbody tr").await, 3);
 
@@ -760,7 +795,9 @@ async fn discard_a_topics_dead_letters_through_the_confirmation() {
     .await;
     let docs = dead_index(&db, 2).await;
     let addr = serve(&db, ConsoleConfig::new()).await;
-    let b = Browser::start().await;
+    let Some(b) = Browser::start().await else {
+        return;
+    };
     b.client
         .goto(&format!("http://{addr}/dead?topic=console.mail"))
         .await
@@ -804,7 +841,9 @@ async fn a_script_in_a_payload_shows_as_text() {
     let evil = "<script>window.pwned=1;alert('pwned')</script><img src=x onerror=window.pwned=2>";
     let ids = dead_mails(&db, &[mail("<b>x</b>@example.com", evil)]).await;
     let addr = serve(&db, ConsoleConfig::new()).await;
-    let b = Browser::start().await;
+    let Some(b) = Browser::start().await else {
+        return;
+    };
     for page in [format!("/messages/{}", ids[0]), "/dead".to_string()] {
         b.client
             .goto(&format!("http://{addr}{page}"))
@@ -842,7 +881,9 @@ async fn read_only_shows_no_buttons() {
     let db = pg().await;
     let ids = dead_mails(&db, &[mail("a@example.com", "x")]).await;
     let addr = serve(&db, ConsoleConfig::new().read_only(true)).await;
-    let b = Browser::start().await;
+    let Some(b) = Browser::start().await else {
+        return;
+    };
     for page in [
         "/".to_string(),
         "/dead".to_string(),
@@ -1131,7 +1172,9 @@ async fn stayhub_in_the_console() {
     .await;
 
     let addr = serve(&db, ConsoleConfig::new()).await;
-    let b = Browser::start().await;
+    let Some(b) = Browser::start().await else {
+        return;
+    };
     b.client.goto(&format!("http://{addr}/")).await.unwrap();
     assert_eq!(
         b.text("tr[data-topic='booking.created'] td.in-flight")

@@ -28,7 +28,8 @@ pub async fn wait_until(limit: Duration, what: &str, mut done: impl AsyncFnMut()
     }
 }
 
-/// A database of its own for one test, created empty and migrated.
+/// A database of its own for one test, created empty and migrated. It is dropped by
+/// [`TestDb::drop_db`], or, when a test panics or returns early, when the `TestDb` goes away.
 #[derive(Debug)]
 pub struct TestDb {
     /// A pool on the new database.
@@ -37,6 +38,40 @@ pub struct TestDb {
     pub url: String,
     /// The database's name.
     pub name: String,
+    guard: DropGuard,
+}
+
+/// Drops a test database when it goes away without [`TestDb::drop_db`]: a panicking test
+/// leaves nothing behind.
+#[derive(Debug)]
+struct DropGuard {
+    name: Option<String>,
+}
+
+impl Drop for DropGuard {
+    fn drop(&mut self) {
+        let Some(name) = self.name.take() else { return };
+        // Drop may run inside a runtime (or while one unwinds): a thread of its own, with a
+        // runtime of its own, does the async work.
+        let _ = std::thread::spawn(move || {
+            let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            else {
+                return;
+            };
+            rt.block_on(async {
+                if let Ok(mut admin) = PgConnection::connect(&database_url()).await {
+                    let _ = sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+                        "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
+                    )))
+                    .execute(&mut admin)
+                    .await;
+                }
+            });
+        })
+        .join();
+    }
 }
 
 /// A plain HTTP/1.0 GET of `path` on `addr`: the status code and the body.
@@ -131,6 +166,9 @@ pub async fn pg_empty() -> TestDb {
     TestDb {
         pool,
         url: db_opts.to_url_lossy().to_string(),
+        guard: DropGuard {
+            name: Some(name.clone()),
+        },
         name,
     }
 }
@@ -156,7 +194,8 @@ async fn drop_stale(admin: &mut PgConnection, now: u64) {
 
 impl TestDb {
     /// Closes the pool and drops the database.
-    pub async fn drop_db(self) {
+    pub async fn drop_db(mut self) {
+        self.guard.name = None;
         // A test may still hold a connection; FORCE ends it rather than waiting for it.
         let _ = tokio::time::timeout(std::time::Duration::from_secs(1), self.pool.close()).await;
         if let Ok(mut admin) = PgConnection::connect(&database_url()).await {
