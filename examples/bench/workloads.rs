@@ -414,29 +414,66 @@ const COLD_POOL_SIZE: u32 = 10;
 /// bench folder prepared with `npm ci`), against the database at `url`. Returns jobs/s from
 /// its `RESULT` line.
 pub(crate) async fn peer_w1(dir: &Path, url: &str, n: u64, concurrency: usize) -> Result<f64> {
+    let args = [
+        "bench.js",
+        "drain",
+        &n.to_string(),
+        &concurrency.to_string(),
+        "batched",
+    ];
+    peer_result(dir, url, args.map(String::from).to_vec(), "W1 drain").await
+}
+
+/// The peer's W9: graphile-worker draining `n` jobs over `keys` queues (`queue_name`), run by
+/// the bench's own script (`bench/peer/keyed.js`) with the packages of the peer folder `dir`.
+pub(crate) async fn peer_w9(
+    dir: &Path,
+    url: &str,
+    n: u64,
+    concurrency: usize,
+    keys: u64,
+) -> Result<f64> {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/bench/peer/keyed.js");
+    let args = [
+        script,
+        &n.to_string(),
+        &concurrency.to_string(),
+        &keys.to_string(),
+    ];
+    peer_result(dir, url, args.map(String::from).to_vec(), "W9 keyed drain").await
+}
+
+/// Runs `node ARGS` in the peer folder `dir` (its packages on `NODE_PATH`) against `url`, and
+/// returns the rate of its `RESULT` line for `workload`.
+async fn peer_result(
+    dir: &Path,
+    url: &str,
+    args: Vec<String>,
+    workload: &'static str,
+) -> Result<f64> {
     let dir = dir.to_path_buf();
     let url = url.to_string();
     tokio::task::spawn_blocking(move || -> Result<f64> {
         let out = Command::new("node")
-            .arg("bench.js")
-            .args(["drain", &n.to_string(), &concurrency.to_string(), "batched"])
+            .args(&args)
             .current_dir(&dir)
             .env("DATABASE_URL", &url)
+            .env("NODE_PATH", dir.join("node_modules"))
             .stdin(Stdio::null())
             .output()
-            .with_context(|| format!("running `node bench.js` in {}", dir.display()))?;
+            .with_context(|| format!("running `node` in {}", dir.display()))?;
         let stdout = String::from_utf8_lossy(&out.stdout);
         let line = stdout
             .lines()
             .map(|l| l.split('\t').collect::<Vec<_>>())
-            .find(|f| f.first() == Some(&"RESULT") && f.get(2) == Some(&"W1 drain"));
+            .find(|f| f.first() == Some(&"RESULT") && f.get(2) == Some(&workload));
         match line.and_then(|f| f.get(4).and_then(|v| v.parse::<f64>().ok())) {
             Some(rate) => Ok(rate),
             None => {
                 let stderr = String::from_utf8_lossy(&out.stderr);
                 let tail: Vec<&str> = stderr.lines().rev().take(5).collect();
                 bail!(
-                    "the peer ({}) printed no W1 result; stderr ends: {}",
+                    "the peer ({}) printed no {workload} result; stderr ends: {}",
                     out.status,
                     tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
                 )
