@@ -275,3 +275,57 @@ async fn the_command_line_exit_code_and_message_say_what_went_wrong() {
     assert_eq!(code, 2, "a malformed URL is a bad argument: {err}");
     db.drop_db().await;
 }
+
+/// A worker on a database `migrate` never ran on refuses to start, naming the fix, instead of
+/// retrying for ever: in the library ...
+async fn run_until_refuses_an_unmigrated_database(store: outbox::Store) {
+    let (worker, _) = outbox_tests::jobs::worker(store);
+    let ran = tokio::time::timeout(
+        Duration::from_secs(10),
+        worker.run_until(std::future::pending()),
+    )
+    .await
+    .expect("run_until returns instead of retrying for ever");
+    let e = ran.expect_err("no outbox tables: an error");
+    assert_eq!(
+        e.database_kind(),
+        Some(DatabaseErrorKind::MissingSchema),
+        "{e}"
+    );
+    assert!(e.to_string().contains("outbox migrate"), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_refuses_an_unmigrated_postgres_database() {
+    let db = pg_empty().await;
+    run_until_refuses_an_unmigrated_database(outbox::Store::from(&db.pool)).await;
+    db.drop_db().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_refuses_an_unmigrated_sqlite_database() {
+    let db = outbox_tests::sqlite_empty().await;
+    run_until_refuses_an_unmigrated_database(outbox::Store::from(&db.pool)).await;
+    db.drop_db().await;
+}
+
+/// ... and a worker binary exits with the schema's exit code and says what to run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_binary_refuses_an_unmigrated_database_with_the_schema_exit_code() {
+    let db = pg_empty().await;
+    let out = tokio::time::timeout(
+        Duration::from_secs(20),
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_test-worker"))
+            .args(["--database-url", &db.url, "--no-migrate"])
+            .env("RUST_LOG", "off")
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("the worker exits instead of retrying for ever")
+    .expect("run test-worker");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(i32::from(exit::SCHEMA)), "{stderr}");
+    assert!(stderr.contains("outbox migrate"), "{stderr}");
+    db.drop_db().await;
+}

@@ -114,11 +114,18 @@ struct Shared {
 
 /// Runs the worker until `stop`, on the calling (engine) runtime; handlers go to
 /// `handlers_rt`. Returns how many handler tasks were still running when it gave up on them.
+///
+/// # Errors
+///
+/// [`Error::Database`](crate::Error::Database) of kind
+/// [`MissingSchema`](crate::DatabaseErrorKind::MissingSchema) when the outbox tables are missing
+/// at start: the worker refuses to run on a database `migrate` never ran on, instead of
+/// retrying for ever. A database that goes away later is retried.
 pub(super) async fn run(
     worker: Worker,
     handlers_rt: tokio::runtime::Handle,
     stop: CancellationToken,
-) -> u64 {
+) -> crate::error::Result<u64> {
     let cfg = worker.inner.config.clone();
     // The engine's own pool, opened on this runtime, all connections at once.
     let mut failures = 0u32;
@@ -136,7 +143,7 @@ pub(super) async fn run(
                 let delay = reconnect_delay(failures);
                 tracing::warn!(error = %e, retry_in = ?delay, "worker could not connect to the database; retrying");
                 tokio::select! {
-                    () = stop.cancelled() => return 0,
+                    () = stop.cancelled() => return Ok(0),
                     () = tokio::time::sleep(delay) => {}
                 }
             }
@@ -200,10 +207,18 @@ pub(super) async fn run(
     // Until the stop request. The claim loop is polled on after it, within the deadline: a
     // statement it has in flight then may still land, and what it claimed is handed back.
     let mut claiming = Box::pin(claim_loop(shared.clone(), wake, stop.clone()));
+    let mut fatal = None;
     let mut claim_loop_ended = tokio::select! {
-        () = &mut claiming => true,
+        f = &mut claiming => {
+            fatal = f;
+            true
+        }
         () = stop.cancelled() => false,
     };
+    if fatal.is_some() {
+        // Nothing was claimed: stop at once.
+        stop.cancel();
+    }
 
     // From the stop request to the deadline, as one bounded unit: whatever is claimed and not
     // started goes back at once (again each tick, for what the claim loop's last statement or a
@@ -219,7 +234,12 @@ pub(super) async fn run(
                 tokio::time::sleep(STOP_TICK).await;
             } else {
                 tokio::select! {
-                    () = &mut claiming => claim_loop_ended = true,
+                    f = &mut claiming => {
+                        if fatal.is_none() {
+                            fatal = f;
+                        }
+                        claim_loop_ended = true;
+                    }
                     () = tokio::time::sleep(STOP_TICK) => {}
                 }
             }
@@ -278,7 +298,10 @@ pub(super) async fn run(
         );
     }
     tracing::info!(worker = %cfg.name, "worker stopped");
-    still_running.load(Ordering::Relaxed)
+    match fatal {
+        Some(e) => Err(e),
+        None => Ok(still_running.load(Ordering::Relaxed)),
+    }
 }
 
 /// Starts the messages that the flusher claimed with its done writes, until the stop request;
@@ -316,8 +339,15 @@ async fn start_claimed(
     }
 }
 
-async fn claim_loop(shared: Arc<Shared>, wake: Arc<Wakeups>, stop: CancellationToken) {
+/// Claims and starts messages until the stop request. Returns the error that keeps the worker
+/// from running at all: the outbox tables missing before any claim succeeded.
+async fn claim_loop(
+    shared: Arc<Shared>,
+    wake: Arc<Wakeups>,
+    stop: CancellationToken,
+) -> Option<crate::Error> {
     let (shared, wake, stop) = (&shared, &wake, &stop);
+    let mut claimed_once = false;
     let worker = &shared.worker;
     let cfg = &worker.inner.config;
     let mut db_failures: u32 = 0;
@@ -348,12 +378,23 @@ async fn claim_loop(shared: Arc<Shared>, wake: Arc<Wakeups>, stop: CancellationT
         let claimed = match worker.claim(&*shared.backend, want, &released).await {
             Ok(c) => {
                 db_failures = 0;
+                claimed_once = true;
                 c
             }
             Err(e) => {
+                let kind = e.database_kind();
+                if !claimed_once && kind == Some(crate::DatabaseErrorKind::MissingSchema) {
+                    tracing::error!(error = %crate::error::chain_line(&e), "the worker cannot start: the outbox tables are missing; run `outbox migrate` (or outbox::migrate) on this database");
+                    return Some(e);
+                }
                 db_failures += 1;
                 let delay = reconnect_delay(db_failures);
-                tracing::warn!(error = %e, retry_in = ?delay, "claim failed; the database may be down, retrying");
+                let error = crate::error::chain_line(&e);
+                if kind == Some(crate::DatabaseErrorKind::Connection) {
+                    tracing::warn!(error, retry_in = ?delay, "claim failed: the database may be down; retrying");
+                } else {
+                    tracing::warn!(error, retry_in = ?delay, "claim failed; retrying");
+                }
                 tokio::select! {
                     () = stop.cancelled() => break,
                     () = tokio::time::sleep(delay) => {}
@@ -460,6 +501,7 @@ async fn claim_loop(shared: Arc<Shared>, wake: Arc<Wakeups>, stop: CancellationT
     if waiting.is_some() {
         shared.set_waiting(false, false).await;
     }
+    None
 }
 
 impl Shared {

@@ -270,6 +270,10 @@ impl Worker {
     ///
     /// # Errors
     ///
+    /// [`Error::Database`] of kind [`MissingSchema`](crate::DatabaseErrorKind::MissingSchema)
+    /// when the outbox tables are missing at start (run [`migrate`](crate::migrate) first):
+    /// the worker refuses to run instead of retrying for ever, while a database that cannot be
+    /// reached at start, or goes away later, is retried.
     /// [`Error::Worker`] when the worker's thread cannot be started;
     /// [`Error::WorkerPanicked`] when the worker's own loop panicked (a bug in outbox, not in
     /// your configuration or handlers: a handler's panic is a failed attempt).
@@ -303,7 +307,10 @@ impl Worker {
                     rt.block_on(engine::run(worker, handlers_rt, engine_stop))
                 }));
                 rt.shutdown_timeout(Duration::from_millis(100));
-                let _ = tx.send(ran.map_err(|panic| Error::WorkerPanicked(panic_message(&*panic))));
+                let _ = tx.send(
+                    ran.map_err(|panic| Error::WorkerPanicked(panic_message(&*panic)))
+                        .and_then(|r| r),
+                );
             })
             .map_err(|e| Error::Worker(format!("could not start the worker's thread: {e}")))?;
         tokio::pin!(signal);
