@@ -918,7 +918,7 @@ async fn read_only_shows_no_buttons() {
 /// The overview and the dead-letter pages, deep ones included, of a database holding 2,000,000
 /// done messages (as the per-minute counts that stay of them) and 100,000 dead letters: no
 /// sequential scan of either table, and the time of each page printed (release builds answer in
-/// a few milliseconds; the bound is 200 ms).
+/// a few milliseconds; the bound is 200 ms).
 #[tokio::test]
 async fn big_tables_are_read_through_their_indexes() {
     let db = pg().await;

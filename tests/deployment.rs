@@ -67,9 +67,9 @@ async fn scalar(pool: &PgPool, sql: &'static str) -> i64 {
     sqlx::query_scalar(sql).fetch_one(pool).await.expect(sql)
 }
 
-/// Issue "the worker in a real deployment", point 2: with default settings (no `--lease`), the
-/// messages of a SIGKILLed worker run again on another, idle worker within 10 s, and while they
-/// wait the statistics show them as held by a worker that stopped renewing.
+/// With default settings (no `--lease`), the messages of a SIGKILLed worker run again on
+/// another, idle worker within 10 s, and while they wait the statistics show them as held by a
+/// worker that stopped renewing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sigkilled_workers_messages_run_again_elsewhere_within_10_s() {
     let db = pg().await;
@@ -126,7 +126,7 @@ async fn a_sigkilled_workers_messages_run_again_elsewhere_within_10_s() {
     db.drop_db().await;
 }
 
-/// Point 4: with `--shutdown-timeout 2` and a handler of 20 s, the process exits within the
+/// With `--shutdown-timeout 2` and a handler of 20 s, the process exits within the
 /// grace period plus a second, the message is ready again at once with its attempt not
 /// counted, and the log says so.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -217,7 +217,7 @@ impl Handler for BlockyHandler {
     }
 }
 
-/// Point 3: one handler blocking its thread for 5 s beside 100 quick messages. Each quick
+/// One handler blocking its thread for 5 s beside 100 quick messages. Each quick
 /// message is delivered exactly once without waiting for the blocked one, and the blocked one
 /// is failed as timed out (naming the thread it held) long before it returns.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -320,7 +320,7 @@ async fn a_blocking_handler_stalls_nothing_and_is_reported_as_timed_out() {
     db.drop_db().await;
 }
 
-/// Point 1: a producer notifies only a waiting, live worker of its own topic; a crashed
+/// A producer notifies only a waiting, live worker of its own topic; a crashed
 /// worker's waiting row stops counting within seconds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn producers_notify_only_a_live_waiting_worker_of_their_topic() {
@@ -425,7 +425,7 @@ impl Handler for AskForever {
     }
 }
 
-/// Point 6: a huge `retry_after` is capped in core (a week), so the outcome is written instead
+/// A huge `retry_after` is capped in core (a week), so the outcome is written instead
 /// of failing until the lease runs out.
 #[tokio::test]
 async fn a_huge_retry_after_is_capped_and_written() {

@@ -81,7 +81,7 @@ async fn postgres_errors_are_classified_by_what_happened() {
         "breaks a constraint",
     );
 
-    // What `outbox purge --older-than 1000000000y` used to send.
+    // What `outbox purge --older-than 1000000000y` would send if durations were not bounded.
     let e = sqlx::query("SELECT now() - make_interval(secs => $1)")
         .bind(1_000_000_000.0 * 365.25 * 86_400.0)
         .execute(pool)

@@ -1,4 +1,4 @@
-//! Per-key ordering (issue #17), on both backends: messages with an ordering key are handled in
+//! Per-key ordering, on both backends: messages with an ordering key are handled in
 //! enqueue order with the earlier messages of their key, across topics and handlers, through
 //! retries, delays and dead letters; unkeyed messages beside them are never held back.
 //!

@@ -1,4 +1,4 @@
-//! Per-key ordering under faults (issue #17), on both backends: four `ordering-worker`
+//! Per-key ordering under faults, on both backends: four `ordering-worker`
 //! processes (tests/bin/ordering_worker.rs) drain keys of 20 messages each, spread over two
 //! topics (one with two handlers), beside unordered messages, while a random worker is
 //! SIGKILLed and restarted every 1 to 2 seconds and about 5 % of handler calls fail
@@ -13,7 +13,7 @@
 //!   reported the key's messages as blocked by a dead letter, and every unordered message was
 //!   done; after `retry_dead` the keys drained in order.
 //!
-//! The CI variants run 200 keys (4,000 ordered messages) per backend. The issue's full size,
+//! The CI variants run 200 keys (4,000 ordered messages) per backend. The full size,
 //! 2,000 keys x 20 messages (40,000), is `#[ignore]`d:
 //!
 //! ```sh
@@ -498,7 +498,7 @@ async fn sqlite_keys_stay_in_order_through_kills_failures_and_dead_letters() {
     .await;
 }
 
-/// The issue's full size: 2,000 keys x 20 messages.
+/// The full size: 2,000 keys x 20 messages.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "minutes on a small machine; run by hand with --ignored"]
 async fn postgres_full_size() {
@@ -510,7 +510,7 @@ async fn postgres_full_size() {
     .await;
 }
 
-/// The issue's full size on SQLite.
+/// The full size on SQLite.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "minutes on a small machine; run by hand with --ignored"]
 async fn sqlite_full_size() {

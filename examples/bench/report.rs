@@ -314,7 +314,7 @@ impl Report {
     }
 }
 
-/// How far every run of a median may be from it, in % (the bound for a steady figure).
+/// How far every run of a median may be from it, in % (the bound for a steady figure).
 pub(crate) const MAX_SPREAD_PCT: f64 = 20.0;
 
 /// The largest |run - median| / median of the runs, in %.

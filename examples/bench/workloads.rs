@@ -240,7 +240,7 @@ impl std::str::FromStr for Setting {
     }
 }
 
-/// The default worker config, used where the issue says only "a worker running" (W2, W3).
+/// The default worker config, for the workloads that ask only for "a worker running" (W2, W3).
 pub(crate) const DEFAULT_SETTING: Setting = Setting {
     concurrency: 32,
     batch_size: 100,
