@@ -11,10 +11,10 @@ use axum::response::{IntoResponse, Redirect, Response};
 use axum::Extension;
 
 use super::{frame, html};
+use crate::console::guard::{same_secret, session_cookie};
 use crate::console::html::{esc, Frame, Nav};
 use crate::console::{
-    body_bytes, csrf_ok, csrf_refused, field, form, same_secret, session_cookie, Base, Console,
-    Credentials, Shared,
+    body_bytes, csrf_ok, csrf_refused, field, form, Base, Console, Credentials, Shared,
 };
 
 fn login_form(c: &Console, f: &Frame<'_>, error: Option<&str>) -> String {
