@@ -30,6 +30,7 @@
 //!   inline script: a payload holding `<script>` shows as text.
 //! - Pages are never cached and never framed.
 
+mod form;
 mod guard;
 mod html;
 mod pages;
@@ -39,16 +40,12 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::body::Body;
 use axum::http::header;
-use axum::http::StatusCode;
 use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use rand::Rng as _;
-
-use self::guard::{plain, same_secret};
 
 use crate::error::{Error, Result};
 use crate::store::Store;
@@ -207,7 +204,8 @@ impl ConsoleConfig {
 struct Console {
     store: Store,
     config: ConsoleConfig,
-    /// Embedded in every form; a POST without it is refused.
+    /// Embedded in every form; a POST whose form lacks it is refused (see
+    /// [`CheckedForm`](form::CheckedForm)).
     csrf: String,
     /// The value of the sign-in cookie (token credentials only).
     session: String,
@@ -233,6 +231,8 @@ pub fn router(store: impl Into<Store>, config: ConsoleConfig) -> Router {
         csrf: random_hex(),
         session: random_hex(),
     });
+    // Every POST handler takes a `CheckedForm`, which refuses a form without this router's
+    // token before the handler runs.
     Router::new()
         .route("/", get(pages::overview))
         .route("/dead", get(pages::dead_letters))
@@ -275,38 +275,6 @@ fn random_hex() -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// Parses an `application/x-www-form-urlencoded` body, keeping repeated names.
-fn form(body: &[u8]) -> Vec<(String, String)> {
-    serde_urlencoded::from_bytes(body).unwrap_or_default()
-}
-
-/// The first value of `name` in a parsed form.
-fn field<'f>(form: &'f [(String, String)], name: &str) -> Option<&'f str> {
-    form.iter()
-        .find(|(k, _)| k == name)
-        .map(|(_, v)| v.as_str())
-}
-
-/// Whether a parsed form carries this console's CSRF token.
-fn csrf_ok(c: &Console, form: &[(String, String)]) -> bool {
-    field(form, "csrf").is_some_and(|t| same_secret(t, &c.csrf))
-}
-
-fn csrf_refused() -> Response {
-    plain(
-        StatusCode::FORBIDDEN,
-        "Refused: the form's security token is missing or stale. Reload the page and try again.",
-    )
-}
-
-/// A body read into memory, at most 1 MiB.
-async fn body_bytes(body: Body) -> Vec<u8> {
-    axum::body::to_bytes(body, 1 << 20)
-        .await
-        .map(|b| b.to_vec())
-        .unwrap_or_default()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -325,12 +293,5 @@ mod tests {
             .behind_auth(true)
             .check_addr(any)
             .is_ok());
-    }
-
-    #[test]
-    fn forms() {
-        let f = form(b"id=1&id=2&csrf=t&topic=a%26b");
-        assert_eq!(field(&f, "topic"), Some("a&b"));
-        assert_eq!(f.iter().filter(|(k, _)| k == "id").count(), 2);
     }
 }

@@ -3,7 +3,6 @@
 
 use std::fmt::Write as _;
 
-use axum::body::Body;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Redirect, Response};
@@ -11,8 +10,9 @@ use axum::Extension;
 use uuid::Uuid;
 
 use super::{failure, frame, html};
+use crate::console::form::CheckedForm;
 use crate::console::html::{esc, plural, query, Frame, Nav};
-use crate::console::{body_bytes, csrf_ok, csrf_refused, field, form, Base, Shared};
+use crate::console::{Base, Shared};
 use crate::model::{DeadSelection, MessageStatus, Stats};
 use crate::store::Store;
 
@@ -55,24 +55,21 @@ enum Scope {
 /// Reads the action and its scope from a form: either `op` (`retry:one:<id>`,
 /// `discard:selected`, `retry:topic`, `discard:all`) or `action` and `scope` as the
 /// confirmation page sends them.
-fn parse_request(form: &[(String, String)]) -> Option<(Action, Scope)> {
-    let (action, scope, one) = match field(form, "op") {
+fn parse_request(form: &CheckedForm) -> Option<(Action, Scope)> {
+    let (action, scope, one) = match form.field("op") {
         Some(op) => {
             let mut parts = op.splitn(3, ':');
             (parts.next()?, parts.next()?, parts.next())
         }
-        None => (field(form, "action")?, field(form, "scope")?, None),
+        None => (form.field("action")?, form.field("scope")?, None),
     };
     let action = Action::parse(action)?;
     let scope = match scope {
         "one" => Scope::Ids(vec![one?.parse().ok()?]),
-        "selected" | "ids" => Scope::Ids(
-            form.iter()
-                .filter(|(k, _)| k == "id")
-                .filter_map(|(_, v)| v.parse().ok())
-                .collect(),
-        ),
-        "topic" => Scope::Topic(field(form, "topic").filter(|t| !t.is_empty())?.to_owned()),
+        "selected" | "ids" => {
+            Scope::Ids(form.values("id").filter_map(|v| v.parse().ok()).collect())
+        }
+        "topic" => Scope::Topic(form.field("topic").filter(|t| !t.is_empty())?.to_owned()),
         "all" => Scope::All,
         _ => return None,
     };
@@ -107,17 +104,13 @@ fn bad_request(f: &Frame<'_>, text: &str) -> Response {
 pub(in crate::console) async fn confirm(
     State(c): State<Shared>,
     Extension(Base(base)): Extension<Base>,
-    body: Body,
+    form: CheckedForm,
 ) -> Response {
     let f = frame(&c, &base);
-    let form = form(&body_bytes(body).await);
-    if !csrf_ok(&c, &form) {
-        return csrf_refused();
-    }
     let Some((action, scope)) = parse_request(&form) else {
         return bad_request(&f, "Select at least one dead letter first.");
     };
-    let back_topic = field(&form, "topic").unwrap_or("");
+    let back_topic = form.field("topic").unwrap_or("");
     let (count, what, hidden) = match &scope {
         Scope::Ids(ids) if ids.is_empty() => {
             return bad_request(&f, "Select at least one dead letter first.")
@@ -221,13 +214,9 @@ pub(in crate::console) async fn confirm(
 pub(in crate::console) async fn apply(
     State(c): State<Shared>,
     Extension(Base(base)): Extension<Base>,
-    body: Body,
+    form: CheckedForm,
 ) -> Response {
     let f = frame(&c, &base);
-    let form = form(&body_bytes(body).await);
-    if !csrf_ok(&c, &form) {
-        return csrf_refused();
-    }
     let Some((action, scope)) = parse_request(&form) else {
         return bad_request(&f, "Nothing was selected.");
     };
@@ -261,7 +250,7 @@ pub(in crate::console) async fn apply(
                 "{}/dead{}",
                 base,
                 serde_urlencoded::to_string([
-                    ("topic", field(&form, "back").unwrap_or("")),
+                    ("topic", form.field("back").unwrap_or("")),
                     (
                         "done",
                         if action == Action::Retry {
@@ -285,11 +274,8 @@ pub(in crate::console) async fn apply(
 mod tests {
     use super::*;
 
-    fn form(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
-        pairs
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect()
+    fn form(pairs: &[(&str, &str)]) -> CheckedForm {
+        CheckedForm::unchecked(pairs)
     }
 
     #[test]

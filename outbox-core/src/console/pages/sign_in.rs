@@ -4,18 +4,16 @@
 
 use std::time::Duration;
 
-use axum::body::Body;
 use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::Extension;
 
 use super::{frame, html};
+use crate::console::form::{CheckedForm, FormRefused};
 use crate::console::guard::{same_secret, session_cookie};
 use crate::console::html::{esc, Frame, Nav};
-use crate::console::{
-    body_bytes, csrf_ok, csrf_refused, field, form, Base, Console, Credentials, Shared,
-};
+use crate::console::{Base, Console, Credentials, Shared};
 
 fn login_form(c: &Console, f: &Frame<'_>, error: Option<&str>) -> String {
     let error = error.map_or_else(String::new, |e| {
@@ -52,10 +50,14 @@ pub(in crate::console) async fn login_page(
 }
 
 /// Checks the token and sets the sign-in cookie.
+///
+/// Without token credentials there is nothing to sign in to, and the request goes to the
+/// overview whatever its form holds: the form's check is taken as a result, and its refusal
+/// answered only once token credentials are known to be in use.
 pub(in crate::console) async fn login(
     State(c): State<Shared>,
     Extension(Base(base)): Extension<Base>,
-    body: Body,
+    form: Result<CheckedForm, FormRefused>,
 ) -> Response {
     let f = Frame {
         logout: None,
@@ -64,11 +66,14 @@ pub(in crate::console) async fn login(
     let Some(Credentials::Token(token)) = &c.config.credentials else {
         return Redirect::to(&f.home()).into_response();
     };
-    let form = form(&body_bytes(body).await);
-    if !csrf_ok(&c, &form) {
-        return csrf_refused();
-    }
-    if !field(&form, "token").is_some_and(|t| same_secret(t.trim(), token)) {
+    let form = match form {
+        Ok(form) => form,
+        Err(refused) => return refused.into_response(),
+    };
+    if !form
+        .field("token")
+        .is_some_and(|t| same_secret(t.trim(), token))
+    {
         // A pause per wrong guess, so guessing is slow.
         tokio::time::sleep(Duration::from_millis(300)).await;
         return html(
@@ -82,16 +87,11 @@ pub(in crate::console) async fn login(
     res
 }
 
-/// Clears the sign-in cookie.
+/// Clears the sign-in cookie. The form holds nothing but its token.
 pub(in crate::console) async fn logout(
-    State(c): State<Shared>,
     Extension(Base(base)): Extension<Base>,
-    body: Body,
+    _form: CheckedForm,
 ) -> Response {
-    let form = form(&body_bytes(body).await);
-    if !csrf_ok(&c, &form) {
-        return csrf_refused();
-    }
     let mut res = Redirect::to(&format!("{base}/login")).into_response();
     res.headers_mut()
         .insert(header::SET_COOKIE, session_cookie(&base, None));
