@@ -16,10 +16,6 @@ use crate::console::{Base, Shared};
 use crate::store::Store;
 
 /// One live worker, as the workers page shows it.
-///
-/// The fields `Store::workers()` is to return; until it does, [`live_workers`] has nothing
-/// to fill them from.
-#[cfg_attr(not(test), allow(dead_code))]
 struct WorkerRow {
     id: Uuid,
     name: String,
