@@ -1,0 +1,309 @@
+//! The command line of a worker binary, what its flags change in the worker's configuration,
+//! and the redaction that keeps the database password out of logs.
+
+use std::time::Duration;
+
+use clap::Parser;
+
+use crate::worker::{RetryPolicy, Wakeup, WorkerConfig};
+
+/// The command line of a worker binary.
+///
+/// Its `Debug` prints the database URL with its password replaced by `***` (see
+/// [`redact_url`]), and `--help` names the environment variables without their values.
+#[derive(Clone, Parser)]
+#[command(about = "Runs outbox handlers until stopped")]
+#[non_exhaustive]
+pub struct WorkerArgs {
+    /// The database URL.
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    pub database_url: String,
+    /// Claim one batch, run it, write the outcomes and exit.
+    #[arg(long)]
+    pub once: bool,
+    /// Print topic -> handlers, declared events without a handler and pending topics nobody
+    /// handles, then exit.
+    #[arg(long)]
+    pub list_topics: bool,
+    /// A topic whose declared event this binary has no handler for, because another service's
+    /// workers serve it; without it such a worker refuses to start (repeat the flag, or give a
+    /// comma-separated list).
+    #[arg(
+        long,
+        value_name = "TOPIC",
+        value_delimiter = ',',
+        env = "OUTBOX_SERVED_ELSEWHERE",
+        hide_env_values = true
+    )]
+    pub served_elsewhere: Vec<String>,
+    /// Do not apply the outbox migrations at start-up.
+    #[arg(long)]
+    pub no_migrate: bool,
+    /// Handler calls in flight at once.
+    #[arg(long)]
+    pub concurrency: Option<usize>,
+    /// Messages per claim.
+    #[arg(long)]
+    pub batch_size: Option<usize>,
+    /// How long a claim holds a message before another worker may take it (e.g. 5s).
+    #[arg(long, value_parser = duration)]
+    pub lease: Option<Duration>,
+    /// How often an idle worker looks for messages when nothing wakes it (e.g. 1s, 500ms).
+    #[arg(long, value_parser = duration)]
+    pub poll_interval: Option<Duration>,
+    /// Under a steady trickle, the pause between claims that did not fill a batch (e.g. 5ms).
+    #[arg(long, value_parser = duration)]
+    pub claim_interval: Option<Duration>,
+    /// How long one handler call may run (e.g. 60s).
+    #[arg(long, value_parser = duration)]
+    pub handler_timeout: Option<Duration>,
+    /// How long shutdown waits for running handlers before handing their messages back (e.g. 25s).
+    #[arg(long, value_parser = duration)]
+    pub shutdown_timeout: Option<Duration>,
+    /// Attempts before a message is dead-lettered.
+    #[arg(long)]
+    pub max_attempts: Option<u32>,
+    /// The first retry delay (e.g. 1s).
+    #[arg(long, value_parser = duration)]
+    pub retry_base: Option<Duration>,
+    /// The longest retry delay (e.g. 1h).
+    #[arg(long, value_parser = duration)]
+    pub retry_max: Option<Duration>,
+    /// Exact retry delays, without jitter.
+    #[arg(long)]
+    pub no_jitter: bool,
+    /// Poll only (no LISTEN), e.g. behind PgBouncer in transaction mode.
+    #[arg(long)]
+    pub poll_only: bool,
+    /// Print the queue statistics, with pending topics no linked handler serves listed apart,
+    /// then exit.
+    #[arg(long)]
+    pub stats: bool,
+    /// Serve Prometheus `/metrics` and `/health` on this address (e.g. 127.0.0.1:9464).
+    #[cfg(feature = "prometheus")]
+    #[arg(long)]
+    pub metrics_addr: Option<std::net::SocketAddr>,
+}
+
+impl std::fmt::Debug for WorkerArgs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Every field, by name, so that a new one is not forgotten: only the URL is redacted.
+        let WorkerArgs {
+            database_url,
+            once,
+            list_topics,
+            served_elsewhere,
+            no_migrate,
+            concurrency,
+            batch_size,
+            lease,
+            poll_interval,
+            claim_interval,
+            handler_timeout,
+            shutdown_timeout,
+            max_attempts,
+            retry_base,
+            retry_max,
+            no_jitter,
+            poll_only,
+            stats,
+            #[cfg(feature = "prometheus")]
+            metrics_addr,
+        } = self;
+        let mut d = f.debug_struct("WorkerArgs");
+        d.field("database_url", &redact_url(database_url))
+            .field("once", once)
+            .field("list_topics", list_topics)
+            .field("served_elsewhere", served_elsewhere)
+            .field("no_migrate", no_migrate)
+            .field("concurrency", concurrency)
+            .field("batch_size", batch_size)
+            .field("lease", lease)
+            .field("poll_interval", poll_interval)
+            .field("claim_interval", claim_interval)
+            .field("handler_timeout", handler_timeout)
+            .field("shutdown_timeout", shutdown_timeout)
+            .field("max_attempts", max_attempts)
+            .field("retry_base", retry_base)
+            .field("retry_max", retry_max)
+            .field("no_jitter", no_jitter)
+            .field("poll_only", poll_only)
+            .field("stats", stats);
+        #[cfg(feature = "prometheus")]
+        d.field("metrics_addr", metrics_addr);
+        d.finish()
+    }
+}
+
+/// `url` with the password replaced by `***`, for logs and `Debug`: the one in the user
+/// information (`postgres://user:***@host/db`) and a `password` query parameter
+/// (`?password=***`). Everything else is kept, so the host and database stay readable.
+///
+/// ```
+/// use outbox::cli::redact_url;
+///
+/// assert_eq!(
+///     redact_url("postgres://app:s3cret@db.internal:5432/app"),
+///     "postgres://app:***@db.internal:5432/app"
+/// );
+/// assert_eq!(
+///     redact_url("postgres://db/app?user=app&password=s3cret&sslmode=require"),
+///     "postgres://db/app?user=app&password=***&sslmode=require"
+/// );
+/// assert_eq!(redact_url("sqlite:outbox.db"), "sqlite:outbox.db");
+/// ```
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        // `sqlite:...` and the like: no user information, maybe a query.
+        return redact_query(url);
+    };
+    // The user information ends at the last `@`: a password may hold `/`, `?`, `#` or `@`
+    // unencoded. (A later `@`, in the path or the query, hides more than needed, never less.)
+    let (userinfo, after) = match rest.rfind('@') {
+        Some(at) => (Some(&rest[..at]), &rest[at + 1..]),
+        None => (None, rest),
+    };
+    let mut out = format!("{scheme}://");
+    if let Some(userinfo) = userinfo {
+        match userinfo.split_once(':') {
+            Some((user, _password)) => {
+                out.push_str(user);
+                out.push_str(":***");
+            }
+            None => out.push_str(userinfo),
+        }
+        out.push('@');
+    }
+    out.push_str(&redact_query(after));
+    out
+}
+
+/// `rest` with the value of every `password` query parameter replaced by `***`.
+fn redact_query(rest: &str) -> String {
+    let Some((head, query)) = rest.split_once('?') else {
+        return rest.to_string();
+    };
+    let pairs: Vec<String> = query
+        .split('&')
+        .map(|pair| match pair.split_once('=') {
+            Some((name, _)) if name.eq_ignore_ascii_case("password") => format!("{name}=***"),
+            _ => pair.to_string(),
+        })
+        .collect();
+    format!("{head}?{}", pairs.join("&"))
+}
+
+/// The longest duration any flag takes: 100 years (of 365.25 days, as `100y` is read), far
+/// beyond any sensible setting and well inside every timestamp type, so an absurd value is
+/// refused before it reaches SQL.
+pub const MAX_DURATION: Duration = crate::duration::MAX_DURATION;
+
+/// Every duration the command lines take, in the one human format of
+/// [`duration::parse`](crate::duration::parse): `500ms`, `30s`, `5m`, `12h`, `7d`; a bare number
+/// counts as seconds.
+pub(crate) fn duration(s: &str) -> Result<Duration, String> {
+    crate::duration::parse(s)
+}
+
+impl WorkerArgs {
+    /// Applies the flags to `config`.
+    pub fn apply(&self, mut config: WorkerConfig) -> WorkerConfig {
+        if let Some(n) = self.concurrency {
+            config = config.concurrency(n);
+        }
+        if let Some(n) = self.batch_size {
+            config = config.batch_size(n);
+        }
+        if let Some(d) = self.lease {
+            config = config.lease(d);
+        }
+        if let Some(d) = self.poll_interval {
+            config = config.poll_interval(d);
+        }
+        if let Some(d) = self.claim_interval {
+            config = config.claim_interval(d);
+        }
+        if let Some(d) = self.handler_timeout {
+            config = config.handler_timeout(d);
+        }
+        if let Some(d) = self.shutdown_timeout {
+            config = config.shutdown_timeout(d);
+        }
+        let mut retry: RetryPolicy = config.retry.clone();
+        if let Some(n) = self.max_attempts {
+            retry = retry.max_attempts(n);
+        }
+        if let Some(d) = self.retry_base {
+            retry = retry.base(d);
+        }
+        if let Some(d) = self.retry_max {
+            retry = retry.max_delay(d);
+        }
+        if self.no_jitter {
+            retry = retry.jitter(false);
+        }
+        config = config.retry(retry);
+        if self.poll_only {
+            config = config.wakeup(Wakeup::Poll);
+        }
+        config
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redact_url_hides_passwords_wherever_they_are() {
+        for (url, want) in [
+            (
+                "postgres://app:s3cret@db:5432/app",
+                "postgres://app:***@db:5432/app",
+            ),
+            ("postgres://app@db/app", "postgres://app@db/app"),
+            ("postgres://db/app", "postgres://db/app"),
+            (
+                "postgresql://app:p@ss@db/app",
+                "postgresql://app:***@db/app",
+            ),
+            ("postgres://app:pa/ss?@db/app", "postgres://app:***@db/app"),
+            (
+                "postgres://app:p@ss/w?rd@db/app",
+                "postgres://app:***@db/app",
+            ),
+            (
+                "postgres://db/app?password=s3cret&user=app",
+                "postgres://db/app?password=***&user=app",
+            ),
+            (
+                "postgres://app:s3cret@db/app?PASSWORD=other",
+                "postgres://app:***@db/app?PASSWORD=***",
+            ),
+            ("sqlite:outbox.db?mode=rwc", "sqlite:outbox.db?mode=rwc"),
+            ("sqlite::memory:", "sqlite::memory:"),
+        ] {
+            assert_eq!(redact_url(url), want, "{url}");
+        }
+    }
+
+    #[test]
+    fn worker_args_debug_redacts_the_database_url() {
+        let args = WorkerArgs::try_parse_from([
+            "worker",
+            "--database-url",
+            "postgres://app:hunter2-db@db.internal/app",
+            "--concurrency",
+            "4",
+        ])
+        .unwrap();
+        let dbg = format!("{args:?}");
+        assert!(!dbg.contains("hunter2-db"), "{dbg}");
+        assert!(dbg.contains("postgres://app:***@db.internal/app"), "{dbg}");
+        assert!(dbg.contains("concurrency: Some(4)"), "{dbg}");
+        assert_eq!(
+            args.database_url,
+            "postgres://app:hunter2-db@db.internal/app"
+        );
+    }
+}

@@ -1,0 +1,67 @@
+//! The console's pages, one file each: the overview, the dead letters, retrying or discarding
+//! them (the confirmation page and the change it confirms), one message, the workers, and the
+//! sign-in. What every page shares is here: its frame, the error page and the 404.
+
+mod dead_actions;
+mod dead_letters;
+mod message;
+mod overview;
+mod sign_in;
+mod workers;
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{Html, IntoResponse, Response};
+use axum::Extension;
+
+pub(super) use self::dead_actions::{apply, confirm};
+pub(super) use self::dead_letters::dead_letters;
+pub(super) use self::message::message;
+pub(super) use self::overview::overview;
+pub(super) use self::sign_in::{login, login_page, logout};
+pub(super) use self::workers::workers;
+use super::html::{esc, Frame, Nav};
+use super::{Base, Console, Credentials, Shared};
+
+/// The frame of a page of this console mounted at `base`.
+fn frame<'a>(c: &'a Console, base: &'a str) -> Frame<'a> {
+    Frame {
+        base,
+        kind: c.store.kind(),
+        read_only: c.config.read_only,
+        logout: matches!(c.config.credentials, Some(Credentials::Token(_))).then_some(&*c.csrf),
+    }
+}
+
+/// An HTML answer.
+fn html(status: StatusCode, page: String) -> Response {
+    (status, Html(page)).into_response()
+}
+
+/// The error page for a failed store call.
+fn failure(f: &Frame<'_>, e: &crate::Error) -> Response {
+    let body = format!(
+        "<h1>Something went wrong</h1><div class=\"notice bad\"><pre>{}</pre></div>",
+        esc(&e.to_string())
+    );
+    html(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        f.page("Error", Nav::None, None, &body),
+    )
+}
+
+/// 404 for any other path.
+pub(in crate::console) async fn not_found(
+    State(c): State<Shared>,
+    Extension(Base(base)): Extension<Base>,
+) -> Response {
+    let f = frame(&c, &base);
+    let body = format!(
+        "<h1>Not found</h1><p>No such page. <a href=\"{}\">Back to the overview</a>.</p>",
+        f.home()
+    );
+    html(
+        StatusCode::NOT_FOUND,
+        f.page("Not found", Nav::None, None, &body),
+    )
+}
