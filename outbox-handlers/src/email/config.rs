@@ -79,7 +79,7 @@ impl std::fmt::Debug for EmailConfig {
         } = self;
         f.debug_struct("EmailConfig")
             .field("transport", transport)
-            .field("base_url", &config::debug_base_url(base_url))
+            .field("base_url", &crate::http::debug_base_url(base_url))
             .field("path", path)
             .field("api_key", api_key)
             .field("from", from)
@@ -195,7 +195,7 @@ impl EmailConfig {
     /// [`ConfigError::Invalid`] for `email.timeout` unless it is above 0 and at most 1 hour.
     pub fn timeout(&self) -> Result<Option<Duration>, ConfigError> {
         self.timeout
-            .map(|t| config::check_timeout("email.timeout", t))
+            .map(|t| crate::http::check_timeout("email.timeout", t))
             .transpose()
     }
 }

@@ -70,7 +70,7 @@ impl std::fmt::Debug for SearchConfig {
             allow_insecure_http,
         } = self;
         f.debug_struct("SearchConfig")
-            .field("base_url", &config::debug_base_url(base_url))
+            .field("base_url", &crate::http::debug_base_url(base_url))
             .field("index", index)
             .field("api_key", api_key)
             .field("username", username)
