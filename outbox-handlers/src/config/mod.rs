@@ -11,7 +11,7 @@ use serde::Deserialize;
 #[cfg(any(feature = "http", feature = "dedup", feature = "dedup-sqlite"))]
 mod read;
 #[cfg(any(feature = "http", feature = "dedup", feature = "dedup-sqlite"))]
-pub(crate) use read::{duration, from_lookup, from_toml_file, from_toml_str};
+pub(crate) use read::{duration, from_lookup, from_toml_file, from_toml_str, section_constructors};
 
 /// A configuration value was missing, malformed or contradictory.
 ///

@@ -1,4 +1,5 @@
-//! Reading a configuration section from environment variables or a TOML document through serde.
+//! Reading a configuration section from environment variables or a TOML document through serde,
+//! and [`section_constructors!`], which gives each section type its constructors.
 //!
 //! Every handler's configuration has the same two sources, with the same key names:
 //!
@@ -20,6 +21,62 @@ use std::time::Duration;
 use serde::de::{self, value, DeserializeOwned, Deserializer, IntoDeserializer, Visitor};
 
 use super::ConfigError;
+
+/// Writes the constructors of a configuration section type, the same for every section:
+/// `from_env`, `from_env_prefixed`, `from_lookup`, `from_toml_str` and `from_toml_file`, reading
+/// the `[section]` TOML table or the environment variables `{env_prefix}KEY` through the type's
+/// `Deserialize`.
+///
+/// ```text
+/// section_constructors!(EmailConfig, section = "email", env_prefix = "OUTBOX_EMAIL_");
+/// ```
+macro_rules! section_constructors {
+    ($config:ty, section = $section:literal, env_prefix = $prefix:literal) => {
+        impl $config {
+            #[doc = concat!(
+                "Reads the `", $prefix, "KEY` environment variables (empty ones count as unset); \
+                 the [`ConfigError`](crate::ConfigError) of a value that does not read names its \
+                 key (`", $section, ".key`)."
+            )]
+            pub fn from_env() -> Result<Self, $crate::ConfigError> {
+                Self::from_env_prefixed($prefix)
+            }
+
+            /// As [`from_env`](Self::from_env), with the variables `{prefix}KEY`.
+            pub fn from_env_prefixed(prefix: &str) -> Result<Self, $crate::ConfigError> {
+                Self::from_lookup(prefix, |name| std::env::var(name).ok())
+            }
+
+            /// As [`from_env_prefixed`](Self::from_env_prefixed), with the variables read through
+            /// `lookup` (tests, other sources of variables).
+            pub fn from_lookup(
+                prefix: &str,
+                lookup: impl Fn(&str) -> Option<String>,
+            ) -> Result<Self, $crate::ConfigError> {
+                $crate::config::from_lookup($section, prefix, lookup)
+            }
+
+            #[doc = concat!(
+                "Reads the `[", $section, "]` table of a TOML document: \
+                 [`ConfigError::Syntax`](crate::ConfigError::Syntax) when it does not parse, else \
+                 a [`ConfigError`](crate::ConfigError) naming the key of a missing table, an \
+                 unknown key (with the known ones) or a value that does not read."
+            )]
+            pub fn from_toml_str(document: &str) -> Result<Self, $crate::ConfigError> {
+                $crate::config::from_toml_str($section, document)
+            }
+
+            /// As [`from_toml_str`](Self::from_toml_str), from a file
+            /// ([`ConfigError::Read`](crate::ConfigError::Read) when it cannot be read).
+            pub fn from_toml_file(
+                path: impl AsRef<std::path::Path>,
+            ) -> Result<Self, $crate::ConfigError> {
+                $crate::config::from_toml_file($section, path.as_ref())
+            }
+        }
+    };
+}
+pub(crate) use section_constructors;
 
 /// Reads `T` from the variables `{prefix}{FIELD}` (each field name of `T` in upper case) through
 /// `lookup`; empty values count as unset. Errors name the key as `section.field`.
