@@ -52,7 +52,7 @@
 //! use outbox_handlers::dedup::TxHandler;
 //! use outbox_handlers::inbox::{Inbox, InboxMessage};
 //! use serde::{Deserialize, Serialize};
-//! use sqlx::PgConnection;
+//! use sqlx::{PgConnection, Postgres};
 //!
 //! #[outbox_event]
 //! #[derive(Serialize, Deserialize)]
@@ -61,7 +61,7 @@
 //! struct CountBooking;
 //!
 //! #[outbox::async_trait]
-//! impl TxHandler for CountBooking {
+//! impl TxHandler<Postgres> for CountBooking {
 //!     type Event = BookingCreated;
 //!     const NAME: &'static str = "count-booking";
 //!     async fn handle(&self, e: BookingCreated, ctx: &Context, tx: &mut PgConnection)
@@ -106,7 +106,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use futures_util::StreamExt;
 use outbox::{BoxError, Context, Event, FailureKind, HandlerError, Resources};
-use sqlx::PgPool;
+use sqlx::{PgPool, Postgres};
 use tracing::Instrument;
 use uuid::Uuid;
 
@@ -226,7 +226,7 @@ trait Route: Send + Sync + 'static {
 struct Typed<H>(H);
 
 #[async_trait]
-impl<H: TxHandler> Route for Typed<H> {
+impl<H: TxHandler<Postgres>> Route for Typed<H> {
     fn name(&self) -> &'static str {
         H::NAME
     }
@@ -576,7 +576,7 @@ impl fmt::Debug for InboxBuilder {
 
 impl InboxBuilder {
     /// Adds a handler: it receives the messages of its event's topic.
-    pub fn handler<H: TxHandler>(mut self, handler: H) -> Self {
+    pub fn handler<H: TxHandler<Postgres>>(mut self, handler: H) -> Self {
         self.routes
             .push((<H::Event as Event>::TOPIC, Box::new(Typed(handler))));
         self
