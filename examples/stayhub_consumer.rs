@@ -37,7 +37,7 @@ struct BookingCreated {
 struct RecordArrival;
 
 #[outbox::async_trait]
-impl TxHandler for RecordArrival {
+impl TxHandler<sqlx::Postgres> for RecordArrival {
     type Event = BookingCreated;
     const NAME: &'static str = "record-arrival";
 

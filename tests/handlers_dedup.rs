@@ -18,7 +18,7 @@ use outbox::{
 use outbox_handlers::dedup::{purge_processed, Dedup, DedupConfig, DedupLayer, TxHandler};
 use outbox_tests::{pg, sqlite, SqliteDb, TestDb};
 use serde::{Deserialize, Serialize};
-use sqlx::{PgConnection, PgPool, Sqlite, SqliteConnection, SqlitePool};
+use sqlx::{PgConnection, PgPool, Postgres, Sqlite, SqliteConnection, SqlitePool};
 use tokio::process::{Child, Command};
 use uuid::Uuid;
 
@@ -48,7 +48,7 @@ struct DedupWork {
 struct AddEntry;
 
 #[outbox::async_trait]
-impl TxHandler for AddEntry {
+impl TxHandler<Postgres> for AddEntry {
     type Event = LedgerEntry;
     const NAME: &'static str = "ledger";
 
@@ -138,7 +138,7 @@ fn entry(n: i64) -> LedgerEntry {
 async fn a_redelivered_message_whose_id_is_recorded_is_skipped() {
     let db = setup().await;
     let dedup = Dedup::with_pool(AddEntry, db.pool.clone());
-    assert_eq!(<Dedup<AddEntry> as Handler>::NAME, "ledger");
+    assert_eq!(<Dedup<AddEntry, Postgres> as Handler>::NAME, "ledger");
     let w = Worker::builder(&db.pool)
         .handler(dedup)
         .config(config())

@@ -34,7 +34,7 @@ struct PaymentCaptured {
 struct Record;
 
 #[outbox::async_trait]
-impl TxHandler for Record {
+impl TxHandler<sqlx::Postgres> for Record {
     type Event = PaymentCaptured;
     const NAME: &'static str = "record-payment";
 

@@ -139,7 +139,7 @@ impl Handler for IndexBooking {
 struct CountBooking;
 
 #[outbox::async_trait]
-impl TxHandler for CountBooking {
+impl TxHandler<sqlx::Postgres> for CountBooking {
     type Event = BookingCreated;
     const NAME: &'static str = "count-booking";
 

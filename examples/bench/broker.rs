@@ -178,7 +178,7 @@ pub(crate) async fn w7_raw(
 struct Consume;
 
 #[outbox::async_trait]
-impl TxHandler for Consume {
+impl TxHandler<sqlx::Postgres> for Consume {
     type Event = BenchMessage;
     const NAME: &'static str = "bench-consume";
 

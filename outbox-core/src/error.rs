@@ -276,21 +276,9 @@ fn sqlite_code(db: &dyn sqlx::error::DatabaseError) -> Option<u32> {
     None
 }
 
-/// An error and its sources on one line, `outer: inner: ...`, leaving out a source whose text
-/// the line already holds (an error that prints its source itself).
-pub(crate) fn chain_line(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut s = e.to_string();
-    let mut src = e.source();
-    while let Some(inner) = src {
-        let text = inner.to_string();
-        if !s.contains(&text) {
-            s.push_str(": ");
-            s.push_str(&text);
-        }
-        src = inner.source();
-    }
-    s
-}
+/// The error-chain line under the name the operations code calls it by.
+#[cfg(feature = "cli")]
+pub(crate) use crate::diagnostics::error_chain as chain_line;
 
 /// A `Result` with [`Error`] as its error type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -224,7 +224,7 @@ impl HandlerError {
 
     /// The error and its chain of sources as one line, `outer: inner: ...`.
     pub fn chain_string(&self) -> String {
-        crate::error::chain_line(&*self.source)
+        crate::diagnostics::error_chain(&*self.source)
     }
 }
 

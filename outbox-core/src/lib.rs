@@ -83,6 +83,7 @@ mod backend;
 pub mod cli;
 #[cfg(feature = "console")]
 pub mod console;
+pub mod diagnostics;
 mod duration;
 mod enqueue;
 mod error;

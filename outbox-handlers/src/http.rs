@@ -1,9 +1,11 @@
-//! The HTTP plumbing shared by the email and search handlers: the client, how a status becomes
-//! a retry or a dead letter, `Retry-After`, bounded response bodies and secret scrubbing.
+//! The HTTP plumbing shared by the email and search handlers: the checks of their settings
+//! (base URL, credentials over plain HTTP, timeout), the client, how a status becomes a retry or
+//! a dead letter, `Retry-After`, bounded response bodies and secret scrubbing.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use outbox::diagnostics;
 use outbox::HandlerError;
 use reqwest::header::{HeaderMap, RETRY_AFTER};
 use reqwest::StatusCode;
@@ -21,6 +23,9 @@ pub(crate) const MAX_RETRY_AFTER: Duration = Duration::from_secs(24 * 3600);
 
 /// What replaces a secret in errors.
 const REDACTED: &str = "[redacted]";
+
+/// The longest timeout a handler accepts: anything longer is a typo.
+const MAX_TIMEOUT: Duration = Duration::from_secs(3600);
 
 /// A failed call to an HTTP service: the source of the [`HandlerError`] that a handler returns.
 ///
@@ -72,6 +77,82 @@ fn status_text(code: u16) -> String {
         Ok(s) => s.to_string(),
         Err(_) => code.to_string(),
     }
+}
+
+/// Checks a timeout: above zero, at most an hour.
+pub(crate) fn check_timeout(key: &str, d: Duration) -> Result<Duration, ConfigError> {
+    if d.is_zero() || d > MAX_TIMEOUT {
+        return Err(ConfigError::invalid(
+            key,
+            "not a timeout: use a duration above 0 and at most 1 hour",
+            &format!("{d:?}"),
+        ));
+    }
+    Ok(d)
+}
+
+/// Checks a base URL: `http` or `https`, a host, no credentials, query or fragment.
+pub(crate) fn base_url(key: &str, raw: &str) -> Result<reqwest::Url, ConfigError> {
+    let url = reqwest::Url::parse(raw.trim())
+        .map_err(|_| ConfigError::invalid(key, "not a valid URL", raw))?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(ConfigError::invalid(
+            key,
+            "use an http:// or https:// URL",
+            raw,
+        ));
+    }
+    if url.host_str().is_none_or(str::is_empty) {
+        return Err(ConfigError::invalid(key, "the URL has no host", raw));
+    }
+    if !url.username().is_empty() || url.password().is_some() {
+        // Do not echo the URL: it holds a credential.
+        return Err(ConfigError::rejected(
+            key,
+            "the URL holds credentials; give them as the API key or username/password settings instead",
+        ));
+    }
+    if url.query().is_some() || url.fragment().is_some() {
+        return Err(ConfigError::invalid(
+            key,
+            "the URL must have no query or fragment",
+            raw,
+        ));
+    }
+    Ok(url)
+}
+
+/// A base URL as given, for `Debug`: any user information (`user:password@`) is replaced by
+/// `[redacted]@`. Such a URL is refused when the client is built, but a configuration holding
+/// it can still be printed before that.
+pub(crate) fn debug_base_url(raw: &Option<String>) -> Option<String> {
+    raw.as_deref().map(diagnostics::redact_userinfo)
+}
+
+/// Refuses to send credentials over plain `http://` to a host that is not this machine, unless
+/// `allowed` (the builder's `allow_insecure_http(true)`, `allow_insecure_http = true`).
+///
+/// Loopback hosts (`127.0.0.0/8`, `::1`, `localhost`) are allowed: their traffic never leaves the
+/// machine, and local test servers and sidecars speak plain HTTP there.
+pub(crate) fn check_credentials_over_http(
+    section: &str,
+    url: &reqwest::Url,
+    credential: &str,
+    allowed: bool,
+) -> Result<(), ConfigError> {
+    let local = url.host_str().is_some_and(diagnostics::is_loopback_host);
+    if url.scheme() != "http" || allowed || local {
+        return Ok(());
+    }
+    // The URL holds no credentials (base_url refused those), so it may be shown.
+    Err(ConfigError::invalid(
+        format!("{section}.base_url"),
+        format!(
+            "plain http:// would send the {credential} unencrypted to a host that is not this              machine; use https://, or set allow_insecure_http (`allow_insecure_http = true` in              [{section}], OUTBOX_{}_ALLOW_INSECURE_HTTP=true, or the builder's              allow_insecure_http(true)) if the network in between is trusted",
+            section.to_ascii_uppercase()
+        ),
+        url.as_str(),
+    ))
 }
 
 /// A client for the handlers: rustls with the `ring` provider (or the process default if one is
@@ -144,17 +225,7 @@ pub(crate) fn request_failure(
         return HandlerError::retry(HttpError::Timeout { service, timeout });
     }
     let permanent = error.is_builder();
-    let error = error.without_url();
-    let mut detail = error.to_string();
-    let mut next = std::error::Error::source(&error);
-    while let Some(e) = next {
-        let s = e.to_string();
-        if !detail.ends_with(&s) {
-            detail.push_str(": ");
-            detail.push_str(&s);
-        }
-        next = e.source();
-    }
+    let detail = diagnostics::error_chain(&error.without_url());
     let error = HttpError::Request {
         service,
         detail: scrub(&detail, secrets),
@@ -322,5 +393,55 @@ mod tests {
             "email provider answered 503 Service Unavailable: down"
         );
         assert_eq!(e.status(), Some(503));
+    }
+
+    #[test]
+    fn timeouts_are_bounded() {
+        assert!(check_timeout("t", Duration::ZERO).is_err());
+        assert!(check_timeout("t", Duration::from_secs(7200)).is_err());
+        assert_eq!(
+            check_timeout("t", Duration::from_millis(1500)).unwrap(),
+            Duration::from_millis(1500)
+        );
+    }
+
+    #[test]
+    fn base_urls_are_checked() {
+        assert_eq!(
+            base_url("email.base_url", "foo").unwrap_err().to_string(),
+            "email.base_url: not a valid URL (got `foo`)"
+        );
+        assert!(base_url("k", "ftp://x").is_err());
+        assert!(base_url("k", "http://x/?a=1").is_err());
+        let e = base_url("k", "https://user:hunter2@x")
+            .unwrap_err()
+            .to_string();
+        assert!(!e.contains("hunter2"), "{e}");
+        assert!(base_url("k", "https://api.example.com/v1/").is_ok());
+    }
+
+    #[test]
+    fn credentials_over_plain_http_need_a_loopback_host_or_an_explicit_allowance() {
+        let check = |raw: &str, allowed: bool| {
+            check_credentials_over_http("search", &base_url("k", raw).unwrap(), "API key", allowed)
+        };
+        let e = check("http://search.internal:9200", false).unwrap_err();
+        assert_eq!(e.key(), Some("search.base_url"));
+        let text = e.to_string();
+        assert!(text.contains("allow_insecure_http"), "{text}");
+        assert!(text.contains("OUTBOX_SEARCH_ALLOW_INSECURE_HTTP"), "{text}");
+        assert!(check("http://10.0.0.7", false).is_err());
+        assert!(check("http://127.0.0.2.example", false).is_err());
+        assert!(check("http://search.internal:9200", true).is_ok());
+        assert!(check("https://search.internal:9200", false).is_ok());
+        for local in [
+            "http://127.0.0.1:9200",
+            "http://127.1.2.3",
+            "http://[::1]:9200",
+            "http://localhost:9200",
+            "http://LOCALHOST",
+        ] {
+            assert!(check(local, false).is_ok(), "{local}");
+        }
     }
 }

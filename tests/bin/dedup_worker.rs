@@ -1,7 +1,7 @@
 //! A worker binary for the dedup crash test (tests/handlers_dedup.rs), built on
 //! `outbox::cli::run_worker` exactly as a user's worker is.
 //!
-//! Topic `test.dedup`, handler `dedup-effect`: `SleepAfter<Dedup<InsertEffect>>`. `InsertEffect`
+//! Topic `test.dedup`, handler `dedup-effect`: `SleepAfter<Dedup<InsertEffect, Postgres>>`. `InsertEffect`
 //! inserts `(message_id, n)` into `effects` on the dedup transaction; `Dedup` records the message
 //! id in `outbox_processed` and commits both; then, on the first attempt only, `SleepAfter` sleeps
 //! `sleep_after_ms`, so the test can SIGKILL the process after the effect committed and before
@@ -31,7 +31,7 @@ struct DedupWork {
 struct InsertEffect;
 
 #[outbox::async_trait]
-impl TxHandler for InsertEffect {
+impl TxHandler<sqlx::Postgres> for InsertEffect {
     type Event = DedupWork;
     const NAME: &'static str = "dedup-effect";
 
@@ -82,7 +82,7 @@ impl<H: FromResources> FromResources for SleepAfter<H> {
 }
 
 // Registered, so the worker builds it from its resources: `Dedup` takes the `PgPool` resource.
-register_handler!(SleepAfter<Dedup<InsertEffect>>);
+register_handler!(SleepAfter<Dedup<InsertEffect, sqlx::Postgres>>);
 
 #[tokio::main]
 async fn main() -> ExitCode {

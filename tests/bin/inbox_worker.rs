@@ -27,7 +27,7 @@ pub struct Inboxed {
 struct Record;
 
 #[outbox::async_trait]
-impl TxHandler for Record {
+impl TxHandler<sqlx::Postgres> for Record {
     type Event = Inboxed;
     const NAME: &'static str = "record";
 

@@ -4,7 +4,7 @@
 //! Topics and handlers:
 //!
 //! - `soak.billing`: two handlers. `audit` (plain) appends each successful delivery to
-//!   `soak_deliveries`; `ledger` is `Paced<Dedup<Ledger>>`, whose effect is an INSERT into
+//!   `soak_deliveries`; `ledger` is `Paced<Dedup<Ledger, Postgres>>`, whose effect is an INSERT into
 //!   `soak_effects`, a table with no unique key: exactly one row per message proves the dedup.
 //! - `soak.emails`: `mail` (plain, logs to `soak_deliveries`).
 //! - `soak.index`: `index` (plain, logs to `soak_deliveries`).
@@ -275,7 +275,7 @@ plain_handler!(IndexChanged, "index");
 struct Ledger;
 
 #[outbox::async_trait]
-impl TxHandler for Ledger {
+impl TxHandler<sqlx::Postgres> for Ledger {
     type Event = InvoiceIssued;
     const NAME: &'static str = "ledger";
 
@@ -344,7 +344,7 @@ impl<H: FromResources> FromResources for Paced<H> {
     }
 }
 
-register_handler!(Paced<Dedup<Ledger>>);
+register_handler!(Paced<Dedup<Ledger, sqlx::Postgres>>);
 
 #[tokio::main]
 async fn main() -> ExitCode {

@@ -17,9 +17,11 @@
 //! first to commit, then skips (on PostgreSQL on the record's primary key, on SQLite on the
 //! database's write lock, up to the pool's busy timeout).
 //!
-//! The database is [`TxHandler`]'s type parameter: `impl TxHandler for X` is for
-//! [`DefaultDatabase`] (PostgreSQL when feature `dedup` is on), `impl TxHandler<sqlx::Sqlite>
-//! for X` for SQLite; [`Dedup`] and [`DedupLayer`] follow the handler's.
+//! The database is [`TxHandler`]'s type parameter, which the handler names:
+//! `impl TxHandler<sqlx::Postgres> for X` (feature `dedup`) or `impl TxHandler<sqlx::Sqlite> for
+//! X` (feature `dedup-sqlite`); with both features, both are there. [`Dedup`] and [`DedupLayer`]
+//! take the handler's: `Dedup<X, sqlx::Postgres>`, inferred from the pool or the handler where
+//! there is one choice.
 //!
 //! The table is created by `outbox::migrate`. Records are kept for a retention period and
 //! removed by [`purge_processed`] (or [`Retention::purge`]); keep them longer than a message can
@@ -31,7 +33,7 @@
 //! use outbox::{outbox_event, Context, HandlerError, Worker};
 //! use outbox_handlers::dedup::{Dedup, TxHandler};
 //! use serde::{Deserialize, Serialize};
-//! use sqlx::PgConnection;
+//! use sqlx::{PgConnection, Postgres};
 //!
 //! #[outbox_event]
 //! #[derive(Serialize, Deserialize)]
@@ -40,7 +42,7 @@
 //! struct AddToLedger;
 //!
 //! #[outbox::async_trait]
-//! impl TxHandler for AddToLedger {
+//! impl TxHandler<Postgres> for AddToLedger {
 //!     type Event = PaymentCaptured;
 //!     const NAME: &'static str = "ledger";
 //!
@@ -78,18 +80,6 @@ pub use purge::{purge_processed, DedupConfig, Retention, DEFAULT_PURGE_BATCH, DE
 /// The layer trait of tower, which [`DedupLayer`] implements.
 pub use tower_layer::Layer;
 
-/// The database of a [`TxHandler`], [`Dedup`] and [`DedupLayer`] that name none: PostgreSQL
-/// (`sqlx::Postgres`) with feature `dedup`, else SQLite (`sqlx::Sqlite`, feature
-/// `dedup-sqlite` alone).
-#[cfg(feature = "dedup")]
-pub type DefaultDatabase = sqlx::Postgres;
-
-/// The database of a [`TxHandler`], [`Dedup`] and [`DedupLayer`] that name none: PostgreSQL
-/// (`sqlx::Postgres`) with feature `dedup`, else SQLite (`sqlx::Sqlite`, feature
-/// `dedup-sqlite` alone).
-#[cfg(not(feature = "dedup"))]
-pub type DefaultDatabase = sqlx::Sqlite;
-
 /// A handler whose effect is a write to the database, done on the transaction it is given.
 ///
 /// Like [`Handler`], with a transaction: wrap it in [`Dedup`] to run it at most once per message.
@@ -101,9 +91,10 @@ pub type DefaultDatabase = sqlx::Sqlite;
 ///
 /// # About type parameter `DB`
 ///
-/// The database the effect is written to, `sqlx::Postgres` or `sqlx::Sqlite`: the one of the
-/// outbox tables. `tx` is its connection type (`PgConnection`, `SqliteConnection`). Left out, it
-/// is [`DefaultDatabase`].
+/// The database the effect is written to, `sqlx::Postgres` (feature `dedup`) or `sqlx::Sqlite`
+/// (feature `dedup-sqlite`): the one of the outbox tables. `tx` is its connection type
+/// (`PgConnection`, `SqliteConnection`). The handler always names it, so which database a
+/// handler writes to never depends on the features some other crate of the build turns on.
 ///
 /// # Example
 ///
@@ -111,7 +102,7 @@ pub type DefaultDatabase = sqlx::Sqlite;
 /// use outbox::{outbox_event, Context, HandlerError, Worker};
 /// use outbox_handlers::dedup::{Dedup, TxHandler};
 /// use serde::{Deserialize, Serialize};
-/// use sqlx::PgConnection;
+/// use sqlx::{PgConnection, Postgres};
 ///
 /// #[outbox_event]
 /// #[derive(Serialize, Deserialize)]
@@ -120,7 +111,7 @@ pub type DefaultDatabase = sqlx::Sqlite;
 /// struct CreditAccount;
 ///
 /// #[outbox::async_trait]
-/// impl TxHandler for CreditAccount {
+/// impl TxHandler<Postgres> for CreditAccount {
 ///     type Event = PaymentReceived;
 ///     const NAME: &'static str = "credit-account";
 ///
@@ -149,7 +140,7 @@ pub type DefaultDatabase = sqlx::Sqlite;
 /// # Ok(()) }
 /// ```
 ///
-/// On SQLite, name the database (feature `dedup-sqlite`):
+/// On SQLite (feature `dedup-sqlite`):
 ///
 #[cfg_attr(feature = "dedup-sqlite", doc = "```no_run")]
 #[cfg_attr(not(feature = "dedup-sqlite"), doc = "```ignore")]
@@ -182,7 +173,7 @@ pub type DefaultDatabase = sqlx::Sqlite;
 /// # Ok(()) }
 /// ```
 #[async_trait]
-pub trait TxHandler<DB: Database = DefaultDatabase>: Send + Sync + 'static {
+pub trait TxHandler<DB: Database>: Send + Sync + 'static {
     /// The event type this handler reacts to.
     type Event: Event;
 
@@ -234,7 +225,9 @@ pub trait TxHandler<DB: Database = DefaultDatabase>: Send + Sync + 'static {
 ///
 /// # About type parameter `DB`
 ///
-/// The database, the one `H` is a [`TxHandler`] for; [`DefaultDatabase`] when left out.
+/// The database, `sqlx::Postgres` or `sqlx::Sqlite`: the one `H` is a [`TxHandler`] for. Rust
+/// infers it from the pool given to [`with_pool`](Self::with_pool), or from `H` when `H` is a
+/// [`TxHandler`] for one database only; else name it, as in `Dedup::<_, sqlx::Postgres>::new(h)`.
 ///
 /// ```no_run
 /// # use outbox::{outbox_event, Context, HandlerError, Worker};
@@ -242,7 +235,7 @@ pub trait TxHandler<DB: Database = DefaultDatabase>: Send + Sync + 'static {
 /// # #[outbox_event] #[derive(serde::Serialize, serde::Deserialize)] struct Ping;
 /// # struct Record;
 /// # #[outbox::async_trait]
-/// # impl TxHandler for Record {
+/// # impl TxHandler<sqlx::Postgres> for Record {
 /// #     type Event = Ping;
 /// #     const NAME: &'static str = "record";
 /// #     async fn handle(&self, _: Ping, _: &Context, _: &mut sqlx::PgConnection) -> Result<(), HandlerError> { Ok(()) }
@@ -255,7 +248,7 @@ pub trait TxHandler<DB: Database = DefaultDatabase>: Send + Sync + 'static {
 ///     .build()?;
 /// # Ok(()) }
 /// ```
-pub struct Dedup<H, DB: Database = DefaultDatabase> {
+pub struct Dedup<H, DB: Database> {
     inner: H,
     pool: Option<Pool<DB>>,
 }
@@ -392,20 +385,21 @@ where
 /// # #[outbox_event] #[derive(serde::Serialize, serde::Deserialize)] struct Paid { id: i64 }
 /// # struct Credit;
 /// # #[outbox::async_trait]
-/// # impl TxHandler for Credit {
+/// # impl TxHandler<sqlx::Postgres> for Credit {
 /// #     type Event = Paid;
 /// #     const NAME: &'static str = "credit";
 /// #     async fn handle(&self, _: Paid, _: &Context, _: &mut sqlx::PgConnection) -> Result<(), HandlerError> { Ok(()) }
 /// # }
 /// let layer = DedupLayer::new(); // the pool from the worker's resources
-/// let handler: Dedup<Credit> = Layer::layer(&layer, Credit);
+/// let handler: Dedup<Credit, sqlx::Postgres> = Layer::layer(&layer, Credit);
 /// # let _ = handler;
 /// ```
 ///
 /// # About type parameter `DB`
 ///
-/// The database of the handlers it wraps; [`DefaultDatabase`] when left out.
-pub struct DedupLayer<DB: Database = DefaultDatabase> {
+/// The database of the handlers it wraps, `sqlx::Postgres` or `sqlx::Sqlite`; inferred as for
+/// [`Dedup`].
+pub struct DedupLayer<DB: Database> {
     pool: Option<Pool<DB>>,
 }
 

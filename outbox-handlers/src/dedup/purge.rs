@@ -165,40 +165,9 @@ pub struct DedupConfig {
     pub purge_batch: Option<u64>,
 }
 
+config::section_constructors!(DedupConfig, section = "dedup", env_prefix = "OUTBOX_DEDUP_");
+
 impl DedupConfig {
-    /// Reads the `OUTBOX_DEDUP_KEY` environment variables (empty ones count as unset); the
-    /// [`ConfigError`] of a value that does not read names its key (`dedup.key`).
-    pub fn from_env() -> Result<Self, ConfigError> {
-        Self::from_env_prefixed("OUTBOX_DEDUP_")
-    }
-
-    /// As [`from_env`](Self::from_env), with the variables `{prefix}KEY`.
-    pub fn from_env_prefixed(prefix: &str) -> Result<Self, ConfigError> {
-        Self::from_lookup(prefix, |name| std::env::var(name).ok())
-    }
-
-    /// As [`from_env_prefixed`](Self::from_env_prefixed), with the variables read through
-    /// `lookup` (tests, other sources of variables).
-    pub fn from_lookup(
-        prefix: &str,
-        lookup: impl Fn(&str) -> Option<String>,
-    ) -> Result<Self, ConfigError> {
-        config::from_lookup("dedup", prefix, lookup)
-    }
-
-    /// Reads the `[dedup]` table of a TOML document: [`ConfigError::Syntax`] when it does not
-    /// parse, else a [`ConfigError`] naming the key of a missing table, an unknown key (with
-    /// the known ones) or a value that does not read.
-    pub fn from_toml_str(document: &str) -> Result<Self, ConfigError> {
-        config::from_toml_str("dedup", document)
-    }
-
-    /// As [`from_toml_str`](Self::from_toml_str), from a file ([`ConfigError::Read`] when it
-    /// cannot be read).
-    pub fn from_toml_file(path: impl AsRef<std::path::Path>) -> Result<Self, ConfigError> {
-        config::from_toml_file("dedup", path.as_ref())
-    }
-
     /// Checks the settings; unset ones take their defaults.
     ///
     /// # Errors

@@ -79,7 +79,7 @@ impl std::fmt::Debug for EmailConfig {
         } = self;
         f.debug_struct("EmailConfig")
             .field("transport", transport)
-            .field("base_url", &config::debug_base_url(base_url))
+            .field("base_url", &crate::http::debug_base_url(base_url))
             .field("path", path)
             .field("api_key", api_key)
             .field("from", from)
@@ -90,40 +90,9 @@ impl std::fmt::Debug for EmailConfig {
     }
 }
 
+config::section_constructors!(EmailConfig, section = "email", env_prefix = "OUTBOX_EMAIL_");
+
 impl EmailConfig {
-    /// Reads the `OUTBOX_EMAIL_KEY` environment variables (empty ones count as unset); the
-    /// [`ConfigError`] of a value that does not read names its key (`email.key`).
-    pub fn from_env() -> Result<Self, ConfigError> {
-        Self::from_env_prefixed("OUTBOX_EMAIL_")
-    }
-
-    /// As [`from_env`](Self::from_env), with the variables `{prefix}KEY`.
-    pub fn from_env_prefixed(prefix: &str) -> Result<Self, ConfigError> {
-        Self::from_lookup(prefix, |name| std::env::var(name).ok())
-    }
-
-    /// As [`from_env_prefixed`](Self::from_env_prefixed), with the variables read through
-    /// `lookup` (tests, other sources of variables).
-    pub fn from_lookup(
-        prefix: &str,
-        lookup: impl Fn(&str) -> Option<String>,
-    ) -> Result<Self, ConfigError> {
-        config::from_lookup("email", prefix, lookup)
-    }
-
-    /// Reads the `[email]` table of a TOML document: [`ConfigError::Syntax`] when it does not
-    /// parse, else a [`ConfigError`] naming the key of a missing table, an unknown key (with
-    /// the known ones) or a value that does not read.
-    pub fn from_toml_str(document: &str) -> Result<Self, ConfigError> {
-        config::from_toml_str("email", document)
-    }
-
-    /// As [`from_toml_str`](Self::from_toml_str), from a file ([`ConfigError::Read`] when it
-    /// cannot be read).
-    pub fn from_toml_file(path: impl AsRef<std::path::Path>) -> Result<Self, ConfigError> {
-        config::from_toml_file("email", path.as_ref())
-    }
-
     /// Checks the settings and builds the transport they describe.
     ///
     /// # Errors
@@ -195,7 +164,7 @@ impl EmailConfig {
     /// [`ConfigError::Invalid`] for `email.timeout` unless it is above 0 and at most 1 hour.
     pub fn timeout(&self) -> Result<Option<Duration>, ConfigError> {
         self.timeout
-            .map(|t| config::check_timeout("email.timeout", t))
+            .map(|t| crate::http::check_timeout("email.timeout", t))
             .transpose()
     }
 }

@@ -9,7 +9,7 @@ use reqwest::header::{HeaderValue, AUTHORIZATION};
 use reqwest::StatusCode;
 
 use super::{Email, EmailTransport};
-use crate::config::{self, ConfigError, Secret};
+use crate::config::{ConfigError, Secret};
 use crate::http::{request_failure, status_failure};
 
 const SERVICE: &str = "email provider";
@@ -169,7 +169,7 @@ pub struct HttpTransportBuilder {
 impl fmt::Debug for HttpTransportBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("HttpTransportBuilder")
-            .field("base_url", &config::debug_base_url(&self.base_url))
+            .field("base_url", &crate::http::debug_base_url(&self.base_url))
             .field("path", &self.path)
             .field("api_key", &self.api_key)
             .field("from", &self.from)
@@ -241,7 +241,7 @@ impl HttpTransportBuilder {
                 "set HttpTransportBuilder::base_url, OUTBOX_EMAIL_BASE_URL or `base_url` in [email]",
             )
         })?;
-        let base = config::base_url("email.base_url", &raw)?;
+        let base = crate::http::base_url("email.base_url", &raw)?;
         let path = self.path.unwrap_or_else(|| DEFAULT_PATH.to_string());
         if !path.starts_with('/') || path.contains(['?', '#']) || path.contains(char::is_whitespace)
         {
@@ -271,7 +271,12 @@ impl HttpTransportBuilder {
                 )
             })?;
         authorization.set_sensitive(true);
-        config::check_credentials_over_http("email", &base, "API key", self.allow_insecure_http)?;
+        crate::http::check_credentials_over_http(
+            "email",
+            &base,
+            "API key",
+            self.allow_insecure_http,
+        )?;
         if let Some(from) = &self.from {
             if from.trim().is_empty() || !from.contains('@') || from.contains(['\r', '\n']) {
                 return Err(ConfigError::invalid(
@@ -282,7 +287,7 @@ impl HttpTransportBuilder {
             }
         }
         let timeout =
-            config::check_timeout("email.timeout", self.timeout.unwrap_or(DEFAULT_TIMEOUT))?;
+            crate::http::check_timeout("email.timeout", self.timeout.unwrap_or(DEFAULT_TIMEOUT))?;
         let client = match self.client {
             Some(c) => c,
             None => crate::http::client("email")?,

@@ -8,7 +8,7 @@ use reqwest::header::{HeaderValue, AUTHORIZATION};
 use reqwest::StatusCode;
 
 use super::IndexOp;
-use crate::config::{self, ConfigError, Secret};
+use crate::config::{ConfigError, Secret};
 use crate::http::{request_failure, status_failure};
 
 const SERVICE: &str = "search index";
@@ -197,7 +197,7 @@ pub struct SearchClientBuilder {
 impl fmt::Debug for SearchClientBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SearchClientBuilder")
-            .field("base_url", &config::debug_base_url(&self.base_url))
+            .field("base_url", &crate::http::debug_base_url(&self.base_url))
             .field("index", &self.index)
             .field("api_key", &self.api_key)
             .field("username", &self.username)
@@ -270,7 +270,7 @@ impl SearchClientBuilder {
                 "set SearchClientBuilder::base_url, OUTBOX_SEARCH_BASE_URL or `base_url` in [search]",
             )
         })?;
-        let base = config::base_url("search.base_url", &raw)?;
+        let base = crate::http::base_url("search.base_url", &raw)?;
         if let Some(index) = &self.index {
             check_index(index)?;
         }
@@ -324,7 +324,7 @@ impl SearchClientBuilder {
             Auth::Basic(..) => Some("basic-auth password"),
         };
         if let Some(credential) = credential {
-            config::check_credentials_over_http(
+            crate::http::check_credentials_over_http(
                 "search",
                 &base,
                 credential,
@@ -332,7 +332,7 @@ impl SearchClientBuilder {
             )?;
         }
         let timeout =
-            config::check_timeout("search.timeout", self.timeout.unwrap_or(DEFAULT_TIMEOUT))?;
+            crate::http::check_timeout("search.timeout", self.timeout.unwrap_or(DEFAULT_TIMEOUT))?;
         let client = match self.client {
             Some(c) => c,
             None => crate::http::client("search")?,

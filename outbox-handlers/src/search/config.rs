@@ -70,7 +70,7 @@ impl std::fmt::Debug for SearchConfig {
             allow_insecure_http,
         } = self;
         f.debug_struct("SearchConfig")
-            .field("base_url", &config::debug_base_url(base_url))
+            .field("base_url", &crate::http::debug_base_url(base_url))
             .field("index", index)
             .field("api_key", api_key)
             .field("username", username)
@@ -81,40 +81,13 @@ impl std::fmt::Debug for SearchConfig {
     }
 }
 
+config::section_constructors!(
+    SearchConfig,
+    section = "search",
+    env_prefix = "OUTBOX_SEARCH_"
+);
+
 impl SearchConfig {
-    /// Reads the `OUTBOX_SEARCH_KEY` environment variables (empty ones count as unset); the
-    /// [`ConfigError`] of a value that does not read names its key (`search.key`).
-    pub fn from_env() -> Result<Self, ConfigError> {
-        Self::from_env_prefixed("OUTBOX_SEARCH_")
-    }
-
-    /// As [`from_env`](Self::from_env), with the variables `{prefix}KEY`.
-    pub fn from_env_prefixed(prefix: &str) -> Result<Self, ConfigError> {
-        Self::from_lookup(prefix, |name| std::env::var(name).ok())
-    }
-
-    /// As [`from_env_prefixed`](Self::from_env_prefixed), with the variables read through
-    /// `lookup` (tests, other sources of variables).
-    pub fn from_lookup(
-        prefix: &str,
-        lookup: impl Fn(&str) -> Option<String>,
-    ) -> Result<Self, ConfigError> {
-        config::from_lookup("search", prefix, lookup)
-    }
-
-    /// Reads the `[search]` table of a TOML document: [`ConfigError::Syntax`] when it does not
-    /// parse, else a [`ConfigError`] naming the key of a missing table, an unknown key (with
-    /// the known ones) or a value that does not read.
-    pub fn from_toml_str(document: &str) -> Result<Self, ConfigError> {
-        config::from_toml_str("search", document)
-    }
-
-    /// As [`from_toml_str`](Self::from_toml_str), from a file ([`ConfigError::Read`] when it
-    /// cannot be read).
-    pub fn from_toml_file(path: impl AsRef<std::path::Path>) -> Result<Self, ConfigError> {
-        config::from_toml_file("search", path.as_ref())
-    }
-
     /// Checks the settings and builds the client.
     ///
     /// # Errors

@@ -1,5 +1,5 @@
-//! Configuration shared by the handlers: [`ConfigError`], [`Secret`], and reading a section from
-//! environment variables or a TOML document through serde.
+//! Reading a configuration section from environment variables or a TOML document through serde,
+//! and [`section_constructors!`], which gives each section type its constructors.
 //!
 //! Every handler's configuration has the same two sources, with the same key names:
 //!
@@ -14,188 +14,69 @@
 //! (`500ms`, `10s`, `5m`, `7d`; a bare number is seconds). Empty environment variables count as
 //! unset.
 
-// Without the HTTP handlers, some helpers have no user.
-#![cfg_attr(not(feature = "http"), allow(dead_code))]
-
 use std::fmt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use serde::de::{self, value, DeserializeOwned, Deserializer, IntoDeserializer, Visitor};
-use serde::Deserialize;
 
-/// The longest timeout a handler accepts: anything longer is a typo.
-const MAX_TIMEOUT: Duration = Duration::from_secs(3600);
+use super::ConfigError;
 
-/// A configuration value was missing, malformed or contradictory.
+/// Writes the constructors of a configuration section type, the same for every section:
+/// `from_env`, `from_env_prefixed`, `from_lookup`, `from_toml_str` and `from_toml_file`, reading
+/// the `[section]` TOML table or the environment variables `{env_prefix}KEY` through the type's
+/// `Deserialize`.
 ///
-/// The message names the key as `section.key`, e.g. `email.base_url`.
-///
+/// ```text
+/// section_constructors!(EmailConfig, section = "email", env_prefix = "OUTBOX_EMAIL_");
 /// ```
-/// use outbox_handlers::{ConfigError, email::HttpTransport};
-///
-/// let err = HttpTransport::builder().base_url("foo").api_key("k").build().unwrap_err();
-/// assert_eq!(err.to_string(), "email.base_url: not a valid URL (got `foo`)");
-/// assert_eq!(err.key(), Some("email.base_url"));
-/// ```
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum ConfigError {
-    /// A value is present but not acceptable.
-    #[error("{key}: {reason} (got `{got}`)")]
-    Invalid {
-        /// The key, as `section.key`.
-        key: String,
-        /// What is wrong, and how to fix it.
-        reason: String,
-        /// The value that was given (cut to 100 characters).
-        got: String,
-    },
-    /// A value is refused: it does not read as the key's type, or it would print a secret to
-    /// repeat it. The reason says what was expected, and quotes the value only when it is no
-    /// secret.
-    #[error("{key}: {reason}")]
-    Rejected {
-        /// The key, as `section.key`.
-        key: String,
-        /// What is wrong, and how to fix it.
-        reason: String,
-    },
-    /// A required value is absent.
-    #[error("{key}: missing; {hint}")]
-    Missing {
-        /// The key, as `section.key`.
-        key: String,
-        /// Where to set it.
-        hint: String,
-    },
-    /// A TOML section holds a key that is not known.
-    #[error("{key}: unknown key; expected one of {expected}")]
-    Unknown {
-        /// The key, as `section.key`.
-        key: String,
-        /// The known keys of the section.
-        expected: String,
-    },
-    /// The TOML document does not parse.
-    #[error("the configuration is not valid TOML")]
-    Syntax(#[source] toml::de::Error),
-    /// A configuration file could not be read.
-    #[error("cannot read the configuration file `{}`", path.display())]
-    Read {
-        /// The file.
-        path: PathBuf,
-        /// What the OS said.
-        #[source]
-        source: std::io::Error,
-    },
-}
+macro_rules! section_constructors {
+    ($config:ty, section = $section:literal, env_prefix = $prefix:literal) => {
+        impl $config {
+            #[doc = concat!(
+                "Reads the `", $prefix, "KEY` environment variables (empty ones count as unset); \
+                 the [`ConfigError`](crate::ConfigError) of a value that does not read names its \
+                 key (`", $section, ".key`)."
+            )]
+            pub fn from_env() -> Result<Self, $crate::ConfigError> {
+                Self::from_env_prefixed($prefix)
+            }
 
-impl ConfigError {
-    /// The `section.key` the error is about, if it is about one key.
-    pub fn key(&self) -> Option<&str> {
-        match self {
-            ConfigError::Invalid { key, .. }
-            | ConfigError::Rejected { key, .. }
-            | ConfigError::Missing { key, .. }
-            | ConfigError::Unknown { key, .. } => Some(key),
-            ConfigError::Syntax(_) | ConfigError::Read { .. } => None,
+            /// As [`from_env`](Self::from_env), with the variables `{prefix}KEY`.
+            pub fn from_env_prefixed(prefix: &str) -> Result<Self, $crate::ConfigError> {
+                Self::from_lookup(prefix, |name| std::env::var(name).ok())
+            }
+
+            /// As [`from_env_prefixed`](Self::from_env_prefixed), with the variables read through
+            /// `lookup` (tests, other sources of variables).
+            pub fn from_lookup(
+                prefix: &str,
+                lookup: impl Fn(&str) -> Option<String>,
+            ) -> Result<Self, $crate::ConfigError> {
+                $crate::config::from_lookup($section, prefix, lookup)
+            }
+
+            #[doc = concat!(
+                "Reads the `[", $section, "]` table of a TOML document: \
+                 [`ConfigError::Syntax`](crate::ConfigError::Syntax) when it does not parse, else \
+                 a [`ConfigError`](crate::ConfigError) naming the key of a missing table, an \
+                 unknown key (with the known ones) or a value that does not read."
+            )]
+            pub fn from_toml_str(document: &str) -> Result<Self, $crate::ConfigError> {
+                $crate::config::from_toml_str($section, document)
+            }
+
+            /// As [`from_toml_str`](Self::from_toml_str), from a file
+            /// ([`ConfigError::Read`](crate::ConfigError::Read) when it cannot be read).
+            pub fn from_toml_file(
+                path: impl AsRef<std::path::Path>,
+            ) -> Result<Self, $crate::ConfigError> {
+                $crate::config::from_toml_file($section, path.as_ref())
+            }
         }
-    }
-
-    pub(crate) fn invalid(key: impl Into<String>, reason: impl Into<String>, got: &str) -> Self {
-        let mut cut: String = got.chars().take(100).collect();
-        if got.chars().count() > 100 {
-            cut.push('…');
-        }
-        ConfigError::Invalid {
-            key: key.into(),
-            reason: reason.into(),
-            got: cut,
-        }
-    }
-
-    pub(crate) fn rejected(key: impl Into<String>, reason: impl Into<String>) -> Self {
-        ConfigError::Rejected {
-            key: key.into(),
-            reason: reason.into(),
-        }
-    }
-
-    pub(crate) fn missing(key: impl Into<String>, hint: impl Into<String>) -> Self {
-        ConfigError::Missing {
-            key: key.into(),
-            hint: hint.into(),
-        }
-    }
+    };
 }
-
-/// A secret string (an API key, a password): its `Debug` prints `[redacted]`, it is never logged,
-/// and the handlers scrub it from every error.
-///
-/// It has no `Display` and is not `Serialize`, so it cannot end up in a log line, a JSON dump
-/// of a configuration or an error message by accident: [`expose`](Self::expose) is the one way
-/// to the value. It is `Deserialize`, to be read from configuration; a value of the wrong type
-/// is refused without repeating it.
-///
-/// ```
-/// use outbox_handlers::Secret;
-///
-/// let key = Secret::new("sk_live_123");
-/// assert_eq!(format!("{key:?}"), "Secret([redacted])");
-/// assert_eq!(key.expose(), "sk_live_123");
-/// ```
-///
-/// ```compile_fail
-/// // Not Serialize: a configuration holding it cannot be dumped with its secrets.
-/// let _ = serde_json::to_string(&outbox_handlers::Secret::new("sk_live_123"));
-/// ```
-///
-/// ```compile_fail
-/// // No Display.
-/// let _ = format!("{}", outbox_handlers::Secret::new("sk_live_123"));
-/// ```
-#[derive(Clone, PartialEq, Eq)]
-pub struct Secret(String);
-
-impl Secret {
-    /// Wraps a secret value.
-    pub fn new(value: impl Into<String>) -> Self {
-        Secret(value.into())
-    }
-
-    /// The secret itself, to put in a request header.
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl<'de> Deserialize<'de> for Secret {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        // serde's own message would quote the value (`invalid type: integer `12345`...`).
-        String::deserialize(d).map(Secret).map_err(|_| {
-            de::Error::custom("expected a string (the value is not repeated: it is a secret)")
-        })
-    }
-}
-
-impl fmt::Debug for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("Secret([redacted])")
-    }
-}
-
-impl From<String> for Secret {
-    fn from(value: String) -> Self {
-        Secret(value)
-    }
-}
-
-impl From<&str> for Secret {
-    fn from(value: &str) -> Self {
-        Secret(value.to_owned())
-    }
-}
+pub(crate) use section_constructors;
 
 /// Reads `T` from the variables `{prefix}{FIELD}` (each field name of `T` in upper case) through
 /// `lookup`; empty values count as unset. Errors name the key as `section.field`.
@@ -403,114 +284,11 @@ pub(crate) fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duratio
     d.deserialize_any(Human).map(Some)
 }
 
-/// Checks a timeout: above zero, at most an hour.
-pub(crate) fn check_timeout(key: &str, d: Duration) -> Result<Duration, ConfigError> {
-    if d.is_zero() || d > MAX_TIMEOUT {
-        return Err(ConfigError::invalid(
-            key,
-            "not a timeout: use a duration above 0 and at most 1 hour",
-            &format!("{d:?}"),
-        ));
-    }
-    Ok(d)
-}
-
-/// Checks a base URL: `http` or `https`, a host, no credentials, query or fragment.
-#[cfg(feature = "http")]
-pub(crate) fn base_url(key: &str, raw: &str) -> Result<reqwest::Url, ConfigError> {
-    let url = reqwest::Url::parse(raw.trim())
-        .map_err(|_| ConfigError::invalid(key, "not a valid URL", raw))?;
-    if !matches!(url.scheme(), "http" | "https") {
-        return Err(ConfigError::invalid(
-            key,
-            "use an http:// or https:// URL",
-            raw,
-        ));
-    }
-    if url.host_str().is_none_or(str::is_empty) {
-        return Err(ConfigError::invalid(key, "the URL has no host", raw));
-    }
-    if !url.username().is_empty() || url.password().is_some() {
-        // Do not echo the URL: it holds a credential.
-        return Err(ConfigError::rejected(
-            key,
-            "the URL holds credentials; give them as the API key or username/password settings instead",
-        ));
-    }
-    if url.query().is_some() || url.fragment().is_some() {
-        return Err(ConfigError::invalid(
-            key,
-            "the URL must have no query or fragment",
-            raw,
-        ));
-    }
-    Ok(url)
-}
-
-/// A base URL as given, for `Debug`: any user information (`user:password@`) is replaced by
-/// `[redacted]@`. Such a URL is refused when the client is built, but a configuration holding
-/// it can still be printed before that.
-#[cfg(feature = "http")]
-pub(crate) fn redact_userinfo(raw: &str) -> String {
-    let Some((scheme, rest)) = raw.split_once("://") else {
-        return raw.to_string();
-    };
-    // The user information ends at the last `@`: a password may hold `/`, `?`, `#` or `@`
-    // unencoded, and hiding too much of a URL that is refused anyway costs nothing.
-    match rest.rfind('@') {
-        None => raw.to_string(),
-        Some(at) => format!("{scheme}://[redacted]@{}", &rest[at + 1..]),
-    }
-}
-
-/// `Option<String>` of a base URL, for `Debug`, through [`redact_userinfo`].
-#[cfg(feature = "http")]
-pub(crate) fn debug_base_url(raw: &Option<String>) -> Option<String> {
-    raw.as_deref().map(redact_userinfo)
-}
-
-/// Refuses to send credentials over plain `http://` to a host that is not this machine, unless
-/// `allowed` (the builder's `allow_insecure_http(true)`, `allow_insecure_http = true`).
-///
-/// Loopback hosts (`127.0.0.0/8`, `::1`, `localhost`) are allowed: their traffic never leaves the
-/// machine, and local test servers and sidecars speak plain HTTP there.
-#[cfg(feature = "http")]
-pub(crate) fn check_credentials_over_http(
-    section: &str,
-    url: &reqwest::Url,
-    credential: &str,
-    allowed: bool,
-) -> Result<(), ConfigError> {
-    if url.scheme() != "http" || allowed || is_loopback(url) {
-        return Ok(());
-    }
-    // The URL holds no credentials (base_url refused those), so it may be shown.
-    Err(ConfigError::invalid(
-        format!("{section}.base_url"),
-        format!(
-            "plain http:// would send the {credential} unencrypted to a host that is not this              machine; use https://, or set allow_insecure_http (`allow_insecure_http = true` in              [{section}], OUTBOX_{}_ALLOW_INSECURE_HTTP=true, or the builder's              allow_insecure_http(true)) if the network in between is trusted",
-            section.to_ascii_uppercase()
-        ),
-        url.as_str(),
-    ))
-}
-
-/// Whether the URL's host is this machine: a loopback address or `localhost`.
-#[cfg(feature = "http")]
-fn is_loopback(url: &reqwest::Url) -> bool {
-    let Some(host) = url.host_str() else {
-        return false;
-    };
-    let bare = host.trim_start_matches('[').trim_end_matches(']');
-    match bare.parse::<std::net::IpAddr>() {
-        Ok(ip) => ip.is_loopback(),
-        Err(_) => host.eq_ignore_ascii_case("localhost") || host.eq_ignore_ascii_case("localhost."),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Secret;
+    use serde::Deserialize;
 
     #[derive(Debug, Deserialize)]
     #[serde(deny_unknown_fields)]
@@ -614,75 +392,5 @@ mod tests {
         ));
         let e = from_toml_file::<Section>("search", Path::new("no/such/file.toml")).unwrap_err();
         assert!(matches!(e, ConfigError::Read { .. }), "{e:?}");
-    }
-
-    #[test]
-    fn timeouts_are_bounded() {
-        assert!(check_timeout("t", Duration::ZERO).is_err());
-        assert!(check_timeout("t", Duration::from_secs(7200)).is_err());
-        assert_eq!(
-            check_timeout("t", Duration::from_millis(1500)).unwrap(),
-            Duration::from_millis(1500)
-        );
-    }
-
-    #[cfg(feature = "http")]
-    #[test]
-    fn base_urls_are_checked() {
-        assert_eq!(
-            base_url("email.base_url", "foo").unwrap_err().to_string(),
-            "email.base_url: not a valid URL (got `foo`)"
-        );
-        assert!(base_url("k", "ftp://x").is_err());
-        assert!(base_url("k", "http://x/?a=1").is_err());
-        let e = base_url("k", "https://user:hunter2@x")
-            .unwrap_err()
-            .to_string();
-        assert!(!e.contains("hunter2"), "{e}");
-        assert!(base_url("k", "https://api.example.com/v1/").is_ok());
-    }
-
-    #[cfg(feature = "http")]
-    #[test]
-    fn userinfo_is_redacted_for_debug() {
-        assert_eq!(
-            redact_userinfo("https://u:hunter2@x.example/v1"),
-            "https://[redacted]@x.example/v1"
-        );
-        assert_eq!(
-            redact_userinfo("https://u:p@ss/w?rd@x.example"),
-            "https://[redacted]@x.example"
-        );
-        assert_eq!(
-            redact_userinfo("https://x.example/v1"),
-            "https://x.example/v1"
-        );
-        assert_eq!(redact_userinfo("foo"), "foo");
-    }
-
-    #[cfg(feature = "http")]
-    #[test]
-    fn credentials_over_plain_http_need_a_loopback_host_or_an_explicit_allowance() {
-        let check = |raw: &str, allowed: bool| {
-            check_credentials_over_http("search", &base_url("k", raw).unwrap(), "API key", allowed)
-        };
-        let e = check("http://search.internal:9200", false).unwrap_err();
-        assert_eq!(e.key(), Some("search.base_url"));
-        let text = e.to_string();
-        assert!(text.contains("allow_insecure_http"), "{text}");
-        assert!(text.contains("OUTBOX_SEARCH_ALLOW_INSECURE_HTTP"), "{text}");
-        assert!(check("http://10.0.0.7", false).is_err());
-        assert!(check("http://127.0.0.2.example", false).is_err());
-        assert!(check("http://search.internal:9200", true).is_ok());
-        assert!(check("https://search.internal:9200", false).is_ok());
-        for local in [
-            "http://127.0.0.1:9200",
-            "http://127.1.2.3",
-            "http://[::1]:9200",
-            "http://localhost:9200",
-            "http://LOCALHOST",
-        ] {
-            assert!(check(local, false).is_ok(), "{local}");
-        }
     }
 }

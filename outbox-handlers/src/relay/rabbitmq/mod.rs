@@ -47,32 +47,33 @@
 //! # Ok(()) }
 //! ```
 
+mod builder;
+mod channel;
+
 use std::collections::BTreeMap;
 use std::fmt;
 use std::marker::PhantomData;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+use lapin::options::BasicPublishOptions;
 use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
 use lapin::types::{AMQPValue, FieldTable, ShortString};
-use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ErrorKind};
+use lapin::{BasicProperties, Channel, Confirmation, Connection, ErrorKind};
 use outbox::{
     Context, Event, FromResources, Handler, HandlerError, RawHandler, ResourceError, Resources,
 };
 use tokio::sync::{Mutex, Semaphore};
 
+pub use builder::RabbitPublisherBuilder;
+
 use super::headers;
-use crate::ConfigError;
 
 /// The exchange used when none is set.
 pub const DEFAULT_EXCHANGE: &str = "outbox";
 
 /// The channels a publisher opens at most when none is set: as many publishes in flight.
 pub const DEFAULT_MAX_CHANNELS: usize = 128;
-
-/// The most channels AMQP 0-9-1 numbers on one connection.
-const AMQP_MAX_CHANNELS: usize = 65_535;
 
 /// Publishes outbox messages to RabbitMQ: the shared connection and the topic-to-route rule.
 ///
@@ -89,7 +90,7 @@ struct Inner {
     map: BTreeMap<String, (String, String)>,
     /// The shared connection, once opened.
     conn: Mutex<Option<Arc<Connection>>>,
-    /// Open confirm-mode channels with no publish in flight; see [`Lease`].
+    /// Open confirm-mode channels with no publish in flight; see [`channel::Lease`].
     idle: std::sync::Mutex<Vec<Channel>>,
     /// One permit per channel the publisher may have open: a publish holds one while in flight.
     channels: Semaphore,
@@ -98,12 +99,7 @@ struct Inner {
 impl RabbitPublisher {
     /// Starts a publisher on the broker at `uri` (`amqp://user:password@host:5672/%2f`).
     pub fn builder(uri: impl Into<String>) -> RabbitPublisherBuilder {
-        RabbitPublisherBuilder {
-            uri: uri.into(),
-            exchange: DEFAULT_EXCHANGE.to_string(),
-            map: Vec::new(),
-            max_channels: DEFAULT_MAX_CHANNELS,
-        }
+        RabbitPublisherBuilder::new(uri.into())
     }
 
     /// The exchange and routing key messages of `topic` are published with.
@@ -129,97 +125,6 @@ impl RabbitPublisher {
         RabbitRelay {
             publisher: self.clone(),
             _event: PhantomData,
-        }
-    }
-}
-
-impl RabbitPublisher {
-    /// A confirm-mode channel with no publish in flight: an idle one of the shared connection,
-    /// else a new one, opening the connection first if it is closed.
-    async fn checkout(&self) -> Result<Lease<'_>, lapin::Error> {
-        loop {
-            let idle = lock(&self.inner.idle).pop();
-            match idle {
-                Some(channel) if channel.status().connected() => return Ok(self.lease(channel)),
-                // A channel of a connection that was lost, or closed by the broker.
-                Some(_) => continue,
-                None => break,
-            }
-        }
-        let conn = {
-            let mut conn = self.inner.conn.lock().await;
-            match conn.as_ref().filter(|c| c.status().connected()) {
-                Some(open) => open.clone(),
-                None => {
-                    lock(&self.inner.idle).clear();
-                    let open = Arc::new(
-                        Connection::connect(&self.inner.uri, ConnectionProperties::default())
-                            .await?,
-                    );
-                    conn.insert(open).clone()
-                }
-            }
-        };
-        let channel = conn.create_channel().await?;
-        channel
-            .confirm_select(ConfirmSelectOptions::default())
-            .await?;
-        Ok(self.lease(channel))
-    }
-
-    fn lease(&self, channel: Channel) -> Lease<'_> {
-        Lease {
-            idle: &self.inner.idle,
-            channel,
-            settled: false,
-        }
-    }
-}
-
-fn lock(idle: &std::sync::Mutex<Vec<Channel>>) -> std::sync::MutexGuard<'_, Vec<Channel>> {
-    idle.lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-/// A channel lent to one publish.
-///
-/// RabbitMQ confirms a channel's publishes by a number it gives them in the order their frames
-/// arrive, and returns an unroutable message before its confirm without naming the publish:
-/// lapin can match a confirm or a return to its call only while a channel has one publish in
-/// flight. Two concurrent calls on one channel may reach the wire in the other order than lapin
-/// numbered them, and a confirm then resolves the wrong call: a message lost in a connection
-/// drop is reported as delivered, or a routable one as returned. So each publish in flight
-/// has a channel of its own, given back for the next publish once its confirm has come.
-struct Lease<'a> {
-    idle: &'a std::sync::Mutex<Vec<Channel>>,
-    channel: Channel,
-    /// Set once the publish has its confirm, or failed.
-    settled: bool,
-}
-
-impl Lease<'_> {
-    /// The publish has its confirm (or failed): the channel, if still open, serves the next.
-    fn give_back(mut self) {
-        self.settled = true;
-    }
-}
-
-impl Drop for Lease<'_> {
-    /// Gives a settled channel back. A publish abandoned before its confirm (its handler timed
-    /// out) closes its channel instead: lapin keeps an abandoned confirm on its channel until
-    /// someone waits for all of the channel's confirms, which this publisher never does, so a
-    /// channel reused after each abandoned publish would hold more of them for as long as it
-    /// stays open.
-    fn drop(&mut self) {
-        if self.settled {
-            if self.channel.status().connected() {
-                lock(self.idle).push(self.channel.clone());
-            }
-        } else if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let channel = self.channel.clone();
-            runtime.spawn(async move {
-                let _ = channel.close(200, "publish abandoned".into()).await;
-            });
         }
     }
 }
@@ -355,122 +260,6 @@ impl fmt::Debug for RabbitPublisher {
             .field("map", &self.inner.map)
             .finish_non_exhaustive()
     }
-}
-
-/// Builds a [`RabbitPublisher`]; see [`RabbitPublisher::builder`].
-pub struct RabbitPublisherBuilder {
-    uri: String,
-    exchange: String,
-    map: Vec<(String, String, String)>,
-    max_channels: usize,
-}
-
-impl fmt::Debug for RabbitPublisherBuilder {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RabbitPublisherBuilder")
-            .field("exchange", &self.exchange)
-            .field("map", &self.map)
-            .field("max_channels", &self.max_channels)
-            .finish_non_exhaustive()
-    }
-}
-
-impl RabbitPublisherBuilder {
-    /// The most channels the publisher opens on its connection, which is the most publishes in
-    /// flight (default [`DEFAULT_MAX_CHANNELS`]): a call beyond them waits for a channel to be
-    /// free. Each publish in flight needs a channel of its own (see the [module](self)); keep this
-    /// below the broker's `channel_max` (2,047 by default), as every channel costs the broker
-    /// memory. A worker whose concurrency is above it relays no faster for the excess.
-    ///
-    /// ```
-    /// use outbox_handlers::relay::rabbitmq::RabbitPublisher;
-    /// let rabbit = RabbitPublisher::builder("amqp://127.0.0.1:5672/%2f")
-    ///     .max_channels(32)
-    ///     .build()
-    ///     .unwrap();
-    /// # let _ = rabbit;
-    /// assert!(RabbitPublisher::builder("amqp://127.0.0.1:5672/%2f").max_channels(0).build().is_err());
-    /// ```
-    pub fn max_channels(mut self, channels: usize) -> Self {
-        self.max_channels = channels;
-        self
-    }
-
-    /// The exchange topics are published to, with the topic as routing key
-    /// (default [`DEFAULT_EXCHANGE`]). `""` is the default exchange, which routes to the queue
-    /// named like the routing key.
-    pub fn exchange(mut self, exchange: impl Into<String>) -> Self {
-        self.exchange = exchange.into();
-        self
-    }
-
-    /// Publishes `topic` to `exchange` with `routing_key`, overriding the default rule.
-    pub fn map(
-        mut self,
-        topic: impl Into<String>,
-        exchange: impl Into<String>,
-        routing_key: impl Into<String>,
-    ) -> Self {
-        self.map
-            .push((topic.into(), exchange.into(), routing_key.into()));
-        self
-    }
-
-    /// Checks the names and builds the publisher; it connects on its first publish.
-    ///
-    /// # Errors
-    ///
-    /// [`ConfigError::Invalid`] naming `rabbitmq.uri`, `rabbitmq.exchange`,
-    /// `rabbitmq.map.<topic>` or `rabbitmq.max_channels` when the URI does not start with
-    /// `amqp://` or `amqps://`, a name is longer than AMQP allows (255 bytes), or the channels
-    /// are not between 1 and 65,535.
-    pub fn build(self) -> Result<RabbitPublisher, ConfigError> {
-        if !(self.uri.starts_with("amqp://") || self.uri.starts_with("amqps://")) {
-            return Err(ConfigError::Rejected {
-                key: "rabbitmq.uri".into(),
-                reason: "must start with amqp:// or amqps://".into(),
-            });
-        }
-        check_name("rabbitmq.exchange", &self.exchange)?;
-        if !(1..=AMQP_MAX_CHANNELS).contains(&self.max_channels) {
-            return Err(ConfigError::Invalid {
-                key: "rabbitmq.max_channels".into(),
-                reason: format!(
-                    "must be between 1 and {AMQP_MAX_CHANNELS}, the channels AMQP numbers"
-                ),
-                got: self.max_channels.to_string(),
-            });
-        }
-        let mut map = BTreeMap::new();
-        for (topic, exchange, key) in self.map {
-            let name = format!("rabbitmq.map.{topic}");
-            check_name(&name, &exchange)?;
-            check_name(&name, &key)?;
-            map.insert(topic, (exchange, key));
-        }
-        Ok(RabbitPublisher {
-            inner: Arc::new(Inner {
-                uri: self.uri,
-                exchange: self.exchange,
-                map,
-                conn: Mutex::new(None),
-                idle: std::sync::Mutex::new(Vec::new()),
-                channels: Semaphore::new(self.max_channels),
-            }),
-        })
-    }
-}
-
-/// An exchange name or routing key: an AMQP short string.
-fn check_name(key: &str, value: &str) -> Result<(), ConfigError> {
-    if value.len() > 255 {
-        return Err(ConfigError::Invalid {
-            key: key.to_string(),
-            reason: "longer than the 255 bytes AMQP allows".into(),
-            got: value.chars().take(100).collect(),
-        });
-    }
-    Ok(())
 }
 
 /// Relays the events of type `E` to RabbitMQ: a [`Handler`] named `rabbitmq-relay`.
