@@ -43,6 +43,20 @@ async fn postgres_errors_are_classified_by_what_happened() {
         .execute(pool)
         .await
         .unwrap_err();
+    // What a `main` returning `Box<dyn Error>` prints is the same line, with the server's
+    // message and without its source position.
+    let again = sqlx::query("SELECT count(*) FROM outbox_messages")
+        .execute(pool)
+        .await
+        .unwrap_err();
+    let debug = format!("{:?}", Error::from(again));
+    assert!(
+        debug.contains("run `outbox migrate`")
+            && debug.contains("relation \"outbox_messages\" does not exist")
+            && !debug.contains(" at line ")
+            && !debug.contains("PgDatabaseError"),
+        "{debug}"
+    );
     assert_kind(
         "42P01 undefined table",
         seen(e),

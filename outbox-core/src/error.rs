@@ -32,7 +32,11 @@ use std::time::Duration;
 /// }
 /// # Ok(()) }
 /// ```
-#[derive(Debug, thiserror::Error)]
+///
+/// Its `Debug` is the same one line as [`Error::line`], so that a `main` returning
+/// `Result<(), Box<dyn std::error::Error>>` prints what happened and what to do, not a dump of
+/// the database driver's structures.
+#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     /// The database returned an error or could not be reached. Its message says which of the
@@ -120,7 +124,29 @@ pub enum Error {
     WorkerPanicked(String),
 }
 
+impl std::fmt::Debug for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.line())
+    }
+}
+
 impl Error {
+    /// The error on one line: what happened and what to do, then its causes; for a database
+    /// error, the server's own message (without the server's source position that the
+    /// driver's text appends).
+    ///
+    /// ```
+    /// let e = outbox::Error::from(outbox::sqlx::Error::PoolTimedOut);
+    /// assert!(e.line().starts_with("cannot reach the database"));
+    /// assert_eq!(format!("{e:?}"), e.line());
+    /// ```
+    pub fn line(&self) -> String {
+        match self {
+            Error::Database(sqlx::Error::Database(db)) => format!("{self}: {}", db.message()),
+            _ => crate::diagnostics::error_chain(self),
+        }
+    }
+
     /// True when the error came from the database (connection lost, query failed).
     pub fn is_database(&self) -> bool {
         matches!(self, Error::Database(_))
@@ -275,10 +301,6 @@ fn sqlite_code(db: &dyn sqlx::error::DatabaseError) -> Option<u32> {
     let _ = db;
     None
 }
-
-/// The error-chain line under the name the operations code calls it by.
-#[cfg(feature = "cli")]
-pub(crate) use crate::diagnostics::error_chain as chain_line;
 
 /// A `Result` with [`Error`] as its error type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -34,9 +34,10 @@ pub(super) async fn list_topics(worker: &Worker) -> ExitCode {
     }
 }
 
-/// An error and its sources on one line, for a binary's `error: ...` message.
-pub fn error_line(e: &crate::Error) -> String {
-    crate::error::chain_line(e)
+/// An error and its sources on one line, for a binary's `error: ...` message: see
+/// [`Error::line`](crate::Error::line).
+pub fn error_line(e: &crate::error::Error) -> String {
+    e.line()
 }
 
 /// Prints queue statistics as a table (or JSON), with the pending topics that `registry` has

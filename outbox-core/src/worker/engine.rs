@@ -384,12 +384,12 @@ async fn claim_loop(
             Err(e) => {
                 let kind = e.database_kind();
                 if !claimed_once && kind == Some(crate::DatabaseErrorKind::MissingSchema) {
-                    tracing::error!(error = %crate::error::chain_line(&e), "the worker cannot start: the outbox tables are missing; run `outbox migrate` (or outbox::migrate) on this database");
+                    tracing::error!(error = %crate::diagnostics::error_chain(&e), "the worker cannot start: the outbox tables are missing; run `outbox migrate` (or outbox::migrate) on this database");
                     return Some(e);
                 }
                 db_failures += 1;
                 let delay = reconnect_delay(db_failures);
-                let error = crate::error::chain_line(&e);
+                let error = crate::diagnostics::error_chain(&e);
                 if kind == Some(crate::DatabaseErrorKind::Connection) {
                     tracing::warn!(error, retry_in = ?delay, "claim failed: the database may be down; retrying");
                 } else {
