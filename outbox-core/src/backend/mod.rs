@@ -61,25 +61,6 @@ pub trait Connection: sealed::Sealed + Send {
     ) -> Result<bool, sqlx::Error>;
 }
 
-#[cfg(feature = "postgres")]
-impl sealed::Sealed for sqlx::PgConnection {}
-
-#[cfg(feature = "postgres")]
-#[async_trait]
-impl Connection for sqlx::PgConnection {
-    async fn __insert(&mut self, rows: &[NewMessage]) -> Result<(), sqlx::Error> {
-        postgres::outbox_insert(self, rows).await
-    }
-
-    async fn __record_processed(
-        &mut self,
-        handler: &str,
-        message_id: uuid::Uuid,
-    ) -> Result<bool, sqlx::Error> {
-        postgres::processed_record(self, handler, message_id).await
-    }
-}
-
 #[cfg(any(feature = "sqlite", feature = "sqlite-unbundled"))]
 impl sealed::Sealed for sqlx::SqliteConnection {}
 
@@ -232,4 +213,19 @@ pub(crate) enum Wake {
 pub(crate) trait WakeupListener: Send {
     /// Waits for the next notification.
     async fn recv(&mut self) -> Result<Wake>;
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    /// The part of `sql` from the first `start` on; empty when there is none.
+    pub(crate) fn from<'a>(sql: &'a str, start: &str) -> &'a str {
+        sql.find(start).map_or("", |at| &sql[at..])
+    }
+
+    /// The part of `sql` from the first `start` to the next `end`, `end` left out; empty when
+    /// there is none.
+    pub(crate) fn between<'a>(sql: &'a str, start: &str, end: &str) -> &'a str {
+        let rest = from(sql, start);
+        rest.find(end).map_or("", |at| &rest[..at])
+    }
 }
