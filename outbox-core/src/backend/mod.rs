@@ -61,25 +61,6 @@ pub trait Connection: sealed::Sealed + Send {
     ) -> Result<bool, sqlx::Error>;
 }
 
-#[cfg(any(feature = "sqlite", feature = "sqlite-unbundled"))]
-impl sealed::Sealed for sqlx::SqliteConnection {}
-
-#[cfg(any(feature = "sqlite", feature = "sqlite-unbundled"))]
-#[async_trait]
-impl Connection for sqlx::SqliteConnection {
-    async fn __insert(&mut self, rows: &[NewMessage]) -> Result<(), sqlx::Error> {
-        sqlite::outbox_insert(self, rows).await
-    }
-
-    async fn __record_processed(
-        &mut self,
-        handler: &str,
-        message_id: uuid::Uuid,
-    ) -> Result<bool, sqlx::Error> {
-        sqlite::processed_record(self, handler, message_id).await
-    }
-}
-
 /// All the operations the worker and the operations tools need from a database.
 #[async_trait]
 pub(crate) trait Backend: Send + Sync + 'static {
