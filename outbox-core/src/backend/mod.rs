@@ -1,4 +1,7 @@
-//! The backend seam: every SQL statement lives in one module per database below this one.
+//! The backend seam: every SQL statement lives in one folder per database below this one,
+//! `postgres/` and `sqlite/`, each with the same files: `mod.rs` (the backend and its
+//! [`Backend`] impl, which hands each method to the file of its part), `migrate.rs`,
+//! `enqueue.rs`, `claim.rs`, `outcome.rs`, `ops.rs`, `workers.rs` and `wake.rs`.
 //!
 //! The [`Backend`] trait is internal and unstable; users see [`Store`](crate::Store) and
 //! [`Connection`].
@@ -61,49 +64,15 @@ pub trait Connection: sealed::Sealed + Send {
     ) -> Result<bool, sqlx::Error>;
 }
 
-#[cfg(feature = "postgres")]
-impl sealed::Sealed for sqlx::PgConnection {}
-
-#[cfg(feature = "postgres")]
-#[async_trait]
-impl Connection for sqlx::PgConnection {
-    async fn __insert(&mut self, rows: &[NewMessage]) -> Result<(), sqlx::Error> {
-        postgres::outbox_insert(self, rows).await
-    }
-
-    async fn __record_processed(
-        &mut self,
-        handler: &str,
-        message_id: uuid::Uuid,
-    ) -> Result<bool, sqlx::Error> {
-        postgres::processed_record(self, handler, message_id).await
-    }
-}
-
-#[cfg(any(feature = "sqlite", feature = "sqlite-unbundled"))]
-impl sealed::Sealed for sqlx::SqliteConnection {}
-
-#[cfg(any(feature = "sqlite", feature = "sqlite-unbundled"))]
-#[async_trait]
-impl Connection for sqlx::SqliteConnection {
-    async fn __insert(&mut self, rows: &[NewMessage]) -> Result<(), sqlx::Error> {
-        sqlite::outbox_insert(self, rows).await
-    }
-
-    async fn __record_processed(
-        &mut self,
-        handler: &str,
-        message_id: uuid::Uuid,
-    ) -> Result<bool, sqlx::Error> {
-        sqlite::processed_record(self, handler, message_id).await
-    }
-}
-
 /// All the operations the worker and the operations tools need from a database.
+///
+/// Internal and unstable: `pub(crate)`, not part of the public API, changed whenever the worker
+/// needs it to. Each backend implements it in a folder of its own (`postgres/`, `sqlite/`) with
+/// the same files, and its methods are grouped here in the order and under the names of those
+/// files: the pool (`mod.rs`), then migrate, enqueue, claim, outcome, ops, workers and wake.
 #[async_trait]
 pub(crate) trait Backend: Send + Sync + 'static {
-    /// Applies the embedded migrations.
-    async fn migrate(&self) -> Result<()>;
+    // ---- the pool (`mod.rs`) ----
 
     /// A backend on a new pool with the same connect options, opened on the calling runtime:
     /// the worker's own loop uses it, so that no connection it needs is driven by the runtime
@@ -115,6 +84,16 @@ pub(crate) trait Backend: Send + Sync + 'static {
     /// on its own pool when it stops, so no connection of a stopped worker lingers.
     async fn close(&self);
 
+    // ---- migrate (`migrate.rs`) ----
+
+    /// Applies the embedded migrations.
+    async fn migrate(&self) -> Result<()>;
+
+    // ---- enqueue (`enqueue.rs`) ----
+    // Enqueue runs on the application's own connection, through [`Connection`], not here.
+
+    // ---- claim (`claim.rs`) ----
+
     /// Claims up to `limit` ready messages of `topics`: counts the attempt and takes the lease.
     async fn outbox_claim_batch(&self, params: &ClaimParams<'_>) -> Result<Vec<ClaimedMessage>>;
 
@@ -123,6 +102,8 @@ pub(crate) trait Backend: Send + Sync + 'static {
         &self,
         message_ids: &[uuid::Uuid],
     ) -> Result<Vec<(uuid::Uuid, String)>>;
+
+    // ---- outcome (`outcome.rs`) ----
 
     /// Deletes done messages, each only if its claim token still matches, and counts them for
     /// the statistics under `worker`. Returns how many were deleted.
@@ -143,6 +124,14 @@ pub(crate) trait Backend: Send + Sync + 'static {
         Ok((self.outbox_mark_done(worker, done).await?, None))
     }
 
+    /// How many done writes of one worker may run at once. Each is one statement, and a
+    /// server runs a statement on one core: a second write in flight lets a server with more
+    /// cores work on both, where the next messages of the first write's keys wait for it.
+    /// (SQLite writes one transaction at a time, so a second would only wait for the lock.)
+    fn done_writes_in_flight(&self) -> usize {
+        1
+    }
+
     /// Writes one failed attempt (retry or dead), fenced; records the handlers that succeeded.
     async fn outbox_mark_failed(&self, failure: &Failure<'_>) -> Result<bool>;
 
@@ -151,6 +140,8 @@ pub(crate) trait Backend: Send + Sync + 'static {
 
     /// Extends the leases of messages still running under these claims.
     async fn outbox_renew(&self, fences: &[Fence], lease: std::time::Duration) -> Result<u64>;
+
+    // ---- ops (`ops.rs`) ----
 
     /// Pending topics with their counts, among topics not in `known`.
     async fn outbox_unknown_topics(&self, known: &[&str]) -> Result<Vec<(String, i64)>>;
@@ -190,6 +181,8 @@ pub(crate) trait Backend: Send + Sync + 'static {
         batch: i64,
     ) -> Result<u64>;
 
+    // ---- workers (`workers.rs`) ----
+
     /// Records a live worker: its topics, whether it sleeps on its wake-up channel, and a fresh
     /// heartbeat. Returns how many live workers (itself included) serve any of its topics.
     async fn worker_heartbeat(&self, beat: &Beat<'_>) -> Result<i64>;
@@ -200,18 +193,12 @@ pub(crate) trait Backend: Send + Sync + 'static {
     /// Removes a worker on shutdown.
     async fn worker_deregister(&self, id: uuid::Uuid) -> Result<()>;
 
+    // ---- wake (`wake.rs`) ----
+
     /// Whether [`Backend::wakeup_listener`] hears every producer after its commit: a waiting
     /// worker can then sleep until notified instead of polling. (SQLite's wake-ups come before
     /// the commit, or from a file that changes for other reasons too, so its workers still poll.)
     fn listens(&self) -> bool;
-
-    /// How many done writes of one worker may run at once. Each is one statement, and a
-    /// server runs a statement on one core: a second write in flight lets a server with more
-    /// cores work on both, where the next messages of the first write's keys wait for it.
-    /// (SQLite writes one transaction at a time, so a second would only wait for the lock.)
-    fn done_writes_in_flight(&self) -> usize {
-        1
-    }
 
     /// Opens a wake-up listener for the worker `worker`, if this backend has one.
     async fn wakeup_listener(&self, worker: uuid::Uuid) -> Result<Option<Box<dyn WakeupListener>>>;
@@ -232,4 +219,19 @@ pub(crate) enum Wake {
 pub(crate) trait WakeupListener: Send {
     /// Waits for the next notification.
     async fn recv(&mut self) -> Result<Wake>;
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    /// The part of `sql` from the first `start` on; empty when there is none.
+    pub(crate) fn from<'a>(sql: &'a str, start: &str) -> &'a str {
+        sql.find(start).map_or("", |at| &sql[at..])
+    }
+
+    /// The part of `sql` from the first `start` to the next `end`, `end` left out; empty when
+    /// there is none.
+    pub(crate) fn between<'a>(sql: &'a str, start: &str, end: &str) -> &'a str {
+        let rest = from(sql, start);
+        rest.find(end).map_or("", |at| &rest[..at])
+    }
 }

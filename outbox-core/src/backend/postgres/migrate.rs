@@ -1,0 +1,113 @@
+//! The embedded migrations and the runner that applies them, one migrator at a time.
+
+use sqlx::postgres::PgPool;
+use sqlx::PgConnection;
+
+use crate::backend::schema::{self, Migration};
+use crate::error::Result;
+
+const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        description: "outbox messages, deliveries and workers",
+        sql: include_str!("../../../migrations/postgres/0001_outbox.sql"),
+    },
+    Migration {
+        version: 2,
+        description: "processed-id records",
+        sql: include_str!("../../../migrations/postgres/0002_processed.sql"),
+    },
+    Migration {
+        version: 3,
+        description: "partial indexes for operations",
+        sql: include_str!("../../../migrations/postgres/0003_ops_indexes.sql"),
+    },
+    Migration {
+        version: 4,
+        description: "live rows only: UUID keys, HOT claims, deleted when done, dead letters apart",
+        sql: include_str!("../../../migrations/postgres/0004_live_rows.sql"),
+    },
+    Migration {
+        version: 5,
+        description: "dead letters counted per topic",
+        sql: include_str!("../../../migrations/postgres/0005_dead_counts.sql"),
+    },
+    Migration {
+        version: 6,
+        description: "ordering keys: per-key order, dead letters that hold their key",
+        sql: include_str!("../../../migrations/postgres/0006_ordering_keys.sql"),
+    },
+    Migration {
+        version: 7,
+        description: "trace context (W3C traceparent and tracestate) of messages and dead letters",
+        sql: include_str!("../../../migrations/postgres/0007_trace_context.sql"),
+    },
+];
+
+/// The advisory lock key that serialises migrations ("outbox" in ASCII).
+const MIGRATION_LOCK: i64 = 0x6f75_7462_6f78;
+
+/// `$1` the lock key.
+const LOCK: &str = "SELECT pg_advisory_lock($1)";
+
+/// `$1` the lock key.
+const UNLOCK: &str = "SELECT pg_advisory_unlock($1)";
+
+const CREATE_MIGRATIONS_TABLE: &str = "CREATE TABLE IF NOT EXISTS outbox_migrations ( \
+    version BIGINT PRIMARY KEY, \
+    description TEXT NOT NULL, \
+    checksum BIGINT NOT NULL, \
+    applied_at TIMESTAMPTZ NOT NULL DEFAULT now())";
+
+const APPLIED: &str = "SELECT version, checksum FROM outbox_migrations ORDER BY version";
+
+/// `$1` version, `$2` description, `$3` checksum.
+const RECORD_APPLIED: &str =
+    "INSERT INTO outbox_migrations (version, description, checksum) VALUES ($1, $2, $3)";
+
+/// Applies the migrations this database still needs, under the migration lock.
+pub(super) async fn migrate(pool: &PgPool) -> Result<()> {
+    // A connection of its own, out of the pool: the advisory lock is the session's, and if
+    // this future is dropped mid-way the connection closes with it (releasing the lock)
+    // rather than going back to the pool still holding it.
+    let mut conn = pool.acquire().await?.detach();
+    sqlx::query(LOCK)
+        .bind(MIGRATION_LOCK)
+        .execute(&mut conn)
+        .await?;
+    let result = apply(&mut conn).await;
+    // Closing the session releases the lock; an unlock first says so explicitly.
+    let unlock = sqlx::query(UNLOCK)
+        .bind(MIGRATION_LOCK)
+        .execute(&mut conn)
+        .await;
+    let _ = sqlx::Connection::close(conn).await;
+    result?;
+    unlock?;
+    Ok(())
+}
+
+/// Runs each pending migration in a transaction of its own, recording it there.
+async fn apply(conn: &mut PgConnection) -> Result<()> {
+    sqlx::query(CREATE_MIGRATIONS_TABLE)
+        .execute(&mut *conn)
+        .await?;
+    let applied: Vec<(i64, i64)> = sqlx::query_as(APPLIED).fetch_all(&mut *conn).await?;
+    for m in schema::pending(MIGRATIONS, &applied)? {
+        let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+        sqlx::raw_sql(m.sql).execute(&mut *tx).await?;
+        sqlx::query(RECORD_APPLIED)
+            .bind(m.version)
+            .bind(m.description)
+            .bind(m.checksum())
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        tracing::info!(
+            version = m.version,
+            description = m.description,
+            "applied outbox migration"
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,266 @@
+//! Every SQL statement for SQLite, in one file per part of the [`Backend`] trait (the
+//! PostgreSQL backend has the same files):
+//!
+//! - `migrate.rs`: the embedded migrations and the runner that applies them.
+//! - `enqueue.rs`: what runs on the application's own connection ([`Connection`]): the
+//!   insert of `enqueue` and the dedup wrapper's processed record.
+//! - `claim.rs`: the claims of unordered messages and of the heads of ordering keys, and the
+//!   handlers a claimed message already passed.
+//! - `outcome.rs`: what became of claimed messages: done, failed, handed back, lease renewed.
+//! - `ops.rs`: statistics, dead letters and purges, for the operations tools.
+//! - `workers.rs`: the workers table: heartbeat, list, deregistration.
+//! - `wake.rs`: the wake-ups of waiting workers, without LISTEN.
+//!
+//! Each statement is a `const` next to the one function that runs it and binds all its
+//! parameters.
+//!
+//! SQLite has one writer at a time, so each claim is a single `UPDATE ... WHERE id IN (SELECT
+//! ... LIMIT n) RETURNING` statement: atomic under the write lock, so several workers on one
+//! file always take different messages. There is no `SKIP LOCKED` and no LISTEN; idle workers
+//! poll (fast right after activity), and are woken by inserts of their own process and by
+//! changes of the write-ahead log file (commits of other processes). Times are Unix
+//! milliseconds; ids are UUIDs as hyphenated text; lists travel as one JSON array each, read
+//! with `json_each`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
+use sqlx::SqliteConnection;
+use uuid::Uuid;
+
+use super::{
+    Backend, Beat, ClaimParams, ClaimedMessage, Connection, Done, Failure, Fence, WakeupListener,
+};
+use crate::__private::NewMessage;
+use crate::error::{Error, Result};
+use crate::model::{DeadLetterFilter, DeadSelection, MessageInfo, TopicStats, WorkerInfo};
+
+mod claim;
+mod enqueue;
+mod migrate;
+mod ops;
+mod outcome;
+mod wake;
+mod workers;
+
+/// The connect options the outbox expects on SQLite: WAL, a busy timeout, foreign keys, and the
+/// file created if missing.
+///
+/// # Errors
+///
+/// When `url` is not a valid SQLite URL.
+pub fn sqlite_options(url: &str) -> Result<SqliteConnectOptions> {
+    let opts: SqliteConnectOptions = url
+        .parse()
+        .map_err(|e| Error::Config(format!("`{url}` is not a SQLite URL: {e}")))?;
+    Ok(opts
+        .create_if_missing(true)
+        .journal_mode(SqliteJournalMode::Wal)
+        .busy_timeout(Duration::from_secs(10))
+        .foreign_keys(true))
+}
+
+/// Opens a pool on `url` with [`sqlite_options`].
+///
+/// # Errors
+///
+/// When the URL is invalid or the file cannot be opened.
+pub async fn sqlite_pool(url: &str) -> Result<SqlitePool> {
+    Ok(SqlitePoolOptions::new()
+        .max_connections(8)
+        .connect_with(sqlite_options(url)?)
+        .await?)
+}
+
+pub(crate) struct SqliteBackend {
+    pool: SqlitePool,
+    /// What this backend's claims remember from one call to the next.
+    claims: claim::ClaimState,
+}
+
+impl SqliteBackend {
+    pub(crate) fn new(pool: SqlitePool) -> Self {
+        Self {
+            pool,
+            claims: claim::ClaimState::new(),
+        }
+    }
+}
+
+/// Workers count as alive while their heartbeat is this fresh.
+const LIVE_MS: i64 = 5_000;
+
+/// A stored time (Unix milliseconds).
+fn time(ms: i64) -> DateTime<Utc> {
+    DateTime::<Utc>::from_timestamp_millis(ms).unwrap_or_default()
+}
+
+/// A duration in milliseconds, as times are stored.
+fn ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// A stored id.
+fn parse_uuid(s: &str) -> Result<Uuid, sqlx::Error> {
+    Uuid::parse_str(s).map_err(|e| sqlx::Error::Decode(Box::new(e)))
+}
+
+/// Message ids as one JSON array, for `json_each`.
+fn uuids(ids: &[Uuid]) -> String {
+    serde_json::to_string(&ids.iter().map(Uuid::to_string).collect::<Vec<_>>())
+        .unwrap_or_else(|_| "[]".into())
+}
+
+/// (id, claim token) pairs as one JSON array of arrays, for `json_each`.
+fn fence_pairs(fences: &[Fence]) -> String {
+    let pairs: Vec<[String; 2]> = fences
+        .iter()
+        .map(|f| [f.id.to_string(), f.claim_token.to_string()])
+        .collect();
+    serde_json::to_string(&pairs).unwrap_or_else(|_| "[]".into())
+}
+
+#[async_trait]
+impl Backend for SqliteBackend {
+    // ---- the pool (`mod.rs`) ----
+
+    async fn detached(&self, connections: u32) -> Result<Arc<dyn Backend>> {
+        let options = (*self.pool.connect_options()).clone();
+        let pool = SqlitePoolOptions::new()
+            .max_connections(connections.max(1))
+            .min_connections(connections.max(1))
+            .connect_with(options)
+            .await?;
+        let mut open = Vec::new();
+        for _ in 0..connections {
+            open.push(pool.acquire());
+        }
+        drop(futures_util::future::try_join_all(open).await?);
+        Ok(Arc::new(SqliteBackend::new(pool)))
+    }
+
+    async fn close(&self) {
+        self.pool.close().await;
+    }
+
+    // ---- migrate (`migrate.rs`) ----
+
+    async fn migrate(&self) -> Result<()> {
+        migrate::migrate(&self.pool).await
+    }
+
+    // ---- enqueue (`enqueue.rs`) ----
+    // Enqueue runs on the application's own connection: see `impl Connection` below.
+
+    // ---- claim (`claim.rs`) ----
+
+    async fn outbox_claim_batch(&self, p: &ClaimParams<'_>) -> Result<Vec<ClaimedMessage>> {
+        claim::batch(self, p).await
+    }
+
+    async fn delivery_completed(&self, message_ids: &[Uuid]) -> Result<Vec<(Uuid, String)>> {
+        claim::delivery_completed(&self.pool, message_ids).await
+    }
+
+    // ---- outcome (`outcome.rs`) ----
+    // (`outbox_mark_done_and_claim` and `done_writes_in_flight` as the trait provides them: a
+    // done write claims nothing, and one runs at a time.)
+
+    async fn outbox_mark_done(&self, worker: Uuid, done: &[Done]) -> Result<u64> {
+        outcome::mark_done(&self.pool, worker, done).await
+    }
+
+    async fn outbox_mark_failed(&self, f: &Failure<'_>) -> Result<bool> {
+        outcome::mark_failed(&self.pool, f).await
+    }
+
+    async fn outbox_hand_back(&self, fences: &[Fence]) -> Result<u64> {
+        outcome::hand_back(&self.pool, fences).await
+    }
+
+    async fn outbox_renew(&self, fences: &[Fence], lease: Duration) -> Result<u64> {
+        outcome::renew(&self.pool, fences, lease).await
+    }
+
+    // ---- ops (`ops.rs`) ----
+
+    async fn outbox_unknown_topics(&self, known: &[&str]) -> Result<Vec<(String, i64)>> {
+        ops::unknown_topics(&self.pool, known).await
+    }
+
+    async fn outbox_stats(&self) -> Result<Vec<TopicStats>> {
+        ops::stats(&self.pool).await
+    }
+
+    async fn outbox_done_per_minute(&self, minutes: u32) -> Result<Vec<(DateTime<Utc>, i64)>> {
+        ops::done_per_minute(&self.pool, minutes).await
+    }
+
+    async fn outbox_dead_list(&self, f: &DeadLetterFilter) -> Result<Vec<MessageInfo>> {
+        ops::dead_list(&self.pool, f).await
+    }
+
+    async fn outbox_message(&self, id: Uuid) -> Result<Option<MessageInfo>> {
+        ops::message(&self.pool, id).await
+    }
+
+    async fn outbox_dead_retry(&self, which: &DeadSelection) -> Result<u64> {
+        ops::dead_retry(&self.pool, which).await
+    }
+
+    async fn outbox_dead_discard(&self, which: &DeadSelection) -> Result<u64> {
+        ops::dead_discard(&self.pool, which).await
+    }
+
+    async fn outbox_purge_done(&self, older_than: Duration, batch: i64) -> Result<u64> {
+        ops::purge_done(&self.pool, older_than, batch).await
+    }
+
+    async fn outbox_purge_processed(&self, older_than: Duration, batch: i64) -> Result<u64> {
+        ops::purge_processed(&self.pool, older_than, batch).await
+    }
+
+    // ---- workers (`workers.rs`) ----
+
+    async fn worker_heartbeat(&self, b: &Beat<'_>) -> Result<i64> {
+        workers::heartbeat(&self.pool, b).await
+    }
+
+    async fn worker_list(&self) -> Result<Vec<WorkerInfo>> {
+        workers::list(&self.pool).await
+    }
+
+    async fn worker_deregister(&self, id: Uuid) -> Result<()> {
+        workers::deregister(&self.pool, id).await
+    }
+
+    // ---- wake (`wake.rs`) ----
+
+    fn listens(&self) -> bool {
+        false
+    }
+
+    async fn wakeup_listener(&self, _worker: Uuid) -> Result<Option<Box<dyn WakeupListener>>> {
+        Ok(Some(wake::listener(&self.pool)))
+    }
+}
+
+impl super::sealed::Sealed for SqliteConnection {}
+
+#[async_trait]
+impl Connection for SqliteConnection {
+    async fn __insert(&mut self, rows: &[NewMessage]) -> Result<(), sqlx::Error> {
+        enqueue::insert(self, rows).await
+    }
+
+    async fn __record_processed(
+        &mut self,
+        handler: &str,
+        message_id: Uuid,
+    ) -> Result<bool, sqlx::Error> {
+        enqueue::record_processed(self, handler, message_id).await
+    }
+}

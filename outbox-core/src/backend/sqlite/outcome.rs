@@ -1,0 +1,180 @@
+//! What became of claimed messages: done (deleted and counted), failed (retry or dead letter),
+//! handed back, lease renewed.
+//!
+//! Every write is fenced: it touches a message only while its claim token is the one the
+//! worker claimed it under. The writes of more than one statement run in one `BEGIN
+//! IMMEDIATE` transaction, which takes the write lock first.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use sqlx::sqlite::SqlitePool;
+use uuid::Uuid;
+
+use super::{fence_pairs, ms, uuids};
+use crate::__private::now_ms;
+use crate::backend::{Done, Failure, Fence};
+use crate::error::Result;
+
+/// Deletes the done messages of `?1`, a JSON array of (id, claim token) pairs, each only under
+/// its claim token; returns the topic of each.
+const DONE: &str = "DELETE FROM outbox_messages WHERE id IN ( \
+         SELECT m.id FROM json_each(?1) AS d \
+         JOIN outbox_messages AS m ON m.id = d.value ->> 0 AND m.claim_token = d.value ->> 1) \
+     RETURNING topic";
+
+/// Adds `?4` done messages of topic `?1` to the count of minute `?2` and worker `?3`.
+const DONE_COUNT: &str =
+    "INSERT INTO outbox_done_counts (topic, minute, worker, done) VALUES (?1, ?2, ?3, ?4) \
+     ON CONFLICT (topic, minute, worker) DO UPDATE SET done = done + excluded.done";
+
+/// Deletes the per-handler progress of the messages `?1` (a JSON array).
+const DONE_PROGRESS: &str =
+    "DELETE FROM outbox_deliveries WHERE message_id IN (SELECT value FROM json_each(?1))";
+
+/// Message `?1` under claim token `?2` back to pending at `?3`, with its error `?4`.
+const FAILED_RETRY: &str = "UPDATE outbox_messages \
+     SET available_at = ?3, locked_until = NULL, claim_token = NULL, last_error = ?4 \
+     WHERE id = ?1 AND claim_token = ?2";
+
+/// Message `?1` under claim token `?2` copied to the dead letters with its error `?3`, dead
+/// at `?4`; [`FAILED_DEAD_DELETE`] then deletes it from the live table.
+const FAILED_DEAD: &str =
+    "INSERT INTO outbox_dead (id, topic, payload, idempotency_key, attempts, last_error, created_at, dead_at, \
+                              ordering_key, releases_key, traceparent, tracestate) \
+     SELECT id, topic, payload, idempotency_key, attempts, ?3, created_at, ?4, ordering_key, releases_key, \
+            traceparent, tracestate \
+     FROM outbox_messages WHERE id = ?1 AND claim_token = ?2";
+
+/// Deletes message `?1` under claim token `?2`.
+const FAILED_DEAD_DELETE: &str = "DELETE FROM outbox_messages WHERE id = ?1 AND claim_token = ?2";
+
+/// Records that handler `?2` succeeded for message `?1` at `?3`.
+const FAILED_SUCCEEDED: &str =
+    "INSERT INTO outbox_deliveries (message_id, handler, completed_at) VALUES (?1, ?2, ?3) \
+     ON CONFLICT DO NOTHING";
+
+/// The messages of `?1`, a JSON array of (id, claim token) pairs, back to pending, ready at
+/// once, their attempt not counted.
+const HAND_BACK: &str = "UPDATE outbox_messages \
+     SET attempts = max(attempts - 1, 0), locked_until = NULL, claim_token = NULL \
+     WHERE id IN ( \
+         SELECT m.id FROM json_each(?1) AS d \
+         JOIN outbox_messages AS m ON m.id = d.value ->> 0 AND m.claim_token = d.value ->> 1)";
+
+/// The leases of the messages of `?1`, a JSON array of (id, claim token) pairs, extended to
+/// `?2`.
+const RENEW: &str = "UPDATE outbox_messages SET locked_until = ?2 \
+     WHERE id IN ( \
+         SELECT m.id FROM json_each(?1) AS d \
+         JOIN outbox_messages AS m ON m.id = d.value ->> 0 AND m.claim_token = d.value ->> 1)";
+
+/// Deletes done messages ([`DONE`]), counts them per topic ([`DONE_COUNT`]) and deletes their
+/// progress ([`DONE_PROGRESS`]); returns how many were deleted.
+pub(super) async fn mark_done(pool: &SqlitePool, worker: Uuid, done: &[Done]) -> Result<u64> {
+    let now = now_ms();
+    let fences: Vec<Fence> = done.iter().map(|d| d.fence).collect();
+    let progress: Vec<Uuid> = done
+        .iter()
+        .filter(|d| d.had_attempts)
+        .map(|d| d.fence.id)
+        .collect();
+    let mut conn = pool.acquire().await?;
+    let mut tx = sqlx::Connection::begin_with(&mut *conn, "BEGIN IMMEDIATE").await?;
+    let topics: Vec<(String,)> = sqlx::query_as(DONE)
+        .bind(fence_pairs(&fences))
+        .fetch_all(&mut *tx)
+        .await?;
+    let mut counts: BTreeMap<String, i64> = BTreeMap::new();
+    for (t,) in &topics {
+        *counts.entry(t.clone()).or_default() += 1;
+    }
+    for (topic, n) in counts {
+        sqlx::query(DONE_COUNT)
+            .bind(topic)
+            .bind(now - now.rem_euclid(60_000))
+            .bind(worker.to_string())
+            .bind(n)
+            .execute(&mut *tx)
+            .await?;
+    }
+    if !progress.is_empty() {
+        sqlx::query(DONE_PROGRESS)
+            .bind(uuids(&progress))
+            .execute(&mut *tx)
+            .await?;
+    }
+    tx.commit().await?;
+    Ok(topics.len() as u64)
+}
+
+/// Writes one failed attempt ([`FAILED_RETRY`], or [`FAILED_DEAD`] and
+/// [`FAILED_DEAD_DELETE`]) and the handlers that succeeded ([`FAILED_SUCCEEDED`]); false when
+/// fenced out.
+pub(super) async fn mark_failed(pool: &SqlitePool, f: &Failure<'_>) -> Result<bool> {
+    let now = now_ms();
+    let id = f.fence.id.to_string();
+    let token = f.fence.claim_token.to_string();
+    let mut conn = pool.acquire().await?;
+    let mut tx = sqlx::Connection::begin_with(&mut *conn, "BEGIN IMMEDIATE").await?;
+    let current = match f.retry_in {
+        Some(delay) => {
+            sqlx::query(FAILED_RETRY)
+                .bind(&id)
+                .bind(&token)
+                .bind(now.saturating_add(ms(delay)))
+                .bind(f.error)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected()
+                > 0
+        }
+        None => {
+            sqlx::query(FAILED_DEAD)
+                .bind(&id)
+                .bind(&token)
+                .bind(f.error)
+                .bind(now)
+                .execute(&mut *tx)
+                .await?;
+            sqlx::query(FAILED_DEAD_DELETE)
+                .bind(&id)
+                .bind(&token)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected()
+                > 0
+        }
+    };
+    // A fenced-out attempt (its claim was taken over) records nothing, its handlers either.
+    let succeeded: &[&str] = if current { f.succeeded } else { &[] };
+    for handler in succeeded {
+        sqlx::query(FAILED_SUCCEEDED)
+            .bind(&id)
+            .bind(*handler)
+            .bind(now)
+            .execute(&mut *tx)
+            .await?;
+    }
+    tx.commit().await?;
+    Ok(current)
+}
+
+/// Gives claimed messages back ([`HAND_BACK`]); returns how many.
+pub(super) async fn hand_back(pool: &SqlitePool, fences: &[Fence]) -> Result<u64> {
+    let r = sqlx::query(HAND_BACK)
+        .bind(fence_pairs(fences))
+        .execute(pool)
+        .await?;
+    Ok(r.rows_affected())
+}
+
+/// Extends leases ([`RENEW`]); returns how many.
+pub(super) async fn renew(pool: &SqlitePool, fences: &[Fence], lease: Duration) -> Result<u64> {
+    let r = sqlx::query(RENEW)
+        .bind(fence_pairs(fences))
+        .bind(now_ms().saturating_add(ms(lease)))
+        .execute(pool)
+        .await?;
+    Ok(r.rows_affected())
+}

@@ -1,0 +1,97 @@
+//! The workers table: each live worker's heartbeat, the list of workers, deregistration.
+
+use uuid::Uuid;
+
+use sqlx::sqlite::SqlitePool;
+
+use super::{parse_uuid, time, LIVE_MS};
+use crate::__private::now_ms;
+use crate::backend::Beat;
+use crate::error::{Error, Result};
+use crate::model::WorkerInfo;
+
+/// Deletes the rows of workers whose heartbeat is older than `?1`, other than worker `?2`:
+/// workers that died without deregistering.
+const GONE: &str = "DELETE FROM outbox_workers WHERE heartbeat_at < ?1 AND id <> ?2";
+
+/// Records worker `?1` named `?2`: its topics `?3` (a JSON array), whether it waits (`?4`)
+/// and a fresh heartbeat `?5`.
+const BEAT: &str =
+    "INSERT INTO outbox_workers (id, name, topics, waiting, started_at, heartbeat_at) \
+     VALUES (?1, ?2, ?3, ?4, ?5, ?5) \
+     ON CONFLICT (id) DO UPDATE SET topics = ?3, waiting = ?4, heartbeat_at = ?5";
+
+/// How many workers with a heartbeat after `?1` serve any of the topics `?2` (a JSON array).
+const PEERS: &str = "SELECT count(*) FROM outbox_workers AS w \
+     WHERE w.heartbeat_at > ?1 AND EXISTS ( \
+         SELECT 1 FROM json_each(w.topics) AS a JOIN json_each(?2) AS b ON a.value = b.value)";
+
+/// Registered workers, those with a heartbeat after `?1` (the live ones) first.
+const LIST: &str =
+    "SELECT id, name, topics, waiting, started_at, heartbeat_at FROM outbox_workers \
+     ORDER BY heartbeat_at > ?1 DESC, name";
+
+/// Removes worker `?1`.
+const DEREGISTER: &str = "DELETE FROM outbox_workers WHERE id = ?1";
+
+/// Records a live worker ([`GONE`], [`BEAT`], [`PEERS`] in one transaction); returns how many
+/// live workers (itself included) serve any of its topics.
+pub(super) async fn heartbeat(pool: &SqlitePool, b: &Beat<'_>) -> Result<i64> {
+    // SQLite workers poll: there is no sleeping peer to wake.
+    let _ = b.wake_peer;
+    let now = now_ms();
+    let topics = serde_json::to_string(b.topics).unwrap_or_else(|_| "[]".into());
+    let id = b.id.to_string();
+    let mut conn = pool.acquire().await?;
+    let mut tx = sqlx::Connection::begin_with(&mut *conn, "BEGIN IMMEDIATE").await?;
+    sqlx::query(GONE)
+        .bind(now - 60_000)
+        .bind(&id)
+        .execute(&mut *tx)
+        .await?;
+    sqlx::query(BEAT)
+        .bind(&id)
+        .bind(b.name)
+        .bind(&topics)
+        .bind(b.waiting)
+        .bind(now)
+        .execute(&mut *tx)
+        .await?;
+    let peers: i64 = sqlx::query_scalar(PEERS)
+        .bind(now - LIVE_MS)
+        .bind(&topics)
+        .fetch_one(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    Ok(peers.max(1))
+}
+
+pub(super) async fn list(pool: &SqlitePool) -> Result<Vec<WorkerInfo>> {
+    let now = now_ms();
+    let rows: Vec<(String, String, String, bool, i64, i64)> = sqlx::query_as(LIST)
+        .bind(now - LIVE_MS)
+        .fetch_all(pool)
+        .await?;
+    rows.into_iter()
+        .map(|(id, name, topics, waiting, started, beat)| {
+            Ok(WorkerInfo {
+                id: parse_uuid(&id)?,
+                name,
+                topics: serde_json::from_str(&topics).unwrap_or_default(),
+                waiting,
+                started_at: time(started),
+                heartbeat_at: time(beat),
+                live: beat > now - LIVE_MS,
+            })
+        })
+        .collect::<Result<_, sqlx::Error>>()
+        .map_err(Error::from)
+}
+
+pub(super) async fn deregister(pool: &SqlitePool, id: Uuid) -> Result<()> {
+    sqlx::query(DEREGISTER)
+        .bind(id.to_string())
+        .execute(pool)
+        .await?;
+    Ok(())
+}
