@@ -9,11 +9,21 @@ use std::time::Duration;
 pub(crate) const MAX_DURATION: Duration = Duration::from_secs(100 * 36525 * 24 * 36);
 
 /// Reads a duration in the human format: `500ms`, `30s`, `5m`, `12h`, `7d` (units may be
-/// combined: `1h30m`). A bare number counts as seconds (`2`, `0.5`), as earlier versions read
-/// the worker's flags and the handlers' `timeout_secs` (their old name of `timeout`).
+/// combined: `1h30m`). A bare number counts as seconds (`2`, `0.5`), which is how the worker's
+/// flags and the handlers' `timeout_secs` settings are also read. At most 100 years.
 ///
-/// The error says what was given and how to write it.
-pub(crate) fn parse(s: &str) -> Result<Duration, String> {
+/// ```
+/// use std::time::Duration;
+///
+/// assert_eq!(outbox::duration::parse("1h30m"), Ok(Duration::from_secs(5400)));
+/// assert_eq!(outbox::duration::parse("0.5"), Ok(Duration::from_millis(500)));
+/// assert!(outbox::duration::parse("soon").is_err());
+/// ```
+///
+/// # Errors
+///
+/// A message that says what was given and how to write it.
+pub fn parse(s: &str) -> Result<Duration, String> {
     let d = match s.trim().parse::<f64>() {
         Ok(secs) => Duration::try_from_secs_f64(secs)
             .map_err(|_| format!("`{s}` is not a duration: use 0 or more"))?,

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use uuid::Uuid;
 
-use crate::__private::NewMessage;
+use crate::backend::NewMessage;
 use crate::backend::Connection;
 use crate::error::{Error, Result};
 use crate::event::Event;

@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::__private::now_ms;
+use crate::clock::now_ms;
 
 /// How long ready messages of a topic that no live worker serves may wait before health fails.
 pub(crate) const UNSERVED_LIMIT: Duration = Duration::from_secs(60);

@@ -84,7 +84,8 @@ pub mod cli;
 #[cfg(feature = "console")]
 pub mod console;
 pub mod diagnostics;
-mod duration;
+mod clock;
+pub mod duration;
 mod enqueue;
 mod error;
 mod event;

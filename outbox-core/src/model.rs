@@ -2,7 +2,6 @@
 //! information, dead-letter selections. The storage backends build them, so they live apart from
 //! the operations on [`Store`](crate::Store), which call the backends.
 
-use std::collections::BTreeSet;
 use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
@@ -10,7 +9,6 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
-use crate::registry::Registry;
 
 /// Counts of one topic (or of all topics, in [`Stats::total`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -96,16 +94,6 @@ impl Stats {
             total.add(t);
         }
         Stats { topics, total }
-    }
-
-    /// Topics with pending messages that no handler of `registry` serves, with their counts.
-    /// They stay pending until a worker that handles them runs.
-    pub fn unhandled(&self, registry: &Registry) -> Vec<&TopicStats> {
-        let known: BTreeSet<&str> = registry.handlers().iter().map(|h| h.topic()).collect();
-        self.topics
-            .iter()
-            .filter(|t| t.pending() > 0 && !known.contains(t.topic.as_str()))
-            .collect()
     }
 }
 

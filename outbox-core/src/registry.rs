@@ -302,3 +302,15 @@ pub fn assert_all_events_handled() {
         panic!("{e}");
     }
 }
+
+impl crate::model::Stats {
+    /// Topics with pending messages that no handler of `registry` serves, with their counts.
+    /// They stay pending until a worker that handles them runs.
+    pub fn unhandled(&self, registry: &Registry) -> Vec<&crate::model::TopicStats> {
+        let known: std::collections::BTreeSet<&str> = registry.handlers().iter().map(|h| h.topic()).collect();
+        self.topics
+            .iter()
+            .filter(|t| t.pending() > 0 && !known.contains(t.topic.as_str()))
+            .collect()
+    }
+}

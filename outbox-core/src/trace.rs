@@ -229,7 +229,7 @@ mod otel {
         if span.is_disabled() {
             return;
         }
-        let description = crate::worker::bound_error(description, super::MAX_STATUS_BYTES);
+        let description = crate::diagnostics::bound_error(description, super::MAX_STATUS_BYTES);
         span.set_status(Status::error(description));
     }
 }

@@ -8,7 +8,6 @@
 
 use async_trait::async_trait;
 
-use crate::__private::NewMessage;
 use crate::error::Result;
 
 #[cfg(feature = "postgres")]

@@ -15,7 +15,7 @@ pub(crate) struct Migration {
 impl Migration {
     /// A stable checksum of the SQL (FNV-1a), to detect a migration edited after release.
     pub(crate) fn checksum(&self) -> i64 {
-        i64::from_ne_bytes(crate::__private::fnv1a(self.sql.as_bytes()).to_ne_bytes())
+        i64::from_ne_bytes(fnv1a(self.sql.as_bytes()).to_ne_bytes())
     }
 }
 
@@ -91,4 +91,14 @@ mod tests {
             "{err}"
         );
     }
+}
+
+/// FNV-1a, 64 bits: a stable hash of a migration's SQL (the same on every build and platform).
+fn fnv1a(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
 }

@@ -81,3 +81,19 @@ pub(crate) struct Beat<'a> {
     /// batch, so a burst is waiting that one worker alone would drain slowly.
     pub(crate) wake_peer: bool,
 }
+
+/// One message as `enqueue` hands it to a backend to insert. Public in a private module: the
+/// sealed [`Connection`](crate::Connection) trait's hidden insert takes it, so users can
+/// neither name nor build one.
+#[derive(Debug, Clone)]
+#[allow(unreachable_pub)]
+pub struct NewMessage {
+    pub(crate) id: uuid::Uuid,
+    pub(crate) topic: &'static str,
+    pub(crate) payload: String,
+    pub(crate) idempotency_key: Option<String>,
+    pub(crate) delay: std::time::Duration,
+    pub(crate) ordering_key: Option<String>,
+    pub(crate) releases_key: bool,
+    pub(crate) trace: Option<crate::trace::TraceContext>,
+}

@@ -34,9 +34,6 @@ use crate::handler::ErasedHandler;
 use crate::health::Health;
 use crate::resources::Resources;
 use crate::store::Store;
-/// The cut of an error to a bound, for the status of a failed attempt's spans too.
-#[cfg(feature = "opentelemetry")]
-pub(crate) use process::bound_error;
 use process::{failure, run_message, Outcome, Watch};
 
 pub(super) struct Inner {

@@ -366,7 +366,7 @@ async fn run_handlers(
     } else {
         Outcome::Failed {
             retry_in,
-            error: bound_error(&errors.join("; "), config.max_error_bytes),
+            error: crate::diagnostics::bound_error(&errors.join("; "), config.max_error_bytes),
             succeeded,
         }
     }
@@ -400,19 +400,6 @@ async fn call_handler(
     }
 }
 
-/// Cuts `error` to at most `max` bytes on a character boundary, with a marker.
-pub(crate) fn bound_error(error: &str, max: usize) -> String {
-    if error.len() <= max {
-        return error.to_string();
-    }
-    let marker = format!(" ... [truncated, {} bytes in all]", error.len());
-    let mut end = max.saturating_sub(marker.len());
-    while end > 0 && !error.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}{marker}", &error[..end])
-}
-
 /// The failure to write for a message.
 pub(crate) fn failure<'a>(
     fence: Fence,
@@ -430,7 +417,7 @@ pub(crate) fn failure<'a>(
 
 #[cfg(test)]
 mod tests {
-    use super::bound_error;
+    use crate::diagnostics::bound_error;
 
     #[test]
     fn errors_are_cut_on_a_char_boundary_with_a_marker() {

@@ -265,7 +265,7 @@ pub(crate) fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duratio
         }
 
         fn visit_str<E: de::Error>(self, v: &str) -> Result<Duration, E> {
-            outbox::__private::parse_duration(v).map_err(E::custom)
+            outbox::duration::parse(v).map_err(E::custom)
         }
 
         fn visit_i64<E: de::Error>(self, v: i64) -> Result<Duration, E> {

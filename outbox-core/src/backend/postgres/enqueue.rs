@@ -11,7 +11,7 @@ use sqlx::PgConnection;
 use uuid::Uuid;
 
 use super::secs;
-use crate::__private::NewMessage;
+use crate::backend::NewMessage;
 
 /// One message. `$1` id, `$2` topic, `$3` payload, `$4` idempotency key, `$5` delay in
 /// seconds, `$6` ordering key, `$7` whether it releases its key.

@@ -26,7 +26,7 @@ use uuid::Uuid;
 use super::{
     Backend, Beat, ClaimParams, ClaimedMessage, Connection, Done, Failure, Fence, WakeupListener,
 };
-use crate::__private::NewMessage;
+use crate::backend::NewMessage;
 use crate::error::Result;
 use crate::model::{DeadLetterFilter, DeadSelection, MessageInfo, TopicStats, WorkerInfo};
 

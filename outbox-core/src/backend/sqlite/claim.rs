@@ -14,7 +14,7 @@ use sqlx::Row;
 use uuid::Uuid;
 
 use super::{ms, parse_uuid, time, uuids, SqliteBackend};
-use crate::__private::now_ms;
+use crate::clock::now_ms;
 use crate::backend::{ClaimParams, ClaimedMessage, RELEASED_WALK_INTERVAL};
 use crate::error::{Error, Result};
 

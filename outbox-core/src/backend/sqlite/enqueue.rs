@@ -9,7 +9,8 @@ use sqlx::SqliteConnection;
 use uuid::Uuid;
 
 use super::{ms, wake};
-use crate::__private::{now_ms, NewMessage};
+use crate::backend::NewMessage;
+use crate::clock::now_ms;
 
 /// One message. `?1` id, `?2` topic, `?3` payload, `?4` idempotency key, `?5` available at,
 /// `?6` created at, `?7` ordering key, `?8` whether it releases its key.

@@ -2,7 +2,7 @@
 
 use sqlx::sqlite::SqlitePool;
 
-use crate::__private::now_ms;
+use crate::clock::now_ms;
 use crate::backend::schema::{self, Migration};
 use crate::error::Result;
 

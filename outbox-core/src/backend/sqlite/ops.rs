@@ -8,7 +8,7 @@ use sqlx::Row;
 use uuid::Uuid;
 
 use super::{ms, parse_uuid, time, LIVE_MS};
-use crate::__private::now_ms;
+use crate::clock::now_ms;
 use crate::backend::selection;
 use crate::error::Result;
 use crate::model::{DeadLetterFilter, DeadSelection, MessageInfo, TopicStats};

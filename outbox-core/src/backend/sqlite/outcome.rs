@@ -12,7 +12,7 @@ use sqlx::sqlite::SqlitePool;
 use uuid::Uuid;
 
 use super::{fence_pairs, ms, uuids};
-use crate::__private::now_ms;
+use crate::clock::now_ms;
 use crate::backend::{Done, Failure, Fence};
 use crate::error::Result;
 

@@ -5,7 +5,7 @@ use uuid::Uuid;
 use sqlx::sqlite::SqlitePool;
 
 use super::{parse_uuid, time, LIVE_MS};
-use crate::__private::now_ms;
+use crate::clock::now_ms;
 use crate::backend::Beat;
 use crate::error::{Error, Result};
 use crate::model::WorkerInfo;
