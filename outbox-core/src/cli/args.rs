@@ -21,8 +21,9 @@ pub struct WorkerArgs {
     /// Claim one batch, run it, write the outcomes and exit.
     #[arg(long)]
     pub once: bool,
-    /// Print topic -> handlers, declared events without a handler and pending topics nobody
-    /// handles, then exit.
+    /// Print topic -> handlers, then what is missing (declared events without a handler,
+    /// handlers that cannot be built, and why) and the pending topics nobody here handles; exit
+    /// 0 when the worker would start, 3 when something is missing.
     #[arg(long)]
     pub list_topics: bool,
     /// A topic whose declared event this binary has no handler for, because another service's
