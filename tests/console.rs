@@ -497,6 +497,65 @@ async fn dead_letters_page_and_filter() {
     db.drop_db().await;
 }
 
+/// The text of the first `<tag ...>...</tag>` in `html` after `from`, with inner tags removed.
+fn element_text(html: &str, from: &str, tag: &str) -> Option<String> {
+    let rest = &html[html.find(from)?..];
+    let open = rest.find(&format!("<{tag}"))?;
+    let inner = &rest[open..];
+    let inner = &inner[inner.find('>')? + 1..inner.find(&format!("</{tag}>"))?];
+    let mut text = String::new();
+    let mut in_tag = false;
+    for c in inner.chars() {
+        match c {
+            '<' => in_tag = true,
+            '>' => in_tag = false,
+            c if !in_tag => text.push(c),
+            _ => {}
+        }
+    }
+    Some(text)
+}
+
+#[tokio::test]
+async fn dead_letters_enqueued_in_one_millisecond_look_different() {
+    let db = pg().await;
+    // Two mails whose ids share their millisecond, the first 13 characters of a UUID v7.
+    let mut pair = Vec::new();
+    for _ in 0..100 {
+        let mut tx = db.pool.begin().await.unwrap();
+        let ids = enqueue_many(
+            &mut *tx,
+            &[mail("a@example.com", ""), mail("b@example.com", "")],
+        )
+        .await
+        .unwrap();
+        tx.commit().await.unwrap();
+        if ids[0].to_string()[..13] == ids[1].to_string()[..13] {
+            pair = ids;
+            break;
+        }
+    }
+    assert_eq!(pair.len(), 2, "no two ids made in one millisecond");
+    run_once(&db).await;
+    let addr = serve(&db, ConsoleConfig::new().page_size(500)).await;
+    let page = http(addr, "GET", "/dead", &[], "").await;
+    assert_eq!(page.status, 200);
+    let shown: Vec<String> = pair
+        .iter()
+        .map(|id| {
+            let row = format!("<tr data-id=\"{id}\">");
+            let text = element_text(&page.body, &row, "a")
+                .unwrap_or_else(|| panic!("no row for {id}: {}", page.body));
+            let link = format!("href=\"/messages/{id}\"");
+            assert!(page.body.contains(&link), "{link}: {}", page.body);
+            text
+        })
+        .collect();
+    assert_ne!(shown[0], shown[1], "two dead letters look the same");
+    assert_eq!(shown, [pair[0].to_string(), pair[1].to_string()]);
+    db.drop_db().await;
+}
+
 // ---------------------------------------------------------------------------------------------
 // In a browser
 
