@@ -14,7 +14,7 @@ use fantoccini::{Client, ClientBuilder, Locator};
 use outbox::console::{self, ConsoleConfig};
 use outbox::{
     enqueue_many, enqueue_with, outbox_event, Context, EnqueueOptions, Handler, HandlerError,
-    Store, Worker,
+    Store, TopicStats, Worker,
 };
 use outbox_tests::{pg, wait_until, TestDb};
 use serde::{Deserialize, Serialize};
@@ -106,6 +106,34 @@ async fn run_once(db: &TestDb) {
         .run_once()
         .await
         .unwrap();
+}
+
+/// Runs `worker` in the background until the sender is used or dropped.
+fn start(
+    worker: Worker,
+) -> (
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<outbox::Result<()>>,
+) {
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(async move {
+        worker
+            .run_until(async {
+                let _ = stopped.await;
+            })
+            .await
+    });
+    (stop, running)
+}
+
+/// Waits (30 s at most) until the statistics of `topic` are as `ok` wants them.
+async fn wait_for_topic(db: &TestDb, what: &str, topic: &str, ok: impl Fn(&TopicStats) -> bool) {
+    let store = Store::from(&db.pool);
+    wait_until(Duration::from_secs(30), what, async || {
+        let stats = store.stats().await.unwrap();
+        stats.topics.iter().any(|t| t.topic == topic && ok(t))
+    })
+    .await;
 }
 
 async fn status(db: &TestDb, id: Uuid) -> Option<String> {
@@ -494,6 +522,177 @@ async fn dead_letters_page_and_filter() {
     let a = http(addr, "GET", "/messages/%3Cscript%3E", &[], "").await;
     assert_eq!(a.status, 404);
     assert!(a.body.contains("&lt;script&gt;") && !a.body.contains("<script>"));
+    db.drop_db().await;
+}
+
+/// The text of the first `<tag ...>...</tag>` in `html` after `from`, with inner tags removed.
+fn element_text(html: &str, from: &str, tag: &str) -> Option<String> {
+    let rest = &html[html.find(from)?..];
+    let open = rest.find(&format!("<{tag}"))?;
+    let inner = &rest[open..];
+    let inner = &inner[inner.find('>')? + 1..inner.find(&format!("</{tag}>"))?];
+    let mut text = String::new();
+    let mut in_tag = false;
+    for c in inner.chars() {
+        match c {
+            '<' => in_tag = true,
+            '>' => in_tag = false,
+            c if !in_tag => text.push(c),
+            _ => {}
+        }
+    }
+    Some(text)
+}
+
+#[tokio::test]
+async fn dead_letters_enqueued_in_one_millisecond_look_different() {
+    let db = pg().await;
+    // Two mails whose ids share their millisecond, the first 13 characters of a UUID v7.
+    let mut pair = Vec::new();
+    for _ in 0..100 {
+        let mut tx = db.pool.begin().await.unwrap();
+        let ids = enqueue_many(
+            &mut *tx,
+            &[mail("a@example.com", ""), mail("b@example.com", "")],
+        )
+        .await
+        .unwrap();
+        tx.commit().await.unwrap();
+        if ids[0].to_string()[..13] == ids[1].to_string()[..13] {
+            pair = ids;
+            break;
+        }
+    }
+    assert_eq!(pair.len(), 2, "no two ids made in one millisecond");
+    run_once(&db).await;
+    let addr = serve(&db, ConsoleConfig::new().page_size(500)).await;
+    let page = http(addr, "GET", "/dead", &[], "").await;
+    assert_eq!(page.status, 200);
+    let shown: Vec<String> = pair
+        .iter()
+        .map(|id| {
+            let row = format!("<tr data-id=\"{id}\">");
+            let text = element_text(&page.body, &row, "a")
+                .unwrap_or_else(|| panic!("no row for {id}: {}", page.body));
+            let link = format!("href=\"/messages/{id}\"");
+            assert!(page.body.contains(&link), "{link}: {}", page.body);
+            text
+        })
+        .collect();
+    assert_ne!(shown[0], shown[1], "two dead letters look the same");
+    assert_eq!(shown, [pair[0].to_string(), pair[1].to_string()]);
+    db.drop_db().await;
+}
+
+/// The text of the overview's cell of class `class` in the row of `topic`, as a number.
+fn overview_cell(page: &str, topic: &str, class: &str) -> Option<i64> {
+    let start = page.find(&format!("<tr data-topic=\"{topic}\""))?;
+    let row = &page[start..];
+    let row = &row[..row.find("</tr>")?];
+    // The cell's class is `n {class}`, maybe followed by a colour (`bad`, `warn`).
+    let cell = format!("<td class=\"n {class}");
+    let at = row
+        .match_indices(&cell)
+        .map(|(i, _)| i)
+        .find(|&i| matches!(row.as_bytes().get(i + cell.len()), Some(b'"' | b' ')))?;
+    element_text(&row[at..], "<td", "td")?
+        .replace(',', "")
+        .parse()
+        .ok()
+}
+
+#[tokio::test]
+async fn the_overview_counts_what_outbox_stats_counts() {
+    let db = pg().await;
+    // A live worker; a guest's two mails of one ordering key, the first of which dies and
+    // holds back the second; and ready messages of a topic this worker does not serve.
+    let mut tx = db.pool.begin().await.unwrap();
+    for note in ["first", "second"] {
+        enqueue_with(
+            &mut *tx,
+            &mail("guest-7@example.com", note),
+            &EnqueueOptions::new().ordering_key("guest-7"),
+        )
+        .await
+        .unwrap();
+    }
+    enqueue_many(&mut *tx, &(0..3).map(|n| Audit { n }).collect::<Vec<_>>())
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    let worker = Worker::builder(&db.pool)
+        .handler(Bounce)
+        .handler(Reject)
+        .config(outbox::WorkerConfig::default().poll_interval(Duration::from_millis(50)))
+        .build()
+        .unwrap();
+    let (stop, running) = start(worker);
+    wait_for_topic(
+        &db,
+        "a dead letter blocks its key under a live worker",
+        "console.mail",
+        |t| (t.dead, t.blocked, t.blocked_by_dead, t.live_workers) == (1, 1, 1, 1),
+    )
+    .await;
+
+    let addr = serve(&db, ConsoleConfig::new()).await;
+    let page = http(addr, "GET", "/", &[], "").await;
+    assert_eq!(page.status, 200);
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_ops"))
+        .args(["stats", "--json"])
+        .env("DATABASE_URL", &db.url)
+        .output()
+        .await
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let cli: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rows = cli["topics"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .chain([&cli["total"]]);
+    let mut compared = 0;
+    for row in rows {
+        let topic = row["topic"].as_str().unwrap();
+        for (class, field) in [
+            ("ready", "ready"),
+            ("scheduled", "scheduled"),
+            ("in-flight", "in_flight"),
+            ("blocked", "blocked"),
+            ("blocked-by-dead", "blocked_by_dead"),
+            ("stalled", "stalled"),
+            ("dead", "dead"),
+            ("done", "done_last_5m"),
+            ("workers", "live_workers"),
+        ] {
+            assert_eq!(
+                overview_cell(&page.body, topic, class),
+                row[field].as_i64(),
+                "{topic} {field}: the console against `outbox stats`\n{}",
+                page.body
+            );
+            compared += 1;
+        }
+    }
+    let topics: Vec<&str> = cli["topics"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|t| t["topic"].as_str())
+        .collect();
+    assert!(
+        topics.contains(&"console.mail") && topics.contains(&"console.audit"),
+        "{topics:?}"
+    );
+    assert_eq!(
+        compared,
+        9 * (topics.len() + 1),
+        "every topic and all topics"
+    );
+    assert_eq!(cli["total"]["live_workers"], 1);
+    assert_eq!(cli["total"]["blocked_by_dead"], 1);
+    let _ = stop.send(());
+    running.await.unwrap().unwrap();
     db.drop_db().await;
 }
 
@@ -1149,26 +1348,10 @@ async fn stayhub_in_the_console() {
     .await
     .unwrap();
     // A worker at work on the new bookings (its mail provider is slow today).
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let running = tokio::spawn(async move {
-        worker
-            .run_until(async {
-                let _ = stopped.await;
-            })
-            .await
-    });
-    let store = Store::from(&db.pool);
-    wait_until(
-        Duration::from_secs(10),
-        "the new bookings in flight",
-        async || {
-            let stats = store.stats().await.unwrap();
-            stats
-                .topics
-                .iter()
-                .any(|t| t.topic == "booking.created" && t.in_flight == 2 && t.live_workers == 1)
-        },
-    )
+    let (stop, running) = start(worker);
+    wait_for_topic(&db, "the new bookings in flight", "booking.created", |t| {
+        t.in_flight == 2 && t.live_workers == 1
+    })
     .await;
 
     let addr = serve(&db, ConsoleConfig::new()).await;

@@ -109,21 +109,39 @@ async fn a_worker_refuses_to_start_when_a_declared_event_has_no_handler() {
         .unwrap();
 }
 
-/// `unlinked-worker` (tests/bin/unlinked_worker.rs) against a fresh SQLite file, `--once`:
-/// its exit code and what it printed.
+/// What a run of `unlinked-worker` (tests/bin/unlinked_worker.rs) gave: its exit code, stdout
+/// and stderr.
+struct Run {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+}
+
+/// `unlinked-worker` against the SQLite file at `url`, with `args` and the environment
+/// variables `env` set.
+fn run_unlinked_worker_on(url: &str, args: &[&str], env: &[(&str, &str)]) -> Run {
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_unlinked-worker"))
+        .args(["--database-url", url])
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .env_remove("OUTBOX_SERVED_ELSEWHERE")
+        .env_remove("UNLINKED_WORKER_WITHOUT_CONFIG")
+        .envs(env.iter().copied())
+        .output()
+        .expect("run unlinked-worker");
+    Run {
+        code: o.status.code(),
+        stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+    }
+}
+
+/// `unlinked-worker` against a fresh SQLite file, `--once`: its exit code and what it printed.
 fn run_unlinked_worker(extra: &[&str]) -> (Option<i32>, String) {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}", dir.path().join("outbox.sqlite").display());
-    let o = std::process::Command::new(env!("CARGO_BIN_EXE_unlinked-worker"))
-        .args(["--database-url", &url, "--once"])
-        .args(extra)
-        .env("RUST_LOG", "warn")
-        .output()
-        .expect("run unlinked-worker");
-    (
-        o.status.code(),
-        String::from_utf8_lossy(&o.stderr).into_owned(),
-    )
+    let run = run_unlinked_worker_on(&url, &[&["--once"], extra].concat(), &[]);
+    (run.code, run.stderr)
 }
 
 #[test]
@@ -139,4 +157,108 @@ fn a_worker_binary_that_forgot_a_handler_crate_exits_with_a_configuration_error(
     // The operator says another service's workers serve it: the worker runs.
     let (code, stderr) = run_unlinked_worker(&["--served-elsewhere", "fixture.shipped"]);
     assert_eq!(code, Some(0), "{stderr}");
+}
+
+/// The `missing:` lines of an `unlinked-worker --list-topics` that found something missing,
+/// after checking what comes with them: the configuration error's exit code, the linked topic
+/// listed first, and the pending message nobody here handles.
+fn missing_of(run: &Run) -> Vec<&str> {
+    let all = format!("{}{}", run.stdout, run.stderr);
+    assert_eq!(
+        run.code,
+        Some(i32::from(outbox::cli::exit::CONFIG)),
+        "{all}"
+    );
+    let lines: Vec<&str> = run.stdout.lines().collect();
+    assert_eq!(lines.first(), Some(&"unlinked.own: own"), "{all}");
+    assert!(
+        lines.contains(
+            &"warning: 1 pending message(s) of topic fixture.shipped have no handler here"
+        ),
+        "{all}"
+    );
+    lines
+        .iter()
+        .filter_map(|l| l.strip_prefix("missing: "))
+        .collect()
+}
+
+#[tokio::test]
+async fn list_topics_lists_what_is_linked_then_names_what_is_missing() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("outbox.sqlite").display());
+    // A message of the topic whose handler crate is not linked waits in the database.
+    let pool = outbox::sqlite_pool(&url).await.unwrap();
+    outbox::migrate(&pool).await.unwrap();
+    let mut tx = pool.begin().await.unwrap();
+    outbox::enqueue(&mut *tx, &FixtureShipped { id: 7 })
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    pool.close().await;
+    // The event's handler crate is missing.
+    let run = run_unlinked_worker_on(&url, &["--list-topics"], &[]);
+    let missing = missing_of(&run);
+    assert_eq!(missing.len(), 1, "{}", run.stdout);
+    assert!(
+        missing[0].contains("fixture_events::FixtureShipped")
+            && missing[0].contains("--served-elsewhere fixture.shipped"),
+        "{}",
+        run.stdout
+    );
+
+    // And the handler that is linked cannot be built: both are named, the listing still comes.
+    let run = run_unlinked_worker_on(
+        &url,
+        &["--list-topics"],
+        &[("UNLINKED_WORKER_WITHOUT_CONFIG", "1")],
+    );
+    let missing = missing_of(&run);
+    assert_eq!(missing.len(), 2, "{}", run.stdout);
+    assert!(
+        missing
+            .iter()
+            .any(|m| m.contains("cannot be built") && m.contains("unlinked_worker::OwnConfig")),
+        "{}",
+        run.stdout
+    );
+    assert!(
+        missing
+            .iter()
+            .any(|m| m.contains("fixture_events::FixtureShipped")),
+        "{}",
+        run.stdout
+    );
+    assert!(!run.stderr.contains("panicked"), "{}", run.stderr);
+
+    // Served elsewhere and buildable: nothing is missing, and the worker would start.
+    let run = run_unlinked_worker_on(
+        &url,
+        &["--list-topics", "--served-elsewhere", "fixture.shipped"],
+        &[],
+    );
+    assert_eq!(run.code, Some(0), "{}{}", run.stdout, run.stderr);
+    assert!(!run.stdout.contains("missing:"), "{}", run.stdout);
+    assert!(
+        run.stdout.lines().any(
+            |l| l == "served elsewhere: fixture.shipped (event fixture_events::FixtureShipped)"
+        ),
+        "{}",
+        run.stdout
+    );
+
+    // The statistics need no handler at all.
+    let run = run_unlinked_worker_on(
+        &url,
+        &["--stats"],
+        &[("UNLINKED_WORKER_WITHOUT_CONFIG", "1")],
+    );
+    assert_eq!(run.code, Some(0), "{}{}", run.stdout, run.stderr);
+    assert!(
+        run.stdout
+            .lines()
+            .any(|l| l.starts_with("fixture.shipped ")),
+        "{}",
+        run.stdout
+    );
 }

@@ -1,6 +1,7 @@
 //! The worker as a real process: several workers sharing a queue, SIGKILL in the middle of a
 //! handler, SIGTERM with handlers in flight, database connections killed under a running
-//! worker, and the `--once` / `--list-topics` / bad-URL paths of the command line.
+//! worker, and the `--once` / `--list-topics` / bad-URL / `--help` paths of the command line
+//! (and the `--help` of the `outbox` command line beside it).
 //!
 //! Every test runs `test-worker` (tests/bin/test_worker.rs) as child processes on a fresh
 //! database of its own; its handler `record` sleeps `sleep_ms` and then inserts a row into
@@ -656,4 +657,63 @@ async fn a_sqlite_worker_sees_the_commits_of_another_process_long_before_its_pol
     let status = wait_exit(&mut worker, Duration::from_secs(15), "sigterm").await;
     assert_eq!(status.code(), Some(0));
     db.drop_db().await;
+}
+
+/// The `--help` of `bin` with `args`, with the environment variables `vars` either all unset
+/// or all set to a value that must not show.
+fn help(bin: &str, args: &[&str], vars: &[&str], set: bool) -> String {
+    let mut command = std::process::Command::new(bin);
+    command.args(args).arg("--help");
+    for var in vars {
+        if set {
+            command.env(var, "value-that-help-must-not-show");
+        } else {
+            command.env_remove(var);
+        }
+    }
+    let out = command.output().expect("run --help");
+    let help = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{help}");
+    assert!(!help.contains("value-that-help-must-not-show"), "{help}");
+    help
+}
+
+/// The names in the `[env: ...]` notes of a `--help`, as written, sorted.
+fn env_notes(help: &str) -> Vec<&str> {
+    let mut notes: Vec<&str> = help
+        .split("[env: ")
+        .skip(1)
+        .filter_map(|rest| rest.split(']').next())
+        .collect();
+    notes.sort_unstable();
+    notes
+}
+
+#[test]
+fn help_names_environment_variables_without_their_values() {
+    let worker = env!("CARGO_BIN_EXE_test-worker");
+    let ops = env!("CARGO_BIN_EXE_ops");
+    for set in [false, true] {
+        let vars = ["DATABASE_URL", "OUTBOX_SERVED_ELSEWHERE"];
+        let text = help(worker, &[], &vars, set);
+        assert_eq!(env_notes(&text), vars, "{text}");
+        // What the binary does, not the rustdoc of the type behind its arguments.
+        assert!(
+            text.starts_with("Runs outbox handlers until stopped"),
+            "{text}"
+        );
+        assert!(!text.contains("redact_url"), "{text}");
+
+        let vars = [
+            "DATABASE_URL",
+            "OUTBOX_CONSOLE_PASSWORD",
+            "OUTBOX_CONSOLE_TOKEN",
+            "OUTBOX_CONSOLE_USER",
+        ];
+        let text = help(ops, &["console"], &vars, set);
+        assert_eq!(env_notes(&text), vars, "{text}");
+        assert!(!text.contains("(feature"), "{text}");
+        let text = help(ops, &[], &vars, set);
+        assert_eq!(env_notes(&text), ["DATABASE_URL"], "{text}");
+    }
 }

@@ -1,6 +1,7 @@
 //! A worker binary that links a crate declaring an event (`fixture-events`) but not the crate
 //! with its handler (`fixture-handlers`): the forgotten handler crate `run_worker` refuses.
-//! Its own topic, `unlinked.own`, has a handler here.
+//! Its own topic, `unlinked.own`, has a handler here, built from an [`OwnConfig`] resource
+//! that the binary gives unless `UNLINKED_WORKER_WITHOUT_CONFIG` is set.
 
 use std::process::ExitCode;
 
@@ -18,6 +19,9 @@ struct Own {
     n: i64,
 }
 
+/// What the handler of `unlinked.own` is built from.
+struct OwnConfig;
+
 struct OwnHandler;
 
 #[outbox::async_trait]
@@ -31,7 +35,8 @@ impl Handler for OwnHandler {
 }
 
 impl FromResources for OwnHandler {
-    fn from_resources(_: &Resources) -> Result<Self, ResourceError> {
+    fn from_resources(resources: &Resources) -> Result<Self, ResourceError> {
+        resources.require::<OwnConfig>()?;
         Ok(OwnHandler)
     }
 }
@@ -40,5 +45,12 @@ register_handler!(OwnHandler);
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    outbox::cli::run_worker(|_args, builder| builder).await
+    outbox::cli::run_worker(|_args, builder| {
+        if std::env::var_os("UNLINKED_WORKER_WITHOUT_CONFIG").is_some() {
+            builder
+        } else {
+            builder.resource(OwnConfig)
+        }
+    })
+    .await
 }

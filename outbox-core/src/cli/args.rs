@@ -12,7 +12,8 @@ use crate::worker::{RetryPolicy, Wakeup, WorkerConfig};
 /// Its `Debug` prints the database URL with its password replaced by `***` (see
 /// [`redact_url`]), and `--help` names the environment variables without their values.
 #[derive(Clone, Parser)]
-#[command(about = "Runs outbox handlers until stopped")]
+// `long_about = None`: `--help` says what the binary does, not what this type's rustdoc says.
+#[command(about = "Runs outbox handlers until stopped", long_about = None)]
 #[non_exhaustive]
 pub struct WorkerArgs {
     /// The database URL.
@@ -21,8 +22,9 @@ pub struct WorkerArgs {
     /// Claim one batch, run it, write the outcomes and exit.
     #[arg(long)]
     pub once: bool,
-    /// Print topic -> handlers, declared events without a handler and pending topics nobody
-    /// handles, then exit.
+    /// Print topic -> handlers, then what is missing (declared events without a handler,
+    /// handlers that cannot be built, and why) and the pending topics nobody here handles; exit
+    /// 0 when the worker would start, 3 when something is missing.
     #[arg(long)]
     pub list_topics: bool,
     /// A topic whose declared event this binary has no handler for, because another service's
@@ -250,9 +252,32 @@ impl WorkerArgs {
     }
 }
 
+/// The flags of `command` and its subcommands that read an environment variable and would
+/// show its value in `--help`: clap prints `[env: NAME=value]`, and `[env: NAME=]` when it is
+/// unset, unless the flag hides it.
+#[cfg(test)]
+pub(super) fn env_values_shown(command: &clap::Command) -> Vec<String> {
+    let mut shown: Vec<String> = command
+        .get_arguments()
+        .filter(|a| a.get_env().is_some() && !a.is_hide_env_values_set())
+        .map(|a| format!("{} --{}", command.get_name(), a.get_id()))
+        .collect();
+    for sub in command.get_subcommands() {
+        shown.extend(env_values_shown(sub));
+    }
+    shown
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn help_names_every_environment_variable_without_its_value() {
+        use clap::CommandFactory;
+        let shown = env_values_shown(&WorkerArgs::command());
+        assert!(shown.is_empty(), "--help shows the values of {shown:?}");
+    }
 
     #[test]
     fn redact_url_hides_passwords_wherever_they_are() {

@@ -5,7 +5,7 @@
 //! | 0 | done | |
 //! | 1 | failed while running, or not found / refused, or an unclassified database error | read the message |
 //! | 2 | bad command line or argument (also a malformed database URL) | fix the arguments |
-//! | 3 | the handlers or the configuration are not sound | fix the worker's setup |
+//! | 3 | the handlers or the configuration are not sound; for `--list-topics`, something it lists as `missing:` | fix the worker's setup |
 //! | 4 | the database could not be reached (refused, lost, shut down, timed out) or stayed locked | check the server and the URL; retrying later may work |
 //! | 5 | the outbox schema is missing, out of date or newer than this build | run `outbox migrate`, or upgrade |
 //! | 6 | the database refused a write that breaks a constraint | fix the data; a retry will not help |
@@ -22,7 +22,8 @@ pub const FAILURE: u8 = 1;
 /// Bad command line or argument (clap's own code).
 pub const USAGE: u8 = 2;
 /// The handlers or the configuration are not sound (missing resource, duplicate name,
-/// no handlers, bad setting).
+/// no handlers, a declared event without a handler, bad setting). A worker binary's
+/// `--list-topics` exits with it, after its listing, when it names something missing.
 pub const CONFIG: u8 = 3;
 /// The database could not be reached (or stayed locked): a retry later may work.
 pub const DATABASE: u8 = 4;

@@ -95,7 +95,7 @@ enum Command {
         #[arg(long)]
         processed: bool,
     },
-    /// Serve the operator's console in the browser (feature `console`).
+    /// Serve the operator's console in the browser.
     #[cfg(feature = "console")]
     Console(ConsoleArgs),
 }
@@ -119,7 +119,12 @@ struct ConsoleArgs {
     )]
     token: Option<String>,
     /// Require HTTP basic authentication with this user (and --password).
-    #[arg(long, env = "OUTBOX_CONSOLE_USER", requires = "password")]
+    #[arg(
+        long,
+        env = "OUTBOX_CONSOLE_USER",
+        hide_env_values = true,
+        requires = "password"
+    )]
     user: Option<String>,
     /// The basic-auth password.
     #[arg(
@@ -383,5 +388,12 @@ mod tests {
         let dbg = format!("{cli:?}");
         assert!(!dbg.contains("hunter2-ops"), "{dbg}");
         assert!(dbg.contains("postgres://ops:***@db/app"), "{dbg}");
+    }
+
+    #[test]
+    fn help_names_every_environment_variable_without_its_value() {
+        use clap::CommandFactory;
+        let shown = crate::cli::args::env_values_shown(&Cli::command());
+        assert!(shown.is_empty(), "--help shows the values of {shown:?}");
     }
 }

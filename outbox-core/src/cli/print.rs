@@ -1,36 +1,92 @@
 //! What the binaries print: the queue statistics, the topics a worker serves, and an error on
 //! one line.
 
+use std::collections::BTreeMap;
 use std::process::ExitCode;
 
 use super::exit;
 use crate::registry::Registry;
+use crate::resources::ResourceError;
 use crate::worker::Worker;
+use crate::{Error, Store};
 
-/// Prints topic -> handlers, the declared events without a handler and the pending topics
-/// nobody here handles, for `--list-topics`.
-pub(super) async fn list_topics(worker: &Worker) -> ExitCode {
-    for (topic, handlers) in worker.topics() {
+/// Prints what `--list-topics` shows, and returns its exit code.
+///
+/// First every topic with its handlers: the worker's when it could be built, else every
+/// handler linked into the binary. Then the declared events that no handler here serves and
+/// that are served elsewhere, and on lines starting `missing:` what stops the worker from
+/// starting (declared events without a handler, handlers that cannot be built and why, any
+/// other setup problem). Last, the pending topics in the database that nobody here handles.
+///
+/// Exits with [`exit::OK`] when the worker would start, and with [`exit::CONFIG`] (the code
+/// the worker itself would exit with) when something is missing.
+pub(super) async fn list_topics(
+    built: &crate::Result<Worker>,
+    served_elsewhere: &[String],
+    store: &Store,
+) -> ExitCode {
+    let linked = Registry::linked();
+    let topics: BTreeMap<&'static str, Vec<&'static str>> = match built {
+        Ok(worker) => worker.topics(),
+        Err(_) => linked
+            .topics()
+            .into_iter()
+            .map(|(topic, handlers)| (topic, handlers.iter().map(|h| h.name).collect()))
+            .collect(),
+    };
+    for (topic, handlers) in &topics {
         println!("{topic}: {}", handlers.join(", "));
     }
-    for e in Registry::linked().unhandled_events() {
-        println!(
-            "warning: declared event {} (topic {}) has no handler",
-            e.type_name(),
-            e.topic()
-        );
+    let mut missing: Vec<String> = match built {
+        Ok(_) => Vec::new(),
+        Err(Error::Registry(e)) => e.problems().to_vec(),
+        // This one names the resource but not the handler that asked for it.
+        Err(e @ Error::Resource(ResourceError::Missing { .. })) => {
+            vec![format!("a handler cannot be built: {}", error_line(e))]
+        }
+        Err(e) => vec![error_line(e)],
+    };
+    for event in linked.unhandled_events() {
+        let topic = event.topic();
+        if topics.contains_key(topic) {
+            continue;
+        }
+        // A worker that builds refuses every declared event it does not serve unless it is
+        // served elsewhere, by the flag or in the binary's code.
+        if built.is_ok() || served_elsewhere.iter().any(|t| t == topic) {
+            println!("served elsewhere: {topic} (event {})", event.type_name());
+        } else if !missing.iter().any(|m| m.contains(event.type_name())) {
+            missing.push(format!(
+                "event `{}` (topic `{topic}`) is declared but no handler linked into this binary \
+                 serves it: link the crate that registers its handler (`use my_handlers as _;` in \
+                 the binary), or declare the topic served elsewhere (`--served-elsewhere {topic}`)",
+                event.type_name()
+            ));
+        }
     }
-    match worker.unhandled_pending_topics().await {
-        Ok(topics) => {
-            for (topic, n) in topics {
+    for m in &missing {
+        println!("missing: {m}");
+    }
+    let known: Vec<&str> = topics.keys().copied().collect();
+    match store.backend().outbox_unknown_topics(&known).await {
+        Ok(pending) => {
+            for (topic, n) in pending {
                 println!("warning: {n} pending message(s) of topic {topic} have no handler here");
             }
-            ExitCode::from(exit::OK)
         }
         Err(e) => {
             eprintln!("error: {}", error_line(&e));
-            ExitCode::from(exit::for_error(&e))
+            return ExitCode::from(exit::for_error(&e));
         }
+    }
+    if missing.is_empty() {
+        ExitCode::from(exit::OK)
+    } else {
+        eprintln!(
+            "error: this worker would not start: see the {} `missing:` line(s) above",
+            missing.len()
+        );
+        ExitCode::from(exit::CONFIG)
     }
 }
 

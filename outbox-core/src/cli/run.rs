@@ -119,29 +119,10 @@ where
             }
         },
     };
-    let registry = args
-        .served_elsewhere
-        .iter()
-        .fold(Registry::linked(), |r, topic| {
-            r.allow_unhandled(topic.clone())
-        });
-    let builder = Worker::builder(store)
-        .registry(registry)
-        .config(args.apply(WorkerConfig::default()))
-        // Listing topics and statistics must work precisely when a handler is missing.
-        .strict(!(args.list_topics || args.stats));
-    let worker = match configure(&args, builder).build() {
-        Ok(w) => w,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return ExitCode::from(exit::CONFIG);
-        }
-    };
-    if args.list_topics {
-        return list_topics(&worker).await;
-    }
     if args.stats {
-        return match worker.store().stats().await {
+        // Statistics need the database only: no handler is built, so they print precisely when
+        // a handler is missing or cannot be built.
+        return match store.stats().await {
             Ok(stats) => {
                 print_stats(&stats, Some(&Registry::linked()), false);
                 ExitCode::from(exit::OK)
@@ -152,6 +133,27 @@ where
             }
         };
     }
+    let registry = args
+        .served_elsewhere
+        .iter()
+        .fold(Registry::linked(), |r, topic| {
+            r.allow_unhandled(topic.clone())
+        });
+    let builder = Worker::builder(store.clone())
+        .registry(registry)
+        .config(args.apply(WorkerConfig::default()));
+    // Built as a run would build it, so `--list-topics` names exactly what would stop a run.
+    let built = configure(&args, builder).build();
+    if args.list_topics {
+        return list_topics(&built, &args.served_elsewhere, &store).await;
+    }
+    let worker = match built {
+        Ok(w) => w,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(exit::CONFIG);
+        }
+    };
     #[cfg(feature = "prometheus")]
     let _server = match args.metrics_addr {
         None => None,

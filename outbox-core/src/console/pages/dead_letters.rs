@@ -220,12 +220,13 @@ pub(in crate::console) async fn dead_letters(
                     "<td class=\"check\"><input type=\"checkbox\" name=\"id\" value=\"{id}\"></td>"
                 );
             }
+            // The whole id: its first 13 characters are only the millisecond it was made in,
+            // which messages enqueued together share.
             let _ = write!(
                 b,
-                "<td><a class=\"mono\" href=\"{}\">{}…</a></td><td>{}</td><td class=\"n\">{}</td>\
-                 <td>{}</td><td class=\"err\">{}</td>",
+                "<td class=\"id\"><a class=\"mono\" href=\"{}\">{id}</a></td><td>{}</td>\
+                 <td class=\"n\">{}</td><td>{}</td><td class=\"err\">{}</td>",
                 f.link(&format!("/messages/{id}")),
-                &id[..13],
                 esc(&m.topic),
                 m.attempts,
                 m.processed_at.map_or_else(String::new, |t| when(t, now)),

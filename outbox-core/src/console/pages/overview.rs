@@ -26,8 +26,9 @@ fn opt_age(d: Option<Duration>) -> String {
     d.map_or_else(|| "<span class=\"muted\">–</span>".into(), age)
 }
 
-/// Per topic and in total: ready, scheduled, in flight, stalled, dead, done in 5 minutes,
-/// oldest ready age, live workers; topics nobody serves called out.
+/// Per topic and in total, as `outbox stats` counts them: ready, scheduled, in flight,
+/// blocked and blocked by a dead letter, stalled, dead, done in 5 minutes, oldest ready age,
+/// live workers; topics nobody serves called out.
 pub(in crate::console) async fn overview(
     State(c): State<Shared>,
     Extension(Base(base)): Extension<Base>,
@@ -161,9 +162,12 @@ pub(in crate::console) async fn overview(
             "<table class=\"grid\" id=\"topics\"><thead><tr><th>Topic</th><th class=\"n\">Ready</th>\
              <th class=\"n\">Scheduled</th><th class=\"n\">In flight</th>\
              <th class=\"n\" title=\"waiting behind an earlier message of their ordering key\">Blocked</th>\
+             <th class=\"n\" title=\"of the blocked, those behind a dead letter of their ordering key: \
+             they wait until it is retried or discarded\">By dead</th>\
              <th class=\"n\">Stalled</th>\
              <th class=\"n\">Dead</th><th class=\"n\">Done (5 min)</th><th class=\"n\">Oldest ready</th>\
-             <th class=\"n\">Live workers</th></tr></thead><tbody>",
+             <th class=\"n\" title=\"workers whose heartbeat is recent; for all topics, the most \
+             that serve any one topic\">Live workers</th></tr></thead><tbody>",
         );
         for t in &stats.topics {
             topic_row(&mut b, &f, t, false);
@@ -256,26 +260,19 @@ fn topic_row(b: &mut String, f: &Frame<'_>, t: &TopicStats, total: bool) {
     let cell = |class: &str, v: String| format!("<td class=\"n {class}\">{v}</td>");
     let _ = write!(
         b,
-        "<tr data-topic=\"{}\"{class}>{name}{}{}{}{}{}{}{}{}{}</tr>",
+        "<tr data-topic=\"{}\"{class}>{name}{}{}{}{}{}{}{}{}{}{}</tr>",
         esc(&t.topic),
         cell("ready", num(t.ready)),
         cell("scheduled", num(t.scheduled)),
         cell("in-flight", num(t.in_flight)),
+        cell("blocked", num(t.blocked)),
         cell(
             if t.blocked_by_dead > 0 {
-                "blocked bad"
+                "blocked-by-dead bad"
             } else {
-                "blocked"
+                "blocked-by-dead"
             },
-            if t.blocked_by_dead > 0 {
-                format!(
-                    "{} <span class=\"muted\">({} by dead)</span>",
-                    num(t.blocked),
-                    num(t.blocked_by_dead)
-                )
-            } else {
-                num(t.blocked)
-            }
+            num(t.blocked_by_dead)
         ),
         cell(
             if t.stalled > 0 {
@@ -288,13 +285,6 @@ fn topic_row(b: &mut String, f: &Frame<'_>, t: &TopicStats, total: bool) {
         cell(if t.dead > 0 { "dead bad" } else { "dead" }, dead),
         cell("done", num(t.done_last_5m)),
         cell("oldest", opt_age(t.oldest_ready_age)),
-        cell(
-            "workers",
-            if total {
-                "<span class=\"muted\">–</span>".into()
-            } else {
-                num(t.live_workers)
-            }
-        ),
+        cell("workers", num(t.live_workers)),
     );
 }
