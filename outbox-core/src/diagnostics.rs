@@ -205,6 +205,19 @@ fn is_port(digits: &str) -> bool {
     !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit())
 }
 
+/// Cuts `error` to at most `max` bytes on a character boundary, with a marker.
+pub(crate) fn bound_error(error: &str, max: usize) -> String {
+    if error.len() <= max {
+        return error.to_string();
+    }
+    let marker = format!(" ... [truncated, {} bytes in all]", error.len());
+    let mut end = max.saturating_sub(marker.len());
+    while end > 0 && !error.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}{marker}", &error[..end])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -315,17 +328,3 @@ mod tests {
         }
     }
 }
-
-/// Cuts `error` to at most `max` bytes on a character boundary, with a marker.
-pub(crate) fn bound_error(error: &str, max: usize) -> String {
-    if error.len() <= max {
-        return error.to_string();
-    }
-    let marker = format!(" ... [truncated, {} bytes in all]", error.len());
-    let mut end = max.saturating_sub(marker.len());
-    while end > 0 && !error.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}{marker}", &error[..end])
-}
-

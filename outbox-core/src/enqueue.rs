@@ -4,8 +4,8 @@ use std::time::Duration;
 
 use uuid::Uuid;
 
-use crate::backend::NewMessage;
 use crate::backend::Connection;
+use crate::backend::NewMessage;
 use crate::error::{Error, Result};
 use crate::event::Event;
 
@@ -311,7 +311,7 @@ fn new_message<E: Event>(
         return Err(Error::DelayOutOfRange(options.delay));
     }
     Ok(NewMessage {
-        id: crate::new_message_id(),
+        id: crate::message_id::new_message_id(),
         topic: E::TOPIC,
         payload,
         idempotency_key: key,

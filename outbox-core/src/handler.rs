@@ -370,7 +370,12 @@ impl Context {
     /// assert_eq!(ctx.attempt(), 1);
     /// ```
     pub fn for_test(topic: &str, handler: &'static str, resources: Resources) -> Self {
-        Self::for_delivery(crate::new_message_id(), topic, handler, resources)
+        Self::for_delivery(
+            crate::message_id::new_message_id(),
+            topic,
+            handler,
+            resources,
+        )
     }
 
     /// A context for a delivery of message `message_id` that does not come from this outbox's

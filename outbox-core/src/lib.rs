@@ -81,10 +81,10 @@
 mod backend;
 #[cfg(feature = "cli")]
 pub mod cli;
+mod clock;
 #[cfg(feature = "console")]
 pub mod console;
 pub mod diagnostics;
-mod clock;
 pub mod duration;
 mod enqueue;
 mod error;

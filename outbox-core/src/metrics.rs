@@ -102,7 +102,7 @@ static LAST_TOPICS: GaugeTopics = GaugeTopics::new();
 /// The statistics only list topics that have messages, so a topic that vanished since the last
 /// call (its dead letters discarded, its last message done) would keep its old gauge values for
 /// ever; its gauges are set to 0 instead.
-pub(crate) fn record_stats(stats: &crate::Stats, handled: &dyn Fn(&str) -> bool) {
+pub(crate) fn record_stats(stats: &crate::model::Stats, handled: &dyn Fn(&str) -> bool) {
     LAST_TOPICS.record(stats, handled);
 }
 
@@ -117,7 +117,7 @@ impl GaugeTopics {
 
     /// Writes the gauges of every topic in `stats`, and zeroes those of the topics written last
     /// time that `stats` no longer lists.
-    pub(crate) fn record(&self, stats: &crate::Stats, handled: &dyn Fn(&str) -> bool) {
+    pub(crate) fn record(&self, stats: &crate::model::Stats, handled: &dyn Fn(&str) -> bool) {
         let now: std::collections::BTreeSet<String> =
             stats.topics.iter().map(|t| t.topic.clone()).collect();
         let mut last = self
@@ -185,13 +185,13 @@ mod tests {
     use super::*;
     use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 
-    fn topic(name: &str, ready: i64, dead: i64) -> crate::TopicStats {
-        crate::TopicStats {
+    fn topic(name: &str, ready: i64, dead: i64) -> crate::model::TopicStats {
+        crate::model::TopicStats {
             topic: name.into(),
             ready,
             dead,
             oldest_ready_age: (ready > 0).then(|| std::time::Duration::from_secs(7)),
-            ..crate::TopicStats::default()
+            ..crate::model::TopicStats::default()
         }
     }
 
@@ -199,12 +199,12 @@ mod tests {
     /// as `name{label=value,...}` -> value. A gauge it did not write is absent.
     fn refresh(
         gauges: &GaugeTopics,
-        topics: Vec<crate::TopicStats>,
+        topics: Vec<crate::model::TopicStats>,
         handled: &dyn Fn(&str) -> bool,
     ) -> BTreeMap<String, f64> {
-        let stats = crate::Stats {
+        let stats = crate::model::Stats {
             topics,
-            total: crate::TopicStats::default(),
+            total: crate::model::TopicStats::default(),
         };
         let recorder = DebuggingRecorder::new();
         metrics::with_local_recorder(&recorder, || gauges.record(&stats, handled));

@@ -14,9 +14,9 @@ use crate::store::Store;
 ///
 /// # Errors
 ///
-/// [`Error::Database`](crate::Error::Database) when the database cannot be reached or refuses
-/// the DDL; [`Error::MigrationChanged`](crate::Error::MigrationChanged) and
-/// [`Error::MigrationUnknown`](crate::Error::MigrationUnknown) when the database's outbox schema
+/// [`Error::Database`](crate::error::Error::Database) when the database cannot be reached or refuses
+/// the DDL; [`Error::MigrationChanged`](crate::error::Error::MigrationChanged) and
+/// [`Error::MigrationUnknown`](crate::error::Error::MigrationUnknown) when the database's outbox schema
 /// does not match this build.
 ///
 /// # Cancellation safety

@@ -1,6 +1,6 @@
 //! The records the operations read and write: queue statistics, message and worker
 //! information, dead-letter selections. The storage backends build them, so they live apart from
-//! the operations on [`Store`](crate::Store), which call the backends.
+//! the operations on [`Store`](crate::store::Store), which call the backends.
 
 use std::fmt;
 use std::str::FromStr;
@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
-
 
 /// Counts of one topic (or of all topics, in [`Stats::total`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -181,7 +180,7 @@ pub struct MessageInfo {
     /// The ordering key, if it has one.
     pub ordering_key: Option<String>,
     /// The handlers that already succeeded for it, with when: a message with several handlers
-    /// retries only the others. Filled by [`Store::message`](crate::Store::message); empty in listings.
+    /// retries only the others. Filled by [`Store::message`](crate::store::Store::message); empty in listings.
     pub handlers_done: Vec<(String, DateTime<Utc>)>,
 }
 

@@ -23,7 +23,7 @@ impl HandlerRegistration {
     #[doc(hidden)]
     pub const fn __new<H: Handler + FromResources>() -> Self {
         Self {
-            topic: <H::Event as crate::Event>::TOPIC,
+            topic: <H::Event as crate::event::Event>::TOPIC,
             name: H::NAME,
             type_name: std::any::type_name::<H>,
             build: build_registered::<H>,
@@ -307,7 +307,8 @@ impl crate::model::Stats {
     /// Topics with pending messages that no handler of `registry` serves, with their counts.
     /// They stay pending until a worker that handles them runs.
     pub fn unhandled(&self, registry: &Registry) -> Vec<&crate::model::TopicStats> {
-        let known: std::collections::BTreeSet<&str> = registry.handlers().iter().map(|h| h.topic()).collect();
+        let known: std::collections::BTreeSet<&str> =
+            registry.handlers().iter().map(|h| h.topic()).collect();
         self.topics
             .iter()
             .filter(|t| t.pending() > 0 && !known.contains(t.topic.as_str()))

@@ -15,7 +15,7 @@ use sqlx::{Sqlite, SqlitePool, Transaction};
 /// SELECT-then-INSERT-and-[`enqueue`](crate::enqueue) transaction then fails now and then.
 ///
 /// `BEGIN IMMEDIATE` asks for the write lock first, waiting up to the busy timeout (10 s with
-/// [`sqlite_pool`](crate::sqlite_pool)) while another writer finishes, so everything the
+/// [`sqlite_pool`](crate::backend::sqlite::sqlite_pool)) while another writer finishes, so everything the
 /// transaction reads is current and its writes cannot be refused for a lock. SQLite has one
 /// writer at a time in any case; readers outside transactions are not blocked (WAL).
 ///
@@ -24,8 +24,8 @@ use sqlx::{Sqlite, SqlitePool, Transaction};
 ///
 /// # Errors
 ///
-/// [`Error::Database`](crate::Error::Database) when no connection can be had or the lock is
-/// not granted within the busy timeout ([`DatabaseErrorKind::Busy`](crate::DatabaseErrorKind::Busy)).
+/// [`Error::Database`](crate::error::Error::Database) when no connection can be had or the lock is
+/// not granted within the busy timeout ([`DatabaseErrorKind::Busy`](crate::error::DatabaseErrorKind::Busy)).
 ///
 /// # Cancellation safety
 ///
@@ -60,6 +60,6 @@ use sqlx::{Sqlite, SqlitePool, Transaction};
 /// ```
 pub async fn sqlite_begin_immediate(
     pool: &SqlitePool,
-) -> crate::Result<Transaction<'static, Sqlite>> {
+) -> crate::error::Result<Transaction<'static, Sqlite>> {
     Ok(pool.begin_with("BEGIN IMMEDIATE").await?)
 }

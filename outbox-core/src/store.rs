@@ -43,7 +43,7 @@ impl Store {
         }
     }
 
-    /// A store on a SQLite pool. Open the pool with [`sqlite_pool`](crate::sqlite_pool) (or
+    /// A store on a SQLite pool. Open the pool with [`sqlite_pool`](crate::backend::sqlite::sqlite_pool) (or
     /// the options of [`sqlite_options`](crate::sqlite_options)): WAL and a busy timeout.
     #[cfg(any(feature = "sqlite", feature = "sqlite-unbundled"))]
     pub fn sqlite(pool: sqlx::SqlitePool) -> Self {

@@ -3,7 +3,7 @@
 //! [`Backend`] impl, which hands each method to the file of its part), `migrate.rs`,
 //! `enqueue.rs`, `claim.rs`, `outcome.rs`, `ops.rs`, `workers.rs` and `wake.rs`.
 //!
-//! The [`Backend`] trait is internal and unstable; users see [`Store`](crate::Store) and
+//! The [`Backend`] trait is internal and unstable; users see [`Store`](crate::store::Store) and
 //! [`Connection`].
 
 use async_trait::async_trait;
@@ -145,7 +145,7 @@ pub(crate) trait Backend: Send + Sync + 'static {
     /// Pending topics with their counts, among topics not in `known`.
     async fn outbox_unknown_topics(&self, known: &[&str]) -> Result<Vec<(String, i64)>>;
 
-    /// Per-topic counts for [`Store::stats`](crate::Store::stats).
+    /// Per-topic counts for [`Store::stats`](crate::store::Store::stats).
     async fn outbox_stats(&self) -> Result<Vec<crate::model::TopicStats>>;
 
     /// Messages done per minute over the last `minutes` minutes, oldest first: `(minute start,

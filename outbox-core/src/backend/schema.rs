@@ -44,6 +44,16 @@ pub(crate) fn pending<'a>(
         .collect())
 }
 
+/// FNV-1a, 64 bits: a stable hash of a migration's SQL (the same on every build and platform).
+fn fnv1a(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -91,14 +101,4 @@ mod tests {
             "{err}"
         );
     }
-}
-
-/// FNV-1a, 64 bits: a stable hash of a migration's SQL (the same on every build and platform).
-fn fnv1a(bytes: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in bytes {
-        h ^= u64::from(*b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    h
 }

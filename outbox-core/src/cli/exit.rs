@@ -13,7 +13,7 @@
 //!
 //! [`for_error`] maps an [`Error`] to its code.
 
-use crate::{DatabaseErrorKind, Error};
+use crate::{error::DatabaseErrorKind, error::Error};
 
 /// Ran and stopped cleanly (or `--once` finished its batch).
 pub const OK: u8 = 0;

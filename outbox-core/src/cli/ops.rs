@@ -30,7 +30,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use super::{connect, duration, error_line, exit, init_logging_with, print_stats};
-use crate::{DeadLetterFilter, DeadSelection, Store};
+use crate::{model::DeadLetterFilter, model::DeadSelection, store::Store};
 use clap::{Args, Parser, Subcommand};
 use uuid::Uuid;
 
@@ -89,7 +89,7 @@ enum Command {
         #[arg(long, value_parser = duration)]
         older_than: Duration,
         /// Rows per delete statement (1 to 1,000,000).
-        #[arg(long, default_value_t = crate::DEFAULT_PURGE_BATCH, value_parser = batch)]
+        #[arg(long, default_value_t = crate::ops::DEFAULT_PURGE_BATCH, value_parser = batch)]
         batch: usize,
         /// Purge the dedup handler's processed-id records instead of messages.
         #[arg(long)]
@@ -198,7 +198,7 @@ impl Which {
 
 /// Serves the console until SIGTERM or SIGINT.
 #[cfg(feature = "console")]
-async fn console(args: &ConsoleArgs, store: Store) -> crate::Result<u8> {
+async fn console(args: &ConsoleArgs, store: Store) -> crate::error::Result<u8> {
     let config = args.config();
     let read_only = config.is_read_only();
     let listener = match tokio::net::TcpListener::bind(args.addr).await {
@@ -273,7 +273,7 @@ pub async fn main() -> ExitCode {
     }
 }
 
-async fn run(command: Command, store: Store) -> crate::Result<u8> {
+async fn run(command: Command, store: Store) -> crate::error::Result<u8> {
     match command {
         Command::Migrate => {
             crate::migrate(store).await?;

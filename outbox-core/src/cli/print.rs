@@ -8,7 +8,7 @@ use super::exit;
 use crate::registry::Registry;
 use crate::resources::ResourceError;
 use crate::worker::Worker;
-use crate::{Error, Store};
+use crate::{error::Error, store::Store};
 
 /// Prints what `--list-topics` shows, and returns its exit code.
 ///
@@ -21,7 +21,7 @@ use crate::{Error, Store};
 /// Exits with [`exit::OK`] when the worker would start, and with [`exit::CONFIG`] (the code
 /// the worker itself would exit with) when something is missing.
 pub(super) async fn list_topics(
-    built: &crate::Result<Worker>,
+    built: &crate::error::Result<Worker>,
     served_elsewhere: &[String],
     store: &Store,
 ) -> ExitCode {
@@ -91,7 +91,7 @@ pub(super) async fn list_topics(
 }
 
 /// An error and its sources on one line, for a binary's `error: ...` message: see
-/// [`Error::line`](crate::Error::line).
+/// [`Error::line`](crate::error::Error::line).
 pub fn error_line(e: &crate::error::Error) -> String {
     e.line()
 }
@@ -99,12 +99,13 @@ pub fn error_line(e: &crate::error::Error) -> String {
 /// Prints queue statistics as a table (or JSON), with the pending topics that `registry` has
 /// no handler for listed apart when a registry is given, and the topics whose ready messages
 /// no live worker serves listed apart always.
-pub fn print_stats(stats: &crate::Stats, registry: Option<&Registry>, json: bool) {
-    let unhandled: Vec<&crate::TopicStats> =
+pub fn print_stats(stats: &crate::model::Stats, registry: Option<&Registry>, json: bool) {
+    let unhandled: Vec<&crate::model::TopicStats> =
         registry.map(|r| stats.unhandled(r)).unwrap_or_default();
-    let unserved: Vec<&crate::TopicStats> = stats.topics.iter().filter(|t| t.unserved()).collect();
+    let unserved: Vec<&crate::model::TopicStats> =
+        stats.topics.iter().filter(|t| t.unserved()).collect();
     if json {
-        let row = |t: &crate::TopicStats| {
+        let row = |t: &crate::model::TopicStats| {
             serde_json::json!({
                 "topic": t.topic, "ready": t.ready, "scheduled": t.scheduled, "in_flight": t.in_flight,
                 "stalled": t.stalled, "dead": t.dead, "done_last_5m": t.done_last_5m,
@@ -123,7 +124,7 @@ pub fn print_stats(stats: &crate::Stats, registry: Option<&Registry>, json: bool
         println!("{doc}");
         return;
     }
-    let line = |t: &crate::TopicStats| {
+    let line = |t: &crate::model::TopicStats| {
         let age = t
             .oldest_ready_age
             .map(|d| format!("{:.1}s", d.as_secs_f64()))

@@ -212,17 +212,17 @@ where
     ExitCode::from(code)
 }
 
-/// Connects to `url` and returns a [`Store`](crate::Store) for it.
+/// Connects to `url` and returns a [`Store`](crate::store::Store) for it.
 ///
 /// # Errors
 ///
-/// [`Error::Database`](crate::Error::Database) when the URL is bad or the server unreachable;
-/// [`Error::Config`](crate::Error::Config) for a database kind this build does not support.
+/// [`Error::Database`](crate::error::Error::Database) when the URL is bad or the server unreachable;
+/// [`Error::Config`](crate::error::Error::Config) for a database kind this build does not support.
 ///
 /// # Cancellation safety
 ///
 /// Cancellation safe.
-pub async fn connect(url: &str) -> crate::Result<crate::Store> {
+pub async fn connect(url: &str) -> crate::error::Result<crate::store::Store> {
     #[cfg(feature = "postgres")]
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
         use sqlx::ConnectOptions;
@@ -234,13 +234,15 @@ pub async fn connect(url: &str) -> crate::Result<crate::Store> {
             .max_connections(10)
             .acquire_timeout(std::time::Duration::from_secs(10))
             .connect_lazy_with(options);
-        return Ok(crate::Store::postgres(pool));
+        return Ok(crate::store::Store::postgres(pool));
     }
     #[cfg(any(feature = "sqlite", feature = "sqlite-unbundled"))]
     if url.starts_with("sqlite:") {
-        return Ok(crate::Store::sqlite(crate::sqlite_pool(url).await?));
+        return Ok(crate::store::Store::sqlite(
+            crate::backend::sqlite::sqlite_pool(url).await?,
+        ));
     }
-    Err(crate::Error::Config(format!(
+    Err(crate::error::Error::Config(format!(
         "unsupported database URL `{}`: use postgres:// or sqlite:",
         url.split(':').next().unwrap_or("")
     )))

@@ -150,8 +150,8 @@ impl WorkerBuilder {
     ///
     /// # Errors
     ///
-    /// [`Error::Resource`](crate::Error::Resource) when a handler cannot be built, [`Error::Registry`](crate::Error::Registry) when there are no
-    /// handlers or two handlers of a topic share a name, [`Error::Config`](crate::Error::Config) for bad settings.
+    /// [`Error::Resource`](crate::error::Error::Resource) when a handler cannot be built, [`Error::Registry`](crate::error::Error::Registry) when there are no
+    /// handlers or two handlers of a topic share a name, [`Error::Config`](crate::error::Error::Config) for bad settings.
     pub fn build(self) -> Result<Worker> {
         let mut handlers: Vec<Arc<dyn ErasedHandler>> = Vec::new();
         for reg in self.registry.handlers() {

@@ -117,8 +117,8 @@ struct Shared {
 ///
 /// # Errors
 ///
-/// [`Error::Database`](crate::Error::Database) of kind
-/// [`MissingSchema`](crate::DatabaseErrorKind::MissingSchema) when the outbox tables are missing
+/// [`Error::Database`](crate::error::Error::Database) of kind
+/// [`MissingSchema`](crate::error::DatabaseErrorKind::MissingSchema) when the outbox tables are missing
 /// at start: the worker refuses to run on a database `migrate` never ran on, instead of
 /// retrying for ever. A database that goes away later is retried.
 pub(super) async fn run(
@@ -345,7 +345,7 @@ async fn claim_loop(
     shared: Arc<Shared>,
     wake: Arc<Wakeups>,
     stop: CancellationToken,
-) -> Option<crate::Error> {
+) -> Option<crate::error::Error> {
     let (shared, wake, stop) = (&shared, &wake, &stop);
     let mut claimed_once = false;
     let worker = &shared.worker;
@@ -383,14 +383,14 @@ async fn claim_loop(
             }
             Err(e) => {
                 let kind = e.database_kind();
-                if !claimed_once && kind == Some(crate::DatabaseErrorKind::MissingSchema) {
+                if !claimed_once && kind == Some(crate::error::DatabaseErrorKind::MissingSchema) {
                     tracing::error!(error = %crate::diagnostics::error_chain(&e), "the worker cannot start: the outbox tables are missing; run `outbox migrate` (or outbox::migrate) on this database");
                     return Some(e);
                 }
                 db_failures += 1;
                 let delay = reconnect_delay(db_failures);
                 let error = crate::diagnostics::error_chain(&e);
-                if kind == Some(crate::DatabaseErrorKind::Connection) {
+                if kind == Some(crate::error::DatabaseErrorKind::Connection) {
                     tracing::warn!(error, retry_in = ?delay, "claim failed: the database may be down; retrying");
                 } else {
                     tracing::warn!(error, retry_in = ?delay, "claim failed; retrying");

@@ -267,7 +267,7 @@ impl Worker {
     ///
     /// # Errors
     ///
-    /// [`Error::Database`] of kind [`MissingSchema`](crate::DatabaseErrorKind::MissingSchema)
+    /// [`Error::Database`] of kind [`MissingSchema`](crate::error::DatabaseErrorKind::MissingSchema)
     /// when the outbox tables are missing at start (run [`migrate`](crate::migrate) first):
     /// the worker refuses to run instead of retrying for ever, while a database that cannot be
     /// reached at start, or goes away later, is retried.
@@ -353,7 +353,7 @@ impl Worker {
     async fn refresh_stats(&self, backend: &dyn Backend) {
         match backend.outbox_stats().await {
             Ok(topics) => {
-                let stats = crate::Stats::from_topics(topics);
+                let stats = crate::model::Stats::from_topics(topics);
                 let served = &self.inner.topics;
                 crate::metrics::record_stats(&stats, &|t| served.contains_key(t));
                 let mine = || {

@@ -129,10 +129,7 @@ impl FileTransport {
             if !stem.is_empty() {
                 stem.push('-');
             }
-            stem.push_str(&format!(
-                "{:016x}",
-                outbox::__private::fnv1a(idempotency_key.as_bytes())
-            ));
+            stem.push_str(&format!("{:016x}", fnv1a(idempotency_key.as_bytes())));
         }
         stem.push_str(".json");
         stem
@@ -201,6 +198,14 @@ fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result<PathBuf
         let _ = d.sync_all();
     }
     Ok(target)
+}
+
+/// FNV-1a, 64 bits: a hash of the idempotency key that is the same on every build and
+/// platform, so a retry finds the file its first attempt wrote.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h: u64, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+    })
 }
 
 #[cfg(test)]

@@ -14,8 +14,8 @@ use sqlx::Row;
 use uuid::Uuid;
 
 use super::{ms, parse_uuid, time, uuids, SqliteBackend};
-use crate::clock::now_ms;
 use crate::backend::{ClaimParams, ClaimedMessage, RELEASED_WALK_INTERVAL};
+use crate::clock::now_ms;
 use crate::error::{Error, Result};
 
 /// Up to `?6` unordered messages of topic `?5`, in due order (one statement per topic keeps

@@ -2,8 +2,8 @@
 
 use sqlx::sqlite::SqlitePool;
 
-use crate::clock::now_ms;
 use crate::backend::schema::{self, Migration};
+use crate::clock::now_ms;
 use crate::error::Result;
 
 const MIGRATIONS: &[Migration] = &[

@@ -8,8 +8,8 @@ use sqlx::Row;
 use uuid::Uuid;
 
 use super::{ms, parse_uuid, time, LIVE_MS};
-use crate::clock::now_ms;
 use crate::backend::selection;
+use crate::clock::now_ms;
 use crate::error::Result;
 use crate::model::{DeadLetterFilter, DeadSelection, MessageInfo, TopicStats};
 

@@ -12,8 +12,8 @@ use sqlx::sqlite::SqlitePool;
 use uuid::Uuid;
 
 use super::{fence_pairs, ms, uuids};
-use crate::clock::now_ms;
 use crate::backend::{Done, Failure, Fence};
+use crate::clock::now_ms;
 use crate::error::Result;
 
 /// Deletes the done messages of `?1`, a JSON array of (id, claim token) pairs, each only under

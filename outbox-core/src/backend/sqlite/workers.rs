@@ -5,8 +5,8 @@ use uuid::Uuid;
 use sqlx::sqlite::SqlitePool;
 
 use super::{parse_uuid, time, LIVE_MS};
-use crate::clock::now_ms;
 use crate::backend::Beat;
+use crate::clock::now_ms;
 use crate::error::{Error, Result};
 use crate::model::WorkerInfo;
 

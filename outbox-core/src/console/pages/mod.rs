@@ -39,7 +39,7 @@ fn html(status: StatusCode, page: String) -> Response {
 }
 
 /// The error page for a failed store call.
-fn failure(f: &Frame<'_>, e: &crate::Error) -> Response {
+fn failure(f: &Frame<'_>, e: &crate::error::Error) -> Response {
     let body = format!(
         "<h1>Something went wrong</h1><div class=\"notice bad\"><pre>{}</pre></div>",
         esc(&e.to_string())

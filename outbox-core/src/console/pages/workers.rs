@@ -26,7 +26,7 @@ struct WorkerRow {
 }
 
 /// The live workers (heartbeat within seconds), from the store's worker listing.
-async fn live_workers(store: &Store) -> crate::Result<Option<Vec<WorkerRow>>> {
+async fn live_workers(store: &Store) -> crate::error::Result<Option<Vec<WorkerRow>>> {
     Ok(Some(
         store
             .workers()

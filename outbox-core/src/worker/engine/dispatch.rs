@@ -301,7 +301,7 @@ impl Worker {
         backend: &dyn Backend,
         limit: usize,
         released: &[Arc<str>],
-    ) -> crate::Result<Vec<ClaimedMessage>> {
+    ) -> crate::error::Result<Vec<ClaimedMessage>> {
         // A claim fills its batch topic by topic; each claim starts one topic further on.
         let mut topics: Vec<&str> = self.inner.topics.keys().copied().collect();
         let first = self.inner.next_topic.fetch_add(1, Ordering::Relaxed);
