@@ -137,63 +137,7 @@ impl std::fmt::Debug for WorkerArgs {
     }
 }
 
-/// `url` with the password replaced by `***`, for logs and `Debug`: the one in the user
-/// information (`postgres://user:***@host/db`) and a `password` query parameter
-/// (`?password=***`). Everything else is kept, so the host and database stay readable.
-///
-/// ```
-/// use outbox::cli::redact_url;
-///
-/// assert_eq!(
-///     redact_url("postgres://app:s3cret@db.internal:5432/app"),
-///     "postgres://app:***@db.internal:5432/app"
-/// );
-/// assert_eq!(
-///     redact_url("postgres://db/app?user=app&password=s3cret&sslmode=require"),
-///     "postgres://db/app?user=app&password=***&sslmode=require"
-/// );
-/// assert_eq!(redact_url("sqlite:outbox.db"), "sqlite:outbox.db");
-/// ```
-pub fn redact_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        // `sqlite:...` and the like: no user information, maybe a query.
-        return redact_query(url);
-    };
-    // The user information ends at the last `@`: a password may hold `/`, `?`, `#` or `@`
-    // unencoded. (A later `@`, in the path or the query, hides more than needed, never less.)
-    let (userinfo, after) = match rest.rfind('@') {
-        Some(at) => (Some(&rest[..at]), &rest[at + 1..]),
-        None => (None, rest),
-    };
-    let mut out = format!("{scheme}://");
-    if let Some(userinfo) = userinfo {
-        match userinfo.split_once(':') {
-            Some((user, _password)) => {
-                out.push_str(user);
-                out.push_str(":***");
-            }
-            None => out.push_str(userinfo),
-        }
-        out.push('@');
-    }
-    out.push_str(&redact_query(after));
-    out
-}
-
-/// `rest` with the value of every `password` query parameter replaced by `***`.
-fn redact_query(rest: &str) -> String {
-    let Some((head, query)) = rest.split_once('?') else {
-        return rest.to_string();
-    };
-    let pairs: Vec<String> = query
-        .split('&')
-        .map(|pair| match pair.split_once('=') {
-            Some((name, _)) if name.eq_ignore_ascii_case("password") => format!("{name}=***"),
-            _ => pair.to_string(),
-        })
-        .collect();
-    format!("{head}?{}", pairs.join("&"))
-}
+pub use crate::diagnostics::redact_url;
 
 /// The longest duration any flag takes: 100 years (of 365.25 days, as `100y` is read), far
 /// beyond any sensible setting and well inside every timestamp type, so an absurd value is

@@ -2,8 +2,6 @@
 //! credentials), the credentials (a token, its sign-in cookie, or basic auth), the origin of a
 //! POST and the read-only mode; then the security headers on every answer.
 
-use std::net::IpAddr;
-
 use axum::extract::{OriginalUri, Request, State};
 use axum::http::header::{self, HeaderMap, HeaderValue};
 use axum::http::{Method, StatusCode};
@@ -71,16 +69,10 @@ fn authorized(c: &Console, headers: &HeaderMap) -> bool {
 
 /// Whether the `Host` header names this machine's loopback.
 fn loopback_host(headers: &HeaderMap) -> bool {
-    let Some(host) = headers.get(header::HOST).and_then(|v| v.to_str().ok()) else {
-        return false;
-    };
-    let name = if let Some(rest) = host.strip_prefix('[') {
-        rest.split(']').next().unwrap_or("")
-    } else {
-        host.rsplit_once(':').map_or(host, |(h, _)| h)
-    };
-    name.eq_ignore_ascii_case("localhost")
-        || name.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
+    headers
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(crate::diagnostics::is_loopback_host)
 }
 
 /// Whether a POST comes from a page of this console: its `Origin`, when the browser sends
