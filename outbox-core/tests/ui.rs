@@ -1,6 +1,7 @@
-//! Compile-time tests of `#[outbox_event]`: what it accepts, and how it explains each mistake.
+//! Compile-time tests: what `#[outbox_event]` accepts and how it explains each mistake, and
+//! how the compiler answers a first-time user's mistakes with `enqueue`.
 //!
-//! Each file under `ui/outbox_event/fail` makes one mistake; the `.stderr` beside it is the
+//! Each file under `ui/*/fail` makes one mistake; the `.stderr` beside it is the
 //! diagnostic a user sees. Regenerate them with `TRYBUILD=overwrite` and read the diff.
 
 #[test]
@@ -16,4 +17,13 @@ fn ui() {
     let t = trybuild::TestCases::new();
     t.compile_fail("tests/ui/outbox_event/fail/*.rs");
     t.pass("tests/ui/outbox_event/pass/*.rs");
+}
+
+/// `enqueue(&pool, ..)`, `enqueue(&mut pool, ..)` and `enqueue(&mut tx, ..)`: each answered
+/// with what to pass instead (`&mut *tx`), on PostgreSQL, whose pool the cases use.
+#[cfg(feature = "postgres")]
+#[test]
+fn ui_enqueue() {
+    let t = trybuild::TestCases::new();
+    t.compile_fail("tests/ui/enqueue/fail/*.rs");
 }

@@ -48,6 +48,12 @@ mod sealed {
 ///
 /// Sealed: the outbox's SQL lives in this crate, one module per database.
 #[async_trait]
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a connection that `enqueue` can write to",
+    label = "pass `&mut *tx` (your transaction) or `&mut *conn` (a connection) here",
+    note = "enqueue writes into your own transaction, so that the event commits or rolls back with your change: `let mut tx = pool.begin().await?; enqueue(&mut *tx, &event).await?; tx.commit().await?;`",
+    note = "a pool is not a connection, and a `Transaction` is passed as `&mut *tx`, which derefs to the connection it holds"
+)]
 pub trait Connection: sealed::Sealed + Send {
     #[doc(hidden)]
     async fn __insert(&mut self, rows: &[NewMessage]) -> Result<(), sqlx::Error>;
