@@ -90,7 +90,7 @@ impl Context {
 
     /// The key to send downstream so the effect happens once, identical on every retry.
     ///
-    /// The key given at enqueue time or returned by [`Event::idempotency_key`] if there was one;
+    /// The key given at enqueue time or returned by [`Event::idempotency_key`](crate::event::Event::idempotency_key) if there was one;
     /// otherwise `"{message_id}:{handler_name}"`.
     pub fn idempotency_key(&self) -> &str {
         &self.idempotency_key
