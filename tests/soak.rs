@@ -853,8 +853,8 @@ async fn validate_trace(pool: &PgPool, logs: &Path) -> Result<String, String> {
     validator.replay(events);
     match validator.finish(&finals) {
         Ok(s) => Ok(format!(
-            "events={} messages={} claims={} lapsed_leases={} unseen_claims={} fences_lost={} killed_workers={}",
-            s.events, s.messages, s.claims, s.lapsed_leases, s.unseen_claims, s.fences_lost, s.killed_workers
+            "events={} messages={} claims={} lapsed_leases={} unseen_claims={} fences_lost={} reordered={} killed_workers={}",
+            s.events, s.messages, s.claims, s.lapsed_leases, s.unseen_claims, s.fences_lost, s.reordered, s.killed_workers
         )),
         Err(violations) => Err(format!(
             "the protocol trace breaks the model in {} step(s): {}",

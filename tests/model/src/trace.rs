@@ -146,7 +146,8 @@ pub struct Summary {
     /// Writes that changed fewer messages than the model expected (a claim recorded later, or
     /// an unseen step, took them first).
     pub fences_lost: usize,
-    /// Workers whose trace ends without `stopped` (SIGKILLed).
+    /// Workers whose trace ends without a complete `stopped` (SIGKILLed, or their final writes cut
+    /// short).
     pub killed_workers: usize,
 }
 
@@ -168,8 +169,9 @@ struct Message {
     /// A write under this claim may have changed it without the model knowing (an `error`
     /// event, or a write that changed fewer messages than expected).
     open: bool,
-    /// When its last event was a claim: that claim, and the message before it, so that a
-    /// statement that ran before the claim but was recorded after it can go first.
+    /// When its last event but handler starts was a claim: that claim, and the message before
+    /// it, so that a statement that ran before the claim but was recorded after it can go
+    /// first.
     before_claim: Option<Box<(Event, Row, Message)>>,
 }
 
@@ -217,7 +219,9 @@ impl Validator {
         events.sort_by_key(|e| e.t);
         for e in &events {
             self.workers.insert(e.worker.clone());
-            if e.action == "stopped" {
+            // A worker whose final writes did not finish in time may have left steps unseen,
+            // as a killed one.
+            if e.action == "stopped" && e.complete == Some(true) {
                 self.stopped.insert(e.worker.clone());
             }
         }
@@ -419,9 +423,12 @@ impl Validator {
             })
             .flatten()
             .map(|m| (m, self.table.rows[m], self.messages[m].clone()));
-        for id in Self::touched(e) {
-            let m = self.message(&id, None);
-            self.messages[m].before_claim = None;
+        // A handler's start changes no row: the claim before it may still be undone.
+        if e.action != "start" {
+            for id in Self::touched(e) {
+                let m = self.message(&id, None);
+                self.messages[m].before_claim = None;
+            }
         }
         self.apply(e);
         if let Some((m, row, mut before)) = claimed {
@@ -480,7 +487,8 @@ impl Validator {
         if lease.is_some() {
             self.summary.lapsed_leases += 1;
         }
-        if attempt < attempts + 1 {
+        // An open message may have been handed back unseen (its attempt then not counted).
+        if attempt < attempts + 1 && !self.messages[m].open {
             self.violation(
                 e.t,
                 format!(
@@ -489,7 +497,7 @@ impl Validator {
                 ),
             );
         } else {
-            self.summary.unseen_claims += u64::from(attempt - attempts - 1);
+            self.summary.unseen_claims += u64::from(attempt.saturating_sub(attempts + 1));
         }
         let holder = self.holder(&e.worker);
         let row = &mut self.table.rows[m];

@@ -159,6 +159,7 @@ fn events_recorded_in_the_other_order_than_their_statements_are_accepted() {
     let trace = [
         claim(1, "w1", A, "t1", 1, None),
         claim(3, "w2", A, "t2", 2, None),
+        format!(r#"{{"t":3,"action":"start","worker":"w2","message":"{A}","token":"t2"}}"#),
         failed(4, "w1", A, "t1", true, true),
         batch(5, "done", "w2", A, "t2", 1),
         stopped(6, "w1"),
