@@ -120,16 +120,25 @@
 //!
 //! Messages that a done write claims (PostgreSQL) go through a channel to `start_claimed`,
 //! which starts one batch at a time and waits in `start_all` for handler slots; until a batch
-//! is in the worker's flights its leases are not renewed. If a batch waits there longer than
-//! the lease (handlers slower than the lease hold every slot), its leases run out and another
+//! is in the worker's flights its leases are not renewed, against the README's promise that a
+//! message waiting for a handler slot keeps its lease. If a batch waits there longer than the
+//! lease (handlers slower than the lease hold every slot), its leases run out and another
 //! claim (another worker's, or this worker's claim loop) takes those messages, counting an
-//! attempt. When `start_claimed` reaches the stale batch, `start_all` puts it in the flights
-//! in place of a newer claim of the same message by this worker, runs it again, and stops
-//! renewing the newer claim, which is not handed back at shutdown either: the stopped worker
-//! keeps it until its lease runs out. `tests/variants.rs`
-//! (`finding_a_lapsed_chained_claim_replaces_a_newer_claim`, with
-//! [`Config::chained_leases_lapse`]) reproduces it; the default checks assume such a lease
-//! does not run out while it waits.
+//! attempt; when `start_claimed` reaches the stale batch, the message runs again under the
+//! stale claim, after the newer claim may have finished it. If the newer claim is this
+//! worker's own, `start_all` puts the stale claim in the flights in its place: the newer
+//! claim's outcome is then not landed, its lease no longer renewed, and not handed back at
+//! shutdown either, so the stopped worker keeps it until it runs out.
+//!
+//! - `tests/variants.rs`, `finding_a_lapsed_chained_claim_replaces_a_newer_claim` (with
+//!   [`Config::chained_leases_lapse`]): the model's counterexample, down to the stopped worker
+//!   still holding the newer claim. The default checks assume such a lease does not run out
+//!   while it waits.
+//! - `tests/chained_lease.rs` in `outbox-tests` (ignored, as it fails on today's code; run it
+//!   with `cargo test -p outbox-tests --test chained_lease -- --ignored --nocapture`): on
+//!   PostgreSQL, a key's next message claimed by a done write waits behind another batch while
+//!   handlers slower than the lease hold both slots; another worker claims it at attempt 2 and
+//!   finishes it, and then the first worker runs it again at attempt 1.
 //!
 //! # Trace validation
 //!
