@@ -22,6 +22,11 @@
 //! per message, every handler reached, duplicates only where a kill explains them, enqueued ==
 //! DONE + DEAD; and it prints one summary line.
 //!
+//! The workers also record their protocol steps (claims, starts, renewals, outcome writes,
+//! hand-backs) in a trace, one file per process (`OUTBOX_PROTOCOL_TRACE`); at the end the soak
+//! replays the traces through the protocol's model (`tests/model`, its `trace` module says what
+//! that checks and what a trace cannot tell) and fails on a step the model does not allow.
+//!
 //! Knobs (environment): `SOAK_MESSAGES` (default 52000), `SOAK_RATE` (messages a second of the
 //! steady production, default 260), `SOAK_SEED` (the kill schedule),
 //! `SOAK_VERBOSE=1` (progress lines), and `SOAK_RESTART_POSTGRES=1`: the second mode, run by
@@ -33,12 +38,13 @@ use std::fs::File;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use outbox::{enqueue_many, outbox_event};
-use outbox_tests::pg;
+use outbox_model::trace::{Final, Validator};
+use outbox_tests::{pg, protocol_trace};
 use serde::{Deserialize, Serialize};
 use sqlx::{Connection, PgConnection, PgPool};
 use tokio::process::{Child, Command};
@@ -312,6 +318,9 @@ struct Fleet {
     unexpected: Vec<(String, ExitStatus)>,
 }
 
+/// Worker processes spawned so far: each records its protocol trace in a file of its own.
+static SPAWNED: AtomicUsize = AtomicUsize::new(0);
+
 fn worker_name(slot: usize, pid: u32) -> String {
     format!("soak-w{slot}:{pid}")
 }
@@ -330,6 +339,13 @@ impl Fleet {
             .env("RUST_LOG", "warn")
             .env("NO_COLOR", "1")
             .env("HOSTNAME", format!("soak-w{slot}"))
+            .env(
+                protocol_trace::ENV,
+                logs.join(format!(
+                    "protocol-{slot}-{}.jsonl",
+                    SPAWNED.fetch_add(1, Ordering::Relaxed)
+                )),
+            )
             .stdin(Stdio::null())
             .stdout(Stdio::from(log.try_clone().expect("clone the log file")))
             .stderr(Stdio::from(log))
@@ -753,6 +769,13 @@ async fn run() {
 
     let report = check(&db.pool, &s, &chaos, enqueued.load(Ordering::SeqCst)).await;
     failures.extend(report.failures);
+    let traced = match validate_trace(&db.pool, &logs).await {
+        Ok(summary) => summary,
+        Err(e) => {
+            failures.push(e);
+            String::from("failed")
+        }
+    };
     let messages = enqueued.load(Ordering::SeqCst);
     let mut line = format!(
         "soak: messages={messages} kills={} connection_kills={} duplicates={} dead={} wall={:.1}s rate={:.1} msg/s",
@@ -771,6 +794,7 @@ async fn run() {
         chaos.postgres_restarts,
         s.seed
     ));
+    line.push_str(&format!(" trace: {traced}"));
     if !fleet.unexpected.is_empty() {
         line.push_str(&format!(" worker_exits={}", fleet.unexpected.len()));
     }
@@ -788,6 +812,55 @@ async fn run() {
             db.name,
             logs.display()
         );
+    }
+}
+
+/// Replays the workers' protocol traces through the model's statements (`tests/model`, see
+/// its `trace` module for what that checks and what a trace cannot tell) and compares the
+/// model's final state of every message with the database's. Returns the summary.
+async fn validate_trace(pool: &PgPool, logs: &Path) -> Result<String, String> {
+    let mut events = Vec::new();
+    let entries = std::fs::read_dir(logs).map_err(|e| format!("trace: {e}"))?;
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if !path.to_string_lossy().ends_with(".jsonl") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).map_err(|e| format!("trace: {e}"))?;
+        events
+            .extend(Validator::parse(&text).map_err(|e| format!("trace {}: {e}", path.display()))?);
+    }
+    if events.is_empty() {
+        return Err("trace: the workers recorded no protocol event".into());
+    }
+    let statuses: Vec<(String, String)> =
+        sqlx::query_as("SELECT id::text, status FROM soak_messages")
+            .fetch_all(pool)
+            .await
+            .map_err(|e| format!("trace: reading the final statuses: {e}"))?;
+    let finals: HashMap<String, Final> = statuses
+        .into_iter()
+        .map(|(id, status)| {
+            let state = match status.as_str() {
+                "done" => Final::Done,
+                "dead" => Final::Dead,
+                _ => Final::Live,
+            };
+            (id, state)
+        })
+        .collect();
+    let mut validator = Validator::new();
+    validator.replay(events);
+    match validator.finish(&finals) {
+        Ok(s) => Ok(format!(
+            "events={} messages={} claims={} lapsed_leases={} unseen_claims={} fences_lost={} reordered={} killed_workers={}",
+            s.events, s.messages, s.claims, s.lapsed_leases, s.unseen_claims, s.fences_lost, s.reordered, s.killed_workers
+        )),
+        Err(violations) => Err(format!(
+            "the protocol trace breaks the model in {} step(s): {}",
+            violations.len(),
+            sample(&violations.iter().map(ToString::to_string).collect::<Vec<_>>())
+        )),
     }
 }
 

@@ -348,6 +348,8 @@ register_handler!(Paced<Dedup<Ledger, sqlx::Postgres>>);
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    // The protocol trace the soak checks against the model, when it asks for one.
+    outbox_tests::protocol_trace::install("info");
     // Keep the event types' registrations referenced (the topics are checked at start-up).
     let _ = [
         InvoiceIssued::TOPIC,

@@ -6,6 +6,7 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection, PgConnection, PgPool, SqlitePool};
 use uuid::Uuid;
 
+pub mod protocol_trace;
 mod throwaway;
 
 /// The server the PostgreSQL tests use: `DATABASE_URL`, else the local test server, else a

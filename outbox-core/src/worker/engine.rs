@@ -28,6 +28,7 @@ mod dispatch;
 
 use super::config::{reconnect_delay, Wakeup};
 use super::process::{Outcome, Watch};
+use super::protocol;
 use super::wake::{
     idle_wait, listen, NapEnd, Rate, Wakeups, HOT_POLL, HOT_WINDOW, SETTLE_LOOKS, STREAM_RATE,
 };
@@ -187,6 +188,7 @@ pub(super) async fn run(
         },
     ));
     tokio::spawn(start_claimed(
+        worker.inner.id,
         Arc::downgrade(&shared),
         backend.clone(),
         start_rx,
@@ -219,6 +221,7 @@ pub(super) async fn run(
         // Nothing was claimed: stop at once.
         stop.cancel();
     }
+    protocol::lifecycle(worker.inner.id, "stop", true);
 
     // From the stop request to the deadline, as one bounded unit: whatever is claimed and not
     // started goes back at once (again each tick, for what the claim loop's last statement or a
@@ -263,7 +266,12 @@ pub(super) async fn run(
             }
             let fences: Vec<Fence> = left.iter().map(|f| f.fence).collect();
             let ids: Vec<String> = fences.iter().map(|f| f.id.to_string()).collect();
-            match backend.outbox_hand_back(&fences).await {
+            let handed_back = backend.outbox_hand_back(&fences).await;
+            match &handed_back {
+                Ok(n) => protocol::written(worker_id, "hand_back", fences.iter().copied(), *n),
+                Err(_) => protocol::error(worker_id, "hand_back", fences.iter().copied()),
+            }
+            match handed_back {
                 Ok(n) => tracing::warn!(
                     count = n,
                     ids = %ids.join(","),
@@ -288,10 +296,11 @@ pub(super) async fn run(
         // The engine's own pool: closed now, not whenever its last handle is dropped.
         backend.close().await;
     };
-    if tokio::time::timeout_at((deadline + FINAL_WRITES).into(), final_writes)
+    let complete = tokio::time::timeout_at((deadline + FINAL_WRITES).into(), final_writes)
         .await
-        .is_err()
-    {
+        .is_ok();
+    protocol::lifecycle(worker_id, "stopped", complete);
+    if !complete {
         tracing::warn!(
             "the final writes of the shutdown did not finish in time (is the database reachable?); \
              messages not handed back run again when their lease runs out"
@@ -308,6 +317,7 @@ pub(super) async fn run(
 /// what comes after that is handed back, ready again at once. It holds the engine's state only
 /// while it starts a batch, so the flusher still ends when the worker stops.
 async fn start_claimed(
+    worker: Uuid,
     shared: std::sync::Weak<Shared>,
     backend: Arc<dyn Backend>,
     mut rx: mpsc::UnboundedReceiver<Vec<crate::backend::ClaimedMessage>>,
@@ -333,8 +343,12 @@ async fn start_claimed(
                 claim_token: m.claim_token,
             })
             .collect();
-        if let Err(e) = backend.outbox_hand_back(&fences).await {
-            tracing::warn!(error = %e, count = fences.len(), "could not hand back messages claimed while the worker stopped; they run again when their lease runs out");
+        match backend.outbox_hand_back(&fences).await {
+            Ok(n) => protocol::written(worker, "hand_back", fences.iter().copied(), n),
+            Err(e) => {
+                protocol::error(worker, "hand_back", fences.iter().copied());
+                tracing::warn!(error = %e, count = fences.len(), "could not hand back messages claimed while the worker stopped; they run again when their lease runs out");
+            }
         }
     }
 }

@@ -10,6 +10,7 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::config::reconnect_delay;
+use super::protocol;
 use super::wake::Wakeups;
 use crate::backend::{Backend, ClaimParams, ClaimedMessage, Done};
 
@@ -131,8 +132,13 @@ async fn write(
                 .await
                 .map(|n| (n, None))
         };
+        let fences = || buf.iter().map(|d| d.fence);
         match written {
             Ok((n, claimed)) => {
+                protocol::written(worker, "done", fences(), n);
+                if let Some(c) = &claimed {
+                    protocol::claimed(worker, "done", c);
+                }
                 match claimed {
                     Some(c) if !c.is_empty() => {
                         // The receiver is gone only when the worker is stopping: those
@@ -155,6 +161,7 @@ async fn write(
                 return;
             }
             Err(e) => {
+                protocol::error(worker, "done", fences());
                 failures += 1;
                 if failures >= 20 {
                     tracing::error!(batch = buf.len(), error = %e, "giving up on a batch of done outcomes; those messages will be redelivered after their lease");

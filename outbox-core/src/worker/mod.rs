@@ -14,6 +14,7 @@ mod config;
 mod engine;
 mod flush;
 mod process;
+mod protocol;
 mod retry;
 mod wake;
 

@@ -9,6 +9,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::super::lock;
 use super::super::process::timed_out;
+use super::super::protocol;
 use super::{Flight, Shared, BLOCKING_AFTER, CHORE_TICK};
 
 /// How long after its start a worker first counts its queue (statistics, unhandled topics).
@@ -91,12 +92,17 @@ pub(super) async fn chores(shared: Arc<Shared>, stop: CancellationToken) {
         }
         if !renew.is_empty() {
             let lease = shared.worker.inner.config.lease;
-            if let Err(e) = shared.backend.outbox_renew(&renew, lease).await {
-                tracing::warn!(error = %e, count = renew.len(), "could not renew leases; retrying next round");
-                let mut flights = lock(&shared.flights);
-                for f in &renew {
-                    if let Some(fl) = flights.get_mut(&f.id) {
-                        fl.leased_at = now - renew_every;
+            let worker = shared.worker.inner.id;
+            match shared.backend.outbox_renew(&renew, lease).await {
+                Ok(n) => protocol::written(worker, "renew", renew.iter().copied(), n),
+                Err(e) => {
+                    protocol::error(worker, "renew", renew.iter().copied());
+                    tracing::warn!(error = %e, count = renew.len(), "could not renew leases; retrying next round");
+                    let mut flights = lock(&shared.flights);
+                    for f in &renew {
+                        if let Some(fl) = flights.get_mut(&f.id) {
+                            fl.leased_at = now - renew_every;
+                        }
                     }
                 }
             }

@@ -12,6 +12,7 @@ use uuid::Uuid;
 
 use super::super::config::reconnect_delay;
 use super::super::process::{failure, run_message, Outcome, Watch};
+use super::super::protocol;
 use super::super::{lock, Worker};
 use super::{Finished, Flight, Shared, CHORE_TICK};
 use crate::backend::{Backend, ClaimParams, ClaimedMessage, Done, Fence};
@@ -89,6 +90,7 @@ impl Shared {
                     if !watch.begin() {
                         return;
                     }
+                    protocol::start(worker.inner.id, fence);
                     let handlers = &worker.inner.topics[msg.topic.as_str()];
                     let outcome = run_message(
                         &msg,
@@ -144,6 +146,7 @@ impl Shared {
         }
         match self.backend.outbox_hand_back(&fences).await {
             Ok(n) => {
+                protocol::written(self.worker.inner.id, "hand_back", fences.iter().copied(), n);
                 let mut flights = lock(&self.flights);
                 for f in &fences {
                     if flights.get(&f.id).is_some_and(|x| x.fence == *f) {
@@ -155,11 +158,14 @@ impl Shared {
                     "stop requested: messages claimed but not started are handed back, ready again now with their attempt not counted"
                 );
             }
-            Err(e) => tracing::warn!(
-                error = %e,
-                count = fences.len(),
-                "stop requested and messages claimed but not started could not be handed back; trying again at the deadline"
-            ),
+            Err(e) => {
+                protocol::error(self.worker.inner.id, "hand_back", fences.iter().copied());
+                tracing::warn!(
+                    error = %e,
+                    count = fences.len(),
+                    "stop requested and messages claimed but not started could not be handed back; trying again at the deadline"
+                );
+            }
         }
     }
 
@@ -188,7 +194,13 @@ impl Shared {
         let f = failure(fence, retry_in, &error, &succeeded);
         let mut tries = 0u32;
         loop {
-            match self.backend.outbox_mark_failed(&f).await {
+            let result = self.backend.outbox_mark_failed(&f).await;
+            let worker = self.worker.inner.id;
+            match &result {
+                Ok(written) => protocol::failed(worker, fence, retry_in.is_some(), *written),
+                Err(_) => protocol::error(worker, "failed", [fence]),
+            }
+            match result {
                 Ok(true) => return,
                 Ok(false) => {
                     tracing::warn!(message_id = %fence.id, "outcome not written: the lease ran out and another claim owns the message");
@@ -317,7 +329,9 @@ impl Worker {
                 worker: self.inner.id,
                 released,
             })
-            .await?;
+            .await
+            .inspect_err(|_| protocol::error(self.inner.id, "claim", []))?;
+        protocol::claimed(self.inner.id, "claim", &claimed);
         metrics::histogram!(crate::metrics::CLAIM_DURATION).record(start.elapsed().as_secs_f64());
         tracing::trace!(claimed = claimed.len(), elapsed = ?start.elapsed(), "claim");
         Ok(claimed)

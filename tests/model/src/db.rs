@@ -1,0 +1,310 @@
+//! The database's side of the protocol: one row per message and the statements of
+//! `outbox-core/src/backend/` on it, each one atomic, as PostgreSQL and SQLite run them.
+//!
+//! A claim token is a fresh UUID per claim statement; only its equality with the token a row
+//! holds matters, so a message's claims are numbered here ([`Gen`]: the n-th claim of this
+//! message) and a fence is (message, claim number).
+
+use crate::Bugs;
+
+/// The n-th claim of a message (1, 2, ...): stands for the claim token that claim wrote.
+pub type Gen = u32;
+
+/// Who holds a lease: a worker incarnation (a process, or one `run_until`).
+pub type Holder = u32;
+
+/// `locked_until` and `claim_token` of a claimed row.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Lease {
+    /// The claim that wrote the token.
+    pub gen: Gen,
+    /// The worker that claimed it.
+    pub holder: Holder,
+    /// `locked_until < now()`: a claim may take the row again.
+    pub expired: bool,
+}
+
+/// Where a message is: `outbox_messages` (live), deleted as done, `outbox_dead`, or gone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Status {
+    /// Not committed yet (its producer's transaction is still open).
+    Uncommitted,
+    /// A row of `outbox_messages`: pending, waiting for a retry, or claimed. A retry's backoff
+    /// is not a state: a retried message may be claimed at any time after its failure write,
+    /// which covers every backoff.
+    Live {
+        /// `attempts`.
+        attempts: u32,
+        /// Set by a claim, cleared by a failed outcome or a hand-back.
+        lease: Option<Lease>,
+    },
+    /// Deleted by a done write.
+    Done,
+    /// Moved to `outbox_dead`.
+    Dead {
+        /// The attempts it had.
+        attempts: u32,
+    },
+    /// Deleted from `outbox_dead` by an operator's discard.
+    Discarded,
+}
+
+/// One message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Row {
+    /// Its place in the table.
+    pub status: Status,
+    /// Its ordering key, if it has one.
+    pub key: Option<u32>,
+    /// `releases_key`: when dead, it does not hold its key's later messages.
+    pub releases_key: bool,
+    /// How many claims took it so far: the next claim's [`Gen`] is one more.
+    pub claims: Gen,
+}
+
+impl Row {
+    /// A message not yet committed.
+    pub fn new(key: Option<u32>, releases_key: bool) -> Self {
+        Row {
+            status: Status::Uncommitted,
+            key,
+            releases_key,
+            claims: 0,
+        }
+    }
+
+    /// Its lease, if it is live and claimed.
+    pub fn lease(&self) -> Option<Lease> {
+        match self.status {
+            Status::Live { lease, .. } => lease,
+            _ => None,
+        }
+    }
+
+    /// Its attempts, live or dead.
+    pub fn attempts(&self) -> Option<u32> {
+        match self.status {
+            Status::Live { attempts, .. } | Status::Dead { attempts } => Some(attempts),
+            _ => None,
+        }
+    }
+
+    /// Whether a statement fenced by `gen` matches it (`WHERE claim_token = $token`).
+    pub fn fenced(&self, gen: Gen) -> bool {
+        self.lease().is_some_and(|l| l.gen == gen)
+    }
+
+    /// Whether it is in `outbox_messages`.
+    pub fn live(&self) -> bool {
+        matches!(self.status, Status::Live { .. })
+    }
+
+    /// Whether it holds the later messages of its key: live, or dead without `releases_key`.
+    pub fn holds_key(&self) -> bool {
+        match self.status {
+            Status::Live { .. } => true,
+            Status::Dead { .. } => !self.releases_key,
+            _ => false,
+        }
+    }
+}
+
+/// What a write did to a row, for the model's history.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Written {
+    /// The statement changed the row.
+    pub changed: bool,
+    /// It changed the row although another claim (or none) held it: the fence failed.
+    pub stale: bool,
+}
+
+/// The table: messages in id order (UUID v7), so a key's earlier message has a smaller index.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Table {
+    /// The rows, by message index.
+    pub rows: Vec<Row>,
+}
+
+impl Table {
+    /// The messages of `m`'s key before `m`.
+    pub fn predecessors(&self, m: usize) -> impl Iterator<Item = &Row> + '_ {
+        let key = self.rows[m].key;
+        self.rows[..m]
+            .iter()
+            .filter(move |r| key.is_some() && r.key == key)
+    }
+
+    /// `head_may_start` and the claim's own terms: live, its lease free or run out, and
+    /// for an ordered message the head of its key (no earlier live message of the key) and
+    /// not behind a dead letter that holds the key.
+    pub fn may_claim(&self, m: usize, bugs: Bugs) -> bool {
+        let Status::Live { lease, .. } = self.rows[m].status else {
+            return false;
+        };
+        let free = match lease {
+            None => true,
+            Some(l) => (l.expired && !bugs.claim_skips_expired) || bugs.claim_ignores_lease,
+        };
+        free && self.predecessors(m).all(|p| match p.status {
+            Status::Live { .. } => false,
+            Status::Dead { .. } => p.releases_key || bugs.dead_does_not_hold,
+            _ => true,
+        })
+    }
+
+    /// A claim of `m` by `holder` (`outbox_claim_batch`, or the claim half of
+    /// `outbox_mark_done_and_claim`): counts the attempt and takes a fresh lease. Returns the
+    /// claim's number. The caller checked [`may_claim`](Self::may_claim).
+    pub fn claim(&mut self, m: usize, holder: Holder, bugs: Bugs) -> Gen {
+        let row = &mut self.rows[m];
+        row.claims += 1;
+        let gen = row.claims;
+        if let Status::Live { attempts, .. } = row.status {
+            let attempts = if bugs.count_at_completion {
+                attempts
+            } else {
+                attempts + 1
+            };
+            row.status = if bugs.delete_at_claim {
+                Status::Done
+            } else {
+                Status::Live {
+                    attempts,
+                    lease: Some(Lease {
+                        gen,
+                        holder,
+                        expired: false,
+                    }),
+                }
+            };
+        }
+        gen
+    }
+
+    /// Applies a fenced write: `f` when the fence holds (or, with the fence-less bug, when
+    /// the message is live at all).
+    fn fenced_write(
+        &mut self,
+        m: usize,
+        gen: Gen,
+        bugs: Bugs,
+        f: impl FnOnce(&mut Row),
+    ) -> Written {
+        let row = &mut self.rows[m];
+        let fenced = row.fenced(gen);
+        if fenced || (bugs.no_fence && row.live()) {
+            f(row);
+            Written {
+                changed: true,
+                stale: !fenced,
+            }
+        } else {
+            Written {
+                changed: false,
+                stale: false,
+            }
+        }
+    }
+
+    /// `outbox_mark_done` for one message: deletes it under its claim token.
+    pub fn mark_done(&mut self, m: usize, gen: Gen, bugs: Bugs) -> Written {
+        self.fenced_write(m, gen, bugs, |row| row.status = Status::Done)
+    }
+
+    /// `outbox_mark_failed`: back to pending after a backoff (`retry`), or to `outbox_dead`.
+    pub fn mark_failed(&mut self, m: usize, gen: Gen, retry: bool, bugs: Bugs) -> Written {
+        self.fenced_write(m, gen, bugs, |row| {
+            if let Status::Live { attempts, .. } = row.status {
+                let attempts = if bugs.count_at_completion {
+                    attempts + 1
+                } else {
+                    attempts
+                };
+                row.status = if retry {
+                    Status::Live {
+                        attempts,
+                        lease: None,
+                    }
+                } else {
+                    Status::Dead { attempts }
+                };
+            }
+        })
+    }
+
+    /// `outbox_hand_back`: ready again at once, the attempt not counted, the lease cleared.
+    pub fn hand_back(&mut self, m: usize, gen: Gen, bugs: Bugs) -> Written {
+        self.fenced_write(m, gen, bugs, |row| {
+            if let Status::Live {
+                attempts, lease, ..
+            } = row.status
+            {
+                row.status = Status::Live {
+                    attempts: attempts.saturating_sub(1),
+                    lease: if bugs.hand_back_keeps_lease {
+                        lease
+                    } else {
+                        None
+                    },
+                };
+            }
+        })
+    }
+
+    /// `outbox_renew`: extends the lease of a row still under this claim's token, run out or
+    /// not (the statement matches the token only). Returns whether it matched.
+    pub fn renew(&mut self, m: usize, gen: Gen) -> bool {
+        let row = &mut self.rows[m];
+        if let Status::Live {
+            lease: Some(lease), ..
+        } = &mut row.status
+        {
+            if lease.gen == gen {
+                lease.expired = false;
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Time passes: the lease of `m` runs out.
+    pub fn expire(&mut self, m: usize) {
+        if let Status::Live {
+            lease: Some(lease), ..
+        } = &mut self.rows[m].status
+        {
+            lease.expired = true;
+        }
+    }
+
+    /// `outbox_dead_retry`: back to `outbox_messages`, its id (and so its place in its key)
+    /// kept, attempts reset.
+    pub fn dead_retry(&mut self, m: usize) {
+        if let Status::Dead { .. } = self.rows[m].status {
+            self.rows[m].status = Status::Live {
+                attempts: 0,
+                lease: None,
+            };
+        }
+    }
+
+    /// `outbox_dead_discard`.
+    pub fn discard(&mut self, m: usize) {
+        if let Status::Dead { .. } = self.rows[m].status {
+            self.rows[m].status = Status::Discarded;
+        }
+    }
+
+    /// The message that `m`'s done write makes the head of its key, if that write may claim
+    /// it (`outbox_mark_done_and_claim` after the delete): the key's first live message.
+    pub fn next_head(&self, m: usize, bugs: Bugs) -> Option<usize> {
+        let key = self.rows[m].key?;
+        let next = self
+            .rows
+            .iter()
+            .enumerate()
+            .find(|(i, r)| *i != m && r.key == Some(key) && r.live())?
+            .0;
+        self.may_claim(next, bugs).then_some(next)
+    }
+}

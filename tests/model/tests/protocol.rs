@@ -1,0 +1,81 @@
+//! The protocol's properties hold in every state of the bounded systems (see the crate docs
+//! for the bounds); `OUTBOX_MODEL_LARGE=1` checks the larger one as well.
+
+use outbox_model::model::{
+    REACH_DEAD_HOLDS_KEY, REACH_DONE_BY_CHAIN, REACH_HANDED_BACK_AT_STOP, REACH_STALE_REFUSED,
+};
+use outbox_model::{check, Checked, Config};
+
+/// Checks `config` to the end and fails on any counterexample, or when the check did not reach
+/// the states named in `reached` (a model that never gets there checks little).
+fn holds(what: &str, config: Config, reached: &[&str]) -> Checked {
+    let checked = check(config, None);
+    println!(
+        "{what}: {} states ({} distinct), depth {}, {:.1?}",
+        checked.states, checked.unique, checked.depth, checked.elapsed
+    );
+    for (property, trace) in &checked.failures {
+        println!("counterexample to \"{property}\": {trace}");
+    }
+    assert!(
+        checked.failures.is_empty(),
+        "{what}: {} propert(ies) fail, traces above",
+        checked.failures.len()
+    );
+    for name in reached {
+        assert!(
+            checked.reached.contains(name),
+            "{what}: the check never {name}"
+        );
+    }
+    checked
+}
+
+#[test]
+fn ordered_messages_on_postgres() {
+    holds(
+        "ordered, 2 workers",
+        Config::ordered(),
+        &[
+            REACH_DONE_BY_CHAIN,
+            REACH_STALE_REFUSED,
+            REACH_DEAD_HOLDS_KEY,
+            REACH_HANDED_BACK_AT_STOP,
+        ],
+    );
+}
+
+#[test]
+fn ordered_messages_with_three_workers() {
+    holds(
+        "ordered, 3 workers",
+        Config::ordered().workers(3),
+        &[REACH_DONE_BY_CHAIN, REACH_STALE_REFUSED],
+    );
+}
+
+#[test]
+fn ordered_messages_on_sqlite() {
+    holds(
+        "ordered, SQLite",
+        Config::ordered().sqlite(),
+        &[REACH_STALE_REFUSED, REACH_DEAD_HOLDS_KEY],
+    );
+}
+
+#[test]
+fn unordered_messages() {
+    holds(
+        "unordered, 2 workers",
+        Config::unordered(),
+        &[REACH_STALE_REFUSED, REACH_HANDED_BACK_AT_STOP],
+    );
+}
+
+/// By hand: `OUTBOX_MODEL_LARGE=1 cargo test -p outbox-model --test protocol -- --nocapture`.
+#[test]
+fn large_system_when_asked() {
+    if std::env::var("OUTBOX_MODEL_LARGE").is_ok_and(|v| v == "1") {
+        holds("large", Config::large(), &[REACH_DONE_BY_CHAIN]);
+    }
+}

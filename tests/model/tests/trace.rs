@@ -1,0 +1,169 @@
+//! The trace check on small hand-written traces: what it accepts and what it refuses.
+
+use std::collections::HashMap;
+
+use outbox_model::trace::{Final, Validator};
+
+const A: &str = "0190a000-0000-7000-8000-00000000000a";
+const B: &str = "0190a000-0000-7000-8000-00000000000b";
+
+fn claim(t: u64, worker: &str, m: &str, token: &str, attempt: u32, key: Option<&str>) -> String {
+    let key = key.map_or(String::new(), |k| format!(r#","key":"{k}""#));
+    format!(
+        r#"{{"t":{t},"action":"claim","worker":"{worker}","via":"claim","message":"{m}","token":"{token}","attempt":{attempt}{key}}}"#
+    )
+}
+
+fn batch(t: u64, action: &str, worker: &str, m: &str, token: &str, written: u64) -> String {
+    format!(
+        r#"{{"t":{t},"action":"{action}","worker":"{worker}","messages":"{m}","tokens":"{token}","written":{written}}}"#
+    )
+}
+
+fn failed(t: u64, worker: &str, m: &str, token: &str, retry: bool, written: bool) -> String {
+    format!(
+        r#"{{"t":{t},"action":"failed","worker":"{worker}","message":"{m}","token":"{token}","retry":{retry},"written":{written}}}"#
+    )
+}
+
+fn stopped(t: u64, worker: &str) -> String {
+    format!(r#"{{"t":{t},"action":"stopped","worker":"{worker}","complete":true}}"#)
+}
+
+fn validate(lines: &[String], finals: &[(&str, Final)]) -> Result<(), Vec<String>> {
+    let events = Validator::parse(&lines.join("\n")).expect("the lines parse");
+    let mut v = Validator::new();
+    v.replay(events);
+    let finals: HashMap<String, Final> = finals.iter().map(|(m, f)| (m.to_string(), *f)).collect();
+    v.finish(&finals)
+        .map(drop)
+        .map_err(|vs| vs.iter().map(ToString::to_string).collect())
+}
+
+#[test]
+fn a_retry_then_a_done_is_accepted() {
+    let trace = [
+        claim(1, "w1", A, "t1", 1, None),
+        failed(2, "w1", A, "t1", true, true),
+        claim(3, "w2", A, "t2", 2, None),
+        batch(4, "done", "w2", A, "t2", 1),
+        stopped(5, "w1"),
+        stopped(6, "w2"),
+    ];
+    assert_eq!(validate(&trace, &[(A, Final::Done)]), Ok(()));
+}
+
+#[test]
+fn a_stale_outcome_refused_by_the_fence_is_accepted() {
+    let trace = [
+        claim(1, "w1", A, "t1", 1, None),
+        claim(2, "w2", A, "t2", 2, None),
+        failed(3, "w1", A, "t1", false, false),
+        batch(4, "done", "w2", A, "t2", 1),
+        stopped(5, "w1"),
+        stopped(6, "w2"),
+    ];
+    assert_eq!(validate(&trace, &[(A, Final::Done)]), Ok(()));
+}
+
+#[test]
+fn a_stale_outcome_that_lands_is_refused() {
+    let trace = [
+        claim(1, "w1", A, "t1", 1, None),
+        claim(2, "w2", A, "t2", 2, None),
+        failed(3, "w1", A, "t1", false, true),
+        stopped(5, "w1"),
+        stopped(6, "w2"),
+    ];
+    let errors = validate(&trace, &[(A, Final::Dead)]).unwrap_err();
+    assert!(errors[0].contains("superseded"), "{errors:?}");
+}
+
+#[test]
+fn a_claim_after_the_done_write_is_refused() {
+    let trace = [
+        claim(1, "w1", A, "t1", 1, None),
+        batch(2, "done", "w1", A, "t1", 1),
+        claim(3, "w2", A, "t2", 2, None),
+    ];
+    let errors = validate(&trace, &[(A, Final::Done)]).unwrap_err();
+    assert!(errors[0].contains("after its Done"), "{errors:?}");
+}
+
+#[test]
+fn an_attempt_not_counted_at_claim_is_refused() {
+    let trace = [
+        claim(1, "w1", A, "t1", 1, None),
+        failed(2, "w1", A, "t1", true, true),
+        claim(3, "w1", A, "t2", 1, None),
+    ];
+    let errors = validate(&trace, &[(A, Final::Live)]).unwrap_err();
+    assert!(
+        errors[0].contains("attempts were already counted"),
+        "{errors:?}"
+    );
+}
+
+#[test]
+fn a_key_claimed_out_of_order_is_refused() {
+    let trace = [
+        claim(1, "w1", A, "t1", 1, Some("k")),
+        claim(2, "w2", B, "t2", 1, Some("k")),
+        stopped(3, "w1"),
+        stopped(4, "w2"),
+    ];
+    let errors = validate(&trace, &[(A, Final::Live), (B, Final::Live)]).unwrap_err();
+    assert!(errors[0].contains("of its key holds it"), "{errors:?}");
+}
+
+#[test]
+fn a_key_stepping_on_after_the_done_write_is_accepted() {
+    let trace = [
+        claim(1, "w1", A, "t1", 1, Some("k")),
+        batch(2, "done", "w1", A, "t1", 1),
+        claim(2, "w1", B, "t2", 1, Some("k")),
+        batch(3, "done", "w1", B, "t2", 1),
+        stopped(4, "w1"),
+    ];
+    assert_eq!(
+        validate(&trace, &[(A, Final::Done), (B, Final::Done)]),
+        Ok(())
+    );
+}
+
+#[test]
+fn a_stopped_worker_still_holding_a_message_is_refused() {
+    let trace = [claim(1, "w1", A, "t1", 1, None), stopped(2, "w1")];
+    let errors = validate(&trace, &[(A, Final::Live)]).unwrap_err();
+    assert!(errors[0].contains("stopped still holding"), "{errors:?}");
+}
+
+#[test]
+fn a_killed_workers_unseen_steps_are_inferred() {
+    // w1 is killed after its claim (no `stopped`): its done write may have committed unseen.
+    let trace = [
+        claim(1, "w1", A, "t1", 1, None),
+        claim(2, "w2", B, "t2", 1, None),
+        batch(3, "done", "w2", B, "t2", 1),
+        stopped(4, "w2"),
+    ];
+    assert_eq!(
+        validate(&trace, &[(A, Final::Done), (B, Final::Done)]),
+        Ok(())
+    );
+}
+
+#[test]
+fn events_recorded_in_the_other_order_than_their_statements_are_accepted() {
+    // w1's failed outcome commits first, then w2 claims the retry; w1 records its write later.
+    let trace = [
+        claim(1, "w1", A, "t1", 1, None),
+        claim(3, "w2", A, "t2", 2, None),
+        format!(r#"{{"t":3,"action":"start","worker":"w2","message":"{A}","token":"t2"}}"#),
+        failed(4, "w1", A, "t1", true, true),
+        batch(5, "done", "w2", A, "t2", 1),
+        stopped(6, "w1"),
+        stopped(7, "w2"),
+    ];
+    assert_eq!(validate(&trace, &[(A, Final::Done)]), Ok(()));
+}
