@@ -1,11 +1,10 @@
 //! Messages that a done write claims for the next step of their keys (PostgreSQL) wait in the
-//! worker for a handler slot like any claimed message, and the README promises that a message
-//! waiting for a slot keeps its lease. Found by the protocol's model (`tests/model`, its
-//! "Findings"): while the worker's `start_claimed` waits in `start_all` for a slot for one
-//! such batch, the batches behind it are not in the worker's flights, so their leases are not
-//! renewed; past the lease another worker claims them (an attempt counted), and the stale claim
-//! still runs when its turn comes. Ignored: it fails on today's code; run it with
-//! `cargo test -p outbox-tests --test chained_lease -- --ignored --nocapture`.
+//! worker for a handler slot like any claimed message, and keep their lease meanwhile: the
+//! worker enters each such batch into its running set the moment the done write hands it
+//! over, not when the batches before it have started. The protocol's model (`tests/model`, its
+//! "Findings") showed the race this guards: a batch waiting behind another outside the running
+//! set is not renewed, another worker claims it past its lease, and the stale claim still runs
+//! when its turn comes.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -66,7 +65,6 @@ fn worker(store: &outbox::Store, name: &'static str, calls: &Calls) -> Worker {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "fails on today's code: a chained claim waiting behind another loses its lease"]
 async fn a_chained_claim_waiting_for_a_slot_keeps_its_lease() {
     let db = outbox_tests::pg().await;
     let store = outbox::Store::from(&db.pool);

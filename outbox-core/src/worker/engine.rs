@@ -323,17 +323,40 @@ async fn start_claimed(
     mut rx: mpsc::UnboundedReceiver<Vec<crate::backend::ClaimedMessage>>,
     stop: CancellationToken,
 ) {
+    // Each batch enters the running set the moment it arrives, so that its leases are renewed
+    // while it waits behind earlier batches for handler slots; a second task starts them in
+    // order.
+    let (queue_tx, mut queue_rx) = mpsc::unbounded_channel::<Vec<crate::backend::ClaimedMessage>>();
+    let starter = {
+        let (shared, stop) = (shared.clone(), stop.clone());
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    biased;
+                    () = stop.cancelled() => return,
+                    claimed = queue_rx.recv() => {
+                        let Some(claimed) = claimed else { return };
+                        let Some(shared) = shared.upgrade() else { return };
+                        shared.start_registered(claimed).await;
+                    }
+                }
+            }
+        })
+    };
     loop {
         tokio::select! {
             biased;
             () = stop.cancelled() => break,
             claimed = rx.recv() => {
-                let Some(claimed) = claimed else { return };
+                let Some(claimed) = claimed else { break };
                 let Some(shared) = shared.upgrade() else { break };
-                shared.start_all(claimed).await;
+                shared.register(&claimed);
+                let _ = queue_tx.send(claimed);
             }
         }
     }
+    drop(queue_tx);
+    let _ = starter.await;
     // A done write in flight at the stop request may still claim: until the flusher ends.
     while let Some(claimed) = rx.recv().await {
         let fences: Vec<Fence> = claimed

@@ -23,38 +23,49 @@ impl Shared {
     /// stop request it returns at once: the messages not started stay in the running set, not
     /// started, for the stop phase to hand back.
     pub(super) async fn start_all(self: &Arc<Self>, claimed: Vec<ClaimedMessage>) {
+        self.register(&claimed);
+        self.start_registered(claimed).await;
+    }
+
+    /// Enters claimed messages into the running set, not started: from now on their leases
+    /// are renewed and the stop phase hands them back, however long they wait for a slot.
+    pub(super) fn register(&self, claimed: &[ClaimedMessage]) {
+        let inner = &self.worker.inner;
+        let now = Instant::now();
+        let mut flights = lock(&self.flights);
+        for msg in claimed {
+            let Some(handlers) = inner.topics.get(msg.topic.as_str()) else {
+                continue; // never claimed: the claim only asks for our topics
+            };
+            flights.insert(
+                msg.id,
+                Flight {
+                    fence: Fence {
+                        id: msg.id,
+                        claim_token: msg.claim_token,
+                    },
+                    topic: handlers[0].topic(),
+                    attempt: u32::try_from(msg.attempts).unwrap_or(u32::MAX),
+                    key: msg.key.clone(),
+                    leased_at: now,
+                    claimed_at: now,
+                    budget: None,
+                    watch: Arc::new(Watch::new(self.epoch)),
+                    abort: None,
+                    warned_blocking: false,
+                },
+            );
+        }
+    }
+
+    /// Starts registered messages in order, each when a permit is free; returns at the stop
+    /// request (see [`start_all`](Self::start_all)).
+    pub(super) async fn start_registered(self: &Arc<Self>, claimed: Vec<ClaimedMessage>) {
         let inner = &self.worker.inner;
         let mut completed = self
             .worker
             .completed_handlers(&*self.backend, &claimed)
             .await;
-        let now = Instant::now();
-        {
-            let mut flights = lock(&self.flights);
-            for msg in &claimed {
-                let Some(handlers) = inner.topics.get(msg.topic.as_str()) else {
-                    continue; // never claimed: the claim only asks for our topics
-                };
-                flights.insert(
-                    msg.id,
-                    Flight {
-                        fence: Fence {
-                            id: msg.id,
-                            claim_token: msg.claim_token,
-                        },
-                        topic: handlers[0].topic(),
-                        attempt: u32::try_from(msg.attempts).unwrap_or(u32::MAX),
-                        key: msg.key.clone(),
-                        leased_at: now,
-                        claimed_at: now,
-                        budget: None,
-                        watch: Arc::new(Watch::new(self.epoch)),
-                        abort: None,
-                        warned_blocking: false,
-                    },
-                );
-            }
-        }
         for msg in claimed {
             let Some(handlers) = inner.topics.get(msg.topic.as_str()) else {
                 continue;
