@@ -61,7 +61,6 @@
 
 #[cfg(feature = "nats")]
 pub mod nats;
-#[cfg(feature = "rabbitmq")]
 mod outage;
 #[cfg(feature = "rabbitmq")]
 pub mod rabbitmq;
