@@ -5,6 +5,8 @@
 //! message are permanent failures.
 //!
 //! Every test makes a stream of its own, named and prefixed uniquely, and deletes it at the end.
+//!
+//! One test reads this process's log and metrics: it runs alone, the others side by side.
 
 use std::time::Duration;
 
@@ -15,7 +17,10 @@ use outbox::{
 use outbox_handlers::async_nats::{self, jetstream};
 use outbox_handlers::relay::headers;
 use outbox_handlers::relay::nats::{NatsPublisher, NatsRelay};
+use outbox_tests::observe::ALONE;
+use outbox_tests::outages::{check_reports, relay_through_cuts};
 use outbox_tests::pg;
+use outbox_tests::proxy::{host_port, Proxy};
 use serde::{Deserialize, Serialize};
 
 #[outbox_event(topic = "relay.booking.created")]
@@ -100,6 +105,7 @@ fn header<'a>(m: &'a jetstream::message::StreamMessage, name: &str) -> &'a str {
 
 #[tokio::test]
 async fn an_enqueued_event_lands_in_the_stream_with_its_subject_and_headers() {
+    let _shared = ALONE.read().await;
     let js = jetstream().await;
     let stream = TestStream::new(&js, -1).await;
     let db = pg().await;
@@ -178,6 +184,7 @@ struct BookingCancelled {
 
 #[tokio::test]
 async fn one_line_relays_every_declared_event_with_its_payload_as_stored() {
+    let _shared = ALONE.read().await;
     let js = jetstream().await;
     let stream = TestStream::new(&js, -1).await;
     let db = pg().await;
@@ -246,6 +253,7 @@ async fn one_line_relays_every_declared_event_with_its_payload_as_stored() {
 
 #[tokio::test]
 async fn a_redelivery_leaves_one_message_in_the_stream() {
+    let _shared = ALONE.read().await;
     let js = jetstream().await;
     let stream = TestStream::new(&js, -1).await;
     let nats = NatsPublisher::builder(js.clone())
@@ -282,6 +290,7 @@ async fn a_redelivery_leaves_one_message_in_the_stream() {
 
 #[tokio::test]
 async fn a_subject_no_stream_captures_is_a_permanent_error_naming_it() {
+    let _shared = ALONE.read().await;
     let js = jetstream().await;
     let prefix = format!("nostream{}", uuid::Uuid::now_v7().simple());
     let relay: NatsRelay<BookingCreated> = NatsPublisher::builder(js)
@@ -311,6 +320,7 @@ async fn a_subject_no_stream_captures_is_a_permanent_error_naming_it() {
 
 #[tokio::test]
 async fn an_oversized_message_is_a_permanent_error() {
+    let _shared = ALONE.read().await;
     let js = jetstream().await;
     let stream = TestStream::new(&js, 1024).await;
     let nats = NatsPublisher::builder(js.clone())
@@ -343,6 +353,7 @@ async fn an_oversized_message_is_a_permanent_error() {
 
 #[tokio::test]
 async fn subjects_come_from_the_prefix_or_the_mapping_and_are_checked() {
+    let _shared = ALONE.read().await;
     let js = jetstream().await;
     let nats = NatsPublisher::builder(js.clone())
         .prefix("acme.outbox")
@@ -369,4 +380,49 @@ async fn subjects_come_from_the_prefix_or_the_mapping_and_are_checked() {
         .build()
         .unwrap_err();
     assert_eq!(err.key(), Some("nats.map.user.deleted"), "{err}");
+}
+
+#[outbox_event(topic = "relay.outage")]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Relayed {
+    n: i64,
+}
+
+/// A worker relays 3,000 events with 64 publishes in flight while a proxy cuts its NATS
+/// connection twice, then cuts every connection made for a second. Each outage is logged once
+/// when the connection is lost and once when it is back, at WARN, with the publishes it caught
+/// and held up; nothing else is logged at WARN or ERROR but the client's lines for attempts to
+/// reconnect cut in their handshake. The publishes caught in flight go out again once the client
+/// is back rather than after their acknowledgement's timeout, so no message needs a retry of the
+/// worker, the stream holds each event once, and the metrics count the losses and the publishes
+/// that waited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lost_connection_is_logged_once_lost_and_once_back_with_counts() {
+    const CUTS: usize = 3;
+    let _alone = ALONE.write().await;
+    let stream = TestStream::new(&jetstream().await, -1).await;
+    let db = pg().await;
+    let proxy = Proxy::start(host_port(&nats_url())).await;
+    let client = async_nats::connect(format!("127.0.0.1:{}", proxy.port))
+        .await
+        .expect("connect to NATS through the proxy");
+    let nats = NatsPublisher::builder(jetstream::new(client))
+        .prefix(stream.prefix.clone())
+        // Room for the client's pause between attempts to reconnect, which grows during the
+        // outage, on a busy machine.
+        .reconnect_wait(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let events = (0..3_000).map(|n| Relayed { n }).collect();
+    relay_through_cuts(nats.relay::<Relayed>(), events, &db, &proxy, CUTS).await;
+    check_reports("NATS", "nats", None, Relayed::TOPIC, &["async_nats"], CUTS);
+    assert_eq!(
+        stream.count().await,
+        3_000,
+        "the stream holds each event once"
+    );
+
+    drop(proxy);
+    stream.delete().await;
+    db.drop_db().await;
 }

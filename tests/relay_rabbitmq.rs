@@ -6,6 +6,8 @@
 //! when the connection drops.
 //!
 //! Every test declares an exchange and a queue of its own and deletes them at the end.
+//!
+//! One test reads this process's log and metrics: it runs alone, the others side by side.
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -17,6 +19,8 @@ use outbox_handlers::lapin::options::BasicGetOptions;
 use outbox_handlers::lapin::types::{AMQPValue, FieldTable};
 use outbox_handlers::relay::headers;
 use outbox_handlers::relay::rabbitmq::{RabbitPublisher, RabbitPublisherBuilder};
+use outbox_tests::observe::ALONE;
+use outbox_tests::outages::{check_reports, relay_through_cuts};
 use outbox_tests::proxy::{host_port, Proxy};
 use outbox_tests::rabbitmq::{amqp_url, Topology};
 use outbox_tests::{pg, random_ms};
@@ -37,6 +41,7 @@ fn header(table: &FieldTable, name: &str) -> String {
 
 #[tokio::test]
 async fn a_bound_queue_receives_the_event_with_its_message_id() {
+    let _shared = ALONE.read().await;
     let topology = Topology::new(BookingCreated::TOPIC).await;
     let db = pg().await;
     let rabbit = RabbitPublisher::builder(amqp_url())
@@ -100,6 +105,7 @@ async fn a_bound_queue_receives_the_event_with_its_message_id() {
 
 #[tokio::test]
 async fn the_trace_context_goes_in_the_headers() {
+    let _shared = ALONE.read().await;
     let topology = Topology::new(BookingCreated::TOPIC).await;
     let rabbit = RabbitPublisher::builder(amqp_url())
         .exchange(topology.exchange.clone())
@@ -133,6 +139,7 @@ async fn the_trace_context_goes_in_the_headers() {
 
 #[tokio::test]
 async fn an_unroutable_message_is_a_permanent_error_naming_exchange_and_key() {
+    let _shared = ALONE.read().await;
     let topology = Topology::new(BookingCreated::TOPIC).await;
     let rabbit = RabbitPublisher::builder(amqp_url())
         .map(
@@ -197,6 +204,7 @@ async fn an_unroutable_message_is_a_permanent_error_naming_exchange_and_key() {
 /// broker never received as delivered, and the outbox would forget it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn every_confirmed_publish_is_in_the_queue_through_connection_drops() {
+    let _shared = ALONE.read().await;
     const TOPIC: &str = "relay.confirmed";
     // Enough for about 100 drops: before each publish had a channel of its own, a run this long
     // lost a confirmed publish in each of three tries.
@@ -285,6 +293,7 @@ async fn every_confirmed_publish_is_in_the_queue_through_connection_drops() {
 /// a routable message and reporting the unroutable one as delivered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn each_concurrent_publish_gets_its_own_return_or_confirm() {
+    let _shared = ALONE.read().await;
     let rabbit = |uri| RabbitPublisher::builder(uri);
     concurrent_outcomes(rabbit, 500, false).await;
 }
@@ -293,6 +302,7 @@ async fn each_concurrent_publish_gets_its_own_return_or_confirm() {
 /// channel, and each still gets its own outcome.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn calls_beyond_max_channels_wait_for_a_channel() {
+    let _shared = ALONE.read().await;
     let rabbit = |uri| RabbitPublisher::builder(uri).max_channels(2);
     concurrent_outcomes(rabbit, 20, false).await;
 }
@@ -303,6 +313,7 @@ async fn calls_beyond_max_channels_wait_for_a_channel() {
 /// their own confirm or return.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn abandoned_publishes_give_their_channel_back_and_leave_no_confirm_behind() {
+    let _shared = ALONE.read().await;
     let rabbit = |uri| RabbitPublisher::builder(uri).max_channels(8);
     concurrent_outcomes(rabbit, 150, true).await;
 }
@@ -395,4 +406,55 @@ async fn concurrent_outcomes(
         eprintln!("{} of {calls} calls abandoned", dropped.len());
     }
     topology.delete().await;
+}
+
+#[outbox_event(topic = "relay.outage")]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Relayed {
+    n: i64,
+}
+
+/// A worker relays 3,000 events with 64 publishes in flight while a proxy cuts its broker
+/// connection twice, then cuts every connection made for a second, as a broker restarting
+/// behind a load balancer would. Each outage is logged once when the connection is lost and
+/// once when it is back, at WARN, with the publishes it caught and held up, however many
+/// attempts to connect fail meanwhile; nothing else is logged at WARN or ERROR but lapin's own
+/// lines, which the documented `lapin=off` leaves out. The publishes caught in flight wait for
+/// the reconnect and go out again, so no message needs a retry of the worker, and the metrics
+/// count the losses and the publishes that waited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lost_connection_is_logged_once_lost_and_once_back_with_counts() {
+    const CUTS: usize = 3;
+    let _alone = ALONE.write().await;
+    let topology = Topology::new(Relayed::TOPIC).await;
+    let db = pg().await;
+    let proxy = Proxy::start(host_port(&amqp_url())).await;
+    let rabbit =
+        RabbitPublisher::builder(format!("amqp://guest:guest@127.0.0.1:{}/%2f", proxy.port))
+            .exchange(topology.exchange.clone())
+            // Room for an attempt to connect that the outage leaves hanging until it times out,
+            // on a busy machine.
+            .reconnect_wait(Duration::from_secs(30))
+            .build()
+            .unwrap();
+    let events = (0..3_000).map(|n| Relayed { n }).collect();
+    relay_through_cuts(rabbit.relay::<Relayed>(), events, &db, &proxy, CUTS).await;
+    let broker = format!("127.0.0.1:{}", proxy.port);
+    check_reports(
+        "RabbitMQ",
+        "rabbitmq",
+        Some(&broker),
+        Relayed::TOPIC,
+        &["lapin"],
+        CUTS,
+    );
+    assert_eq!(
+        topology.message_ids().await.len(),
+        3_000,
+        "every event reached the queue"
+    );
+
+    drop(proxy);
+    topology.delete().await;
+    db.drop_db().await;
 }

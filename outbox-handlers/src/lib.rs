@@ -44,6 +44,10 @@
 //!   configuration type's `Deserialize`. Durations take the outbox's one human format
 //!   (`timeout = "10s"`, `retention = "7d"`). Errors name the key:
 //!   `email.base_url: not a valid URL (got `foo`)`.
+//! - The relays (`relay`, features `nats` and `rabbitmq`) ride out a broker outage: publishes
+//!   wait for the reconnect instead of failing one by one, and the outage is logged once when it
+//!   starts and once when it ends, at WARN, with counts. Their counters are listed in
+//!   [`metrics`].
 //! - HTTP goes through `reqwest` with rustls (the `ring` provider, or the process default if one
 //!   is installed) and the platform's certificate verifier; bring your own `reqwest::Client` with
 //!   the builders' `client` method.
@@ -72,6 +76,7 @@ pub mod dedup;
 pub mod email;
 #[cfg(feature = "nats")]
 pub mod inbox;
+pub mod metrics;
 #[cfg(any(feature = "nats", feature = "rabbitmq"))]
 pub mod relay;
 #[cfg(feature = "search")]

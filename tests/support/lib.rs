@@ -1110,3 +1110,357 @@ pub mod proxy {
         }
     }
 }
+
+/// What a process logs and measures, for tests that check it: the WARN and ERROR events, and
+/// the counters of the `metrics` facade.
+///
+/// Both are process-wide; a test that reads them takes [`ALONE`] for writing, and every other
+/// test of its binary takes it for reading, so that it runs alone.
+pub mod observe {
+    use std::collections::BTreeMap;
+    use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
+
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+    use tracing_subscriber::layer::SubscriberExt;
+
+    /// Taken for writing by a test that reads the log or the metrics, for reading by the others.
+    pub static ALONE: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
+
+    /// One WARN or ERROR event.
+    #[derive(Debug)]
+    pub struct Line {
+        /// WARN or ERROR.
+        pub level: tracing::Level,
+        /// The event's target, e.g. `lapin::io_loop`.
+        pub target: String,
+        /// The event's message.
+        pub message: String,
+        /// The other fields, as `Display` shows a string and `Debug` anything else.
+        pub fields: BTreeMap<String, String>,
+    }
+
+    impl Line {
+        /// Field `name` as a number.
+        ///
+        /// # Panics
+        ///
+        /// When the line has no such field, or it is not a number.
+        pub fn number(&self, name: &str) -> u64 {
+            self.fields
+                .get(name)
+                .unwrap_or_else(|| panic!("no `{name}` in {self:?}"))
+                .parse()
+                .unwrap_or_else(|e| panic!("`{name}` in {self:?}: {e}"))
+        }
+    }
+
+    /// The WARN and ERROR events of this process since the first call, in order. Installs the
+    /// process's `tracing` subscriber on the first call.
+    ///
+    /// # Panics
+    ///
+    /// When another subscriber was installed first.
+    pub fn captured_log() -> &'static Mutex<Vec<Line>> {
+        static LOG: OnceLock<&'static Mutex<Vec<Line>>> = OnceLock::new();
+        LOG.get_or_init(|| {
+            let log: &'static Mutex<Vec<Line>> = Box::leak(Box::default());
+            let subscriber = tracing_subscriber::registry()
+                .with(tracing_subscriber::filter::LevelFilter::WARN)
+                .with(Capture(log));
+            tracing::subscriber::set_global_default(subscriber).expect("no other subscriber");
+            log
+        })
+    }
+
+    /// Takes the lines captured since the last call (or since `captured_log` was first called).
+    pub fn take_lines() -> Vec<Line> {
+        std::mem::take(&mut *lock(captured_log()))
+    }
+
+    fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+        m.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    struct Capture(&'static Mutex<Vec<Line>>);
+
+    impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Capture {
+        fn on_event(
+            &self,
+            event: &tracing::Event<'_>,
+            _: tracing_subscriber::layer::Context<'_, S>,
+        ) {
+            let mut fields = Fields::default();
+            event.record(&mut fields);
+            let message = fields.0.remove("message").unwrap_or_default();
+            lock(self.0).push(Line {
+                level: *event.metadata().level(),
+                target: event.metadata().target().to_string(),
+                message,
+                fields: fields.0,
+            });
+        }
+    }
+
+    #[derive(Default)]
+    struct Fields(BTreeMap<String, String>);
+
+    impl tracing::field::Visit for Fields {
+        fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+            self.0.insert(field.name().to_string(), value.to_string());
+        }
+
+        fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+            self.0
+                .insert(field.name().to_string(), format!("{value:?}"));
+        }
+    }
+
+    /// The process's metrics recorder, installed on the first call.
+    ///
+    /// # Panics
+    ///
+    /// When another recorder was installed first.
+    pub fn metrics() -> &'static Snapshotter {
+        static SNAPSHOTTER: OnceLock<Snapshotter> = OnceLock::new();
+        SNAPSHOTTER.get_or_init(|| {
+            let recorder = DebuggingRecorder::new();
+            let snapshotter = recorder.snapshotter();
+            recorder.install().expect("no other recorder");
+            snapshotter
+        })
+    }
+
+    /// A counter's name and labels as [`counters`] keys it: `name{a=x,b=y}`, labels sorted.
+    pub fn key(name: &str, labels: &[(&str, &str)]) -> String {
+        let mut labels: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        labels.sort();
+        format!("{name}{{{}}}", labels.join(","))
+    }
+
+    /// The counters that grew since the last call (or since [`metrics`] was first called), by
+    /// [`key`], with how much they grew.
+    pub fn counters() -> BTreeMap<String, u64> {
+        metrics()
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .filter_map(|(composite, _, _, value)| match value {
+                DebugValue::Counter(n) if n > 0 => {
+                    let (_, metric) = composite.into_parts();
+                    let labels: Vec<(&str, &str)> =
+                        metric.labels().map(|l| (l.key(), l.value())).collect();
+                    Some((key(metric.name(), &labels), n))
+                }
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+/// Relaying through broker outages, for the relay tests: a worker run while a proxy cuts its
+/// broker connection, and what the log and the metrics must say of the cuts.
+pub mod outages {
+    use std::collections::BTreeMap;
+    use std::time::{Duration, Instant};
+
+    use outbox::{Handler, Worker, WorkerConfig};
+
+    use super::observe::{self, key, Line};
+    use super::proxy::Proxy;
+    use super::TestDb;
+
+    /// Enqueues `events` and relays them with `relay`, 64 at a time, cutting every connection
+    /// through `proxy` at each of `cuts` even steps. The last cut is an outage of a second, as a
+    /// broker restarting behind a load balancer: every connection made meanwhile is cut too,
+    /// handshake or not. The log and the counters are read from the start of the relay on.
+    ///
+    /// # Panics
+    ///
+    /// When the events are not all relayed within two minutes, the worker fails, or a cut
+    /// finds no connection to cut.
+    pub async fn relay_through_cuts<H: Handler>(
+        relay: H,
+        events: Vec<H::Event>,
+        db: &TestDb,
+        proxy: &Proxy,
+        cuts: usize,
+    ) {
+        let total = events.len() as i64;
+        let mut tx = db.pool.begin().await.expect("begin");
+        outbox::enqueue_many(&mut *tx, &events)
+            .await
+            .expect("enqueue");
+        tx.commit().await.expect("commit");
+        let worker = Worker::builder(&db.pool)
+            .handler(relay)
+            .config(WorkerConfig::default().concurrency(64))
+            .build()
+            .expect("the relay worker builds");
+        // Everything before this point is another test's or the setup's.
+        observe::captured_log();
+        observe::counters();
+        observe::take_lines();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let running = tokio::spawn(async move {
+            worker
+                .run_until(async {
+                    let _ = stopped.await;
+                })
+                .await
+        });
+        let started = Instant::now();
+        let mut made = 0;
+        loop {
+            let left = db.count().await;
+            if left == 0 {
+                break;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(120),
+                "{left} of {total} events left after 120 s"
+            );
+            let due = (total - left) * (cuts as i64 + 1) / total;
+            if made < cuts && due > made as i64 {
+                let mut cut = proxy.drop_all();
+                if made == cuts - 1 {
+                    let outage = Instant::now() + Duration::from_secs(1);
+                    while Instant::now() < outage {
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                        cut += proxy.drop_all();
+                    }
+                }
+                if cut > 0 {
+                    made += 1;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let _ = stop.send(());
+        running.await.expect("the worker task").expect("the worker");
+        assert_eq!(made, cuts, "the connection is cut during the relay");
+    }
+
+    /// What one relay's log says of its outages.
+    #[derive(Debug)]
+    pub struct Reports {
+        /// Publishes caught in flight, by the loss lines.
+        pub in_flight: u64,
+        /// Publishes that waited for the connection, by the lines that say it is back.
+        pub waited: u64,
+    }
+
+    /// Checks what the log and the counters caught since they were last read: each outage is
+    /// logged once lost and once back, at WARN, by `broker` (`RabbitMQ`, `NATS`) with the
+    /// `relay` field and label and the `address` as `broker` field, when given; no more outages
+    /// than connections lost (`outbox_relay_connection_losses_total`, at least `cuts`: one
+    /// outage may span several); nothing else is at WARN or ERROR but the lines of the `quiet` targets; the
+    /// publishes caught in flight waited, as the waited-publishes counter says; no message of
+    /// `topic` needed a retry of the worker.
+    ///
+    /// # Panics
+    ///
+    /// When any of it is not so.
+    pub fn check_reports(
+        broker: &str,
+        relay: &str,
+        address: Option<&str>,
+        topic: &str,
+        quiet: &[&str],
+        cuts: usize,
+    ) -> Reports {
+        let lines = observe::take_lines();
+        let (quieted, shown): (Vec<&Line>, Vec<&Line>) = lines
+            .iter()
+            .partition(|l| quiet.iter().any(|q| l.target.starts_with(q)));
+        let lost: Vec<&Line> = shown
+            .iter()
+            .copied()
+            .filter(|l| l.message.starts_with(&format!("{broker} connection lost")))
+            .collect();
+        let back: Vec<&Line> = shown
+            .iter()
+            .copied()
+            .filter(|l| {
+                l.message
+                    .starts_with(&format!("{broker} connection restored"))
+            })
+            .collect();
+        eprintln!(
+            "{} WARN/ERROR lines through {cuts} cuts: {} of {quiet:?}, {} shown",
+            lines.len(),
+            quieted.len(),
+            shown.len(),
+        );
+        let mut kinds: BTreeMap<String, usize> = BTreeMap::new();
+        for l in &quieted {
+            *kinds
+                .entry(format!("{} {}: {}", l.level, l.target, l.message))
+                .or_default() += 1;
+        }
+        for (kind, n) in kinds {
+            eprintln!("  {n} x {kind}");
+        }
+        for l in &shown {
+            eprintln!("  {} {}: {}", l.level, l.target, l.message);
+        }
+
+        let counters = observe::counters();
+        let label = [("relay", relay)];
+        let count = |name: &str| {
+            counters
+                .get(&key(name, &label))
+                .copied()
+                .unwrap_or_default()
+        };
+        let losses = count("outbox_relay_connection_losses_total");
+        // The outage may let a connection through before it cuts it too: a loss more.
+        assert!(
+            losses >= cuts as u64,
+            "{losses} losses counted: {counters:#?}"
+        );
+        assert!(
+            !lost.is_empty() && lost.len() as u64 <= losses,
+            "one line per outage, {losses} connections lost: {shown:#?}"
+        );
+        assert_eq!(lost.len(), back.len(), "one line per recovery: {shown:#?}");
+        assert_eq!(
+            back.iter().map(|l| l.number("losses")).sum::<u64>(),
+            losses,
+            "the recoveries count the connections lost: {shown:#?}"
+        );
+        assert_eq!(
+            shown.len(),
+            lost.len() + back.len(),
+            "nothing else at WARN or ERROR, per publish or per channel: {shown:#?}"
+        );
+        assert!(
+            lost.iter()
+                .chain(&back)
+                .all(|l| l.level == tracing::Level::WARN
+                    && l.fields.get("relay").map(String::as_str) == Some(relay)
+                    && l.fields.get("broker").map(String::as_str) == address),
+            "WARN, with the relay and the broker named: {shown:#?}"
+        );
+        let reports = Reports {
+            in_flight: lost.iter().map(|l| l.number("in_flight")).sum(),
+            waited: back.iter().map(|l| l.number("waited")).sum(),
+        };
+        assert!(reports.in_flight > 0, "the cuts caught publishes in flight");
+        assert!(
+            reports.waited >= reports.in_flight,
+            "the publishes caught in flight waited for the reconnect: {reports:?}"
+        );
+        assert_eq!(
+            count("outbox_relay_publishes_waited_for_reconnect_total"),
+            reports.waited,
+            "{counters:#?}"
+        );
+        let retried = [("topic", topic), ("outcome", "retry")];
+        assert_eq!(
+            counters.get(&key("outbox_messages_processed_total", &retried)),
+            None,
+            "no message needed a retry of the worker: {counters:#?}"
+        );
+        reports
+    }
+}

@@ -13,9 +13,11 @@ use super::{exit, WorkerArgs};
 use crate::registry::Registry;
 use crate::worker::{Worker, WorkerBuilder, WorkerConfig};
 
-/// Installs a `tracing` subscriber that reads `RUST_LOG` (default `info`), unless one is set.
+/// Installs a `tracing` subscriber that reads `RUST_LOG` (default `info,lapin=off`: the
+/// RabbitMQ client logs each lost connection per channel, which the relay reports once), unless
+/// one is set.
 pub fn init_logging() {
-    init_logging_with("info");
+    init_logging_with("info,lapin=off");
 }
 
 /// Installs a `tracing` subscriber that reads `RUST_LOG`, or `default` when it is unset.

@@ -20,6 +20,22 @@
 //! [`outbox::trace`]), so that a tracing backend shows the producer, the relay and the inbox in
 //! one trace.
 //!
+//! # Broker outages
+//!
+//! A lost broker connection costs a pause, not a failed attempt per message: the publishes it
+//! caught in flight, and those that come while it is down, wait for the reconnect (up to the
+//! publisher's `reconnect_wait`, 10 s unless set) and go out on the new connection. Each outage
+//! is logged twice, at WARN, whatever the number of publishes or channels it touches: when the
+//! connection is lost (with the publishes caught in flight) and when publishing works again
+//! (with how long it did not and the publishes that waited). The
+//! [metrics](crate::metrics) `outbox_relay_connection_losses_total` and
+//! `outbox_relay_publishes_waited_for_reconnect_total` count the same, by `relay`.
+//!
+//! The AMQP client the RabbitMQ relay is built on logs every lost connection and every failed
+//! attempt to connect itself, at ERROR; the relay's lines say the same. A relay worker leaves
+//! them out of its log with the `RUST_LOG` (`tracing_subscriber::EnvFilter`) directive
+//! `lapin=off`, e.g. `RUST_LOG=info,lapin=off`; see [`rabbitmq`] for what it covers.
+//!
 //! # Every event, or one type at a time
 //!
 //! The publishers are [`RawHandler`](outbox::RawHandler)s: one line relays every event declared
@@ -45,6 +61,7 @@
 
 #[cfg(feature = "nats")]
 pub mod nats;
+mod outage;
 #[cfg(feature = "rabbitmq")]
 pub mod rabbitmq;
 

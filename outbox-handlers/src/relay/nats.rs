@@ -16,12 +16,39 @@
 //! |---------|---------|
 //! | no stream captures the subject (confirmed by asking JetStream) | permanent |
 //! | the message is larger than the server's `max_payload` or the stream's `max_msg_size` | permanent |
-//! | no answer in time, a disconnect, no responders while JetStream cannot say whether a stream exists | retry |
+//! | the connection lost | sent again once the client has reconnected; retry if it has not within [`reconnect_wait`](NatsPublisherBuilder::reconnect_wait) |
+//! | no answer in time, no responders while JetStream cannot say whether a stream exists | retry |
 //! | any other error the stream reports | retry |
 //!
 //! One [`async_nats::Client`] (and its `jetstream::Context`, cheap to clone) serves every relay
 //! and every concurrent call: the worker's concurrency is the number of publishes in flight, each
 //! call waiting for its own acknowledgement.
+//!
+//! # Outages
+//!
+//! The client reconnects by itself. Meanwhile publishes wait for it, both those whose
+//! acknowledgement the lost connection took with it (sent again as soon as the client is back,
+//! rather than after the JetStream timeout: the stream drops the copy if the first one reached
+//! it) and those that come while it is away, up to
+//! [`reconnect_wait`](NatsPublisherBuilder::reconnect_wait) (10 s unless set); then they fail, to
+//! be retried by the worker.
+//!
+//! An outage is logged twice, at WARN, however many publishes it holds up: once when a publish
+//! finds the connection lost, and once when the stream acknowledges a publish on a new one.
+//! Connections lost again before that (a network that keeps cutting them) belong to the same
+//! outage, and the second line counts them.
+//!
+//! ```text
+//! WARN NATS connection lost (the client is disconnected); 64 publishes in flight will be retried relay="nats" error=the client is disconnected in_flight=64
+//! WARN NATS connection restored after 1.2s; 80 publishes waited for it relay="nats" outage_secs=1.2 losses=1 waited=80
+//! ```
+//!
+//! The counters `outbox_relay_connection_losses_total` (every connection lost) and
+//! `outbox_relay_publishes_waited_for_reconnect_total` (label `relay="nats"`) count the same; see
+//! [`metrics`](crate::metrics). The client itself logs each disconnect and reconnect at INFO
+//! (target `async_nats`), and an attempt to reconnect that is cut during its handshake at ERROR
+//! (`async_nats::connector`: "connection closed unexpectedly"): once per attempt, which its own
+//! pause between attempts spaces out, never per publish.
 //!
 //! # Example
 //!
@@ -56,19 +83,31 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::marker::PhantomData;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use async_nats::jetstream::context::{GetStreamByNameErrorKind, PublishError, PublishErrorKind};
+use async_nats::connection::State;
+use async_nats::jetstream::context::{
+    GetStreamByNameErrorKind, PublishAckFuture, PublishError, PublishErrorKind,
+};
 use async_nats::jetstream::publish::PublishAck;
 use async_nats::jetstream::{self, ErrorCode};
-use async_nats::HeaderMap;
+use async_nats::{Client, HeaderMap};
 use async_trait::async_trait;
 use outbox::{
     Context, Event, FromResources, Handler, HandlerError, RawHandler, ResourceError, Resources,
 };
 
 use super::headers;
+use super::outage::Outages;
 use crate::ConfigError;
+
+/// How long a publish waits for a lost connection to come back when nothing else is set.
+pub const DEFAULT_RECONNECT_WAIT: Duration = Duration::from_secs(10);
+
+/// How often a waiting publish looks at the client's connection: the client tells no one.
+const LOOK_EVERY: Duration = Duration::from_millis(20);
 
 /// Publishes outbox messages to JetStream: the shared connection and the topic-to-subject rule.
 ///
@@ -79,6 +118,10 @@ use crate::ConfigError;
 pub struct NatsPublisher {
     js: jetstream::Context,
     subjects: Arc<Subjects>,
+    /// The connection's outages, reported once each.
+    outages: Arc<Outages>,
+    /// How long a publish waits for the connection.
+    reconnect_wait: Duration,
 }
 
 #[derive(Debug)]
@@ -96,6 +139,7 @@ impl NatsPublisher {
             js,
             prefix: None,
             map: Vec::new(),
+            reconnect_wait: DEFAULT_RECONNECT_WAIT,
         }
     }
 
@@ -107,6 +151,8 @@ impl NatsPublisher {
                 prefix: None,
                 map: BTreeMap::new(),
             }),
+            outages: Arc::new(Outages::new("NATS", "nats", None)),
+            reconnect_wait: DEFAULT_RECONNECT_WAIT,
         }
     }
 
@@ -173,26 +219,101 @@ impl NatsPublisher {
         ctx: &Context,
     ) -> Result<PublishAck, HandlerError> {
         let subject = self.subject(ctx.topic());
-        let ack = self
-            .js
-            .publish_with_headers(subject.clone(), message_headers(ctx), payload.into())
-            .await;
-        let ack = match ack {
-            Ok(pending) => pending.await,
-            Err(e) => Err(e),
-        };
-        match ack {
-            Ok(ack) => {
-                if ack.duplicate {
-                    tracing::debug!(
-                        stream = %ack.stream,
-                        sequence = ack.sequence,
-                        "the stream already held this message (a redelivery); not stored again"
-                    );
+        let payload = bytes::Bytes::from(payload);
+        let client = self.js.client();
+        let deadline = Instant::now() + self.reconnect_wait;
+        let mut waited = false;
+        loop {
+            let connection = self.connected(&client, deadline, &mut waited).await?;
+            let sent = self.outages.sent(connection);
+            let answer = match self
+                .js
+                .publish_with_headers(subject.clone(), message_headers(ctx), payload.clone())
+                .await
+            {
+                Ok(pending) => self.answer(pending, &client, connection).await,
+                Err(e) => Answer::Failed(e),
+            };
+            let lost = match answer {
+                Answer::Acked(ack) => {
+                    self.outages.answered(connection);
+                    if ack.duplicate {
+                        tracing::debug!(
+                            stream = %ack.stream,
+                            sequence = ack.sequence,
+                            "the stream already held this message (a redelivery); not stored again"
+                        );
+                    }
+                    return Ok(ack);
                 }
-                Ok(ack)
+                Answer::Lost(why) => why,
+                Answer::Failed(e)
+                    if matches!(
+                        e.kind(),
+                        PublishErrorKind::TimedOut | PublishErrorKind::BrokenPipe
+                    ) && connection_changed(&client, connection) =>
+                {
+                    e.to_string()
+                }
+                Answer::Failed(e) => return Err(self.classify(e, &subject).await),
+            };
+            // Sent again once the client is back: the stream drops the copy if the first
+            // reached it.
+            self.outages.lost(connection, &lost);
+            drop(sent);
+            waited = true;
+        }
+    }
+
+    /// The number of the client's connection (how many it has made) once it is connected,
+    /// waiting for it until `deadline`; `waited` records that this publish waited.
+    async fn connected(
+        &self,
+        client: &Client,
+        deadline: Instant,
+        waited: &mut bool,
+    ) -> Result<u64, HandlerError> {
+        loop {
+            let connection = client.statistics().connects.load(Ordering::Relaxed);
+            if client.connection_state() == State::Connected {
+                return Ok(connection);
             }
-            Err(e) => Err(self.classify(e, &subject).await),
+            self.outages.lost(connection, &"the client is disconnected");
+            self.outages.waits(waited);
+            if Instant::now() >= deadline {
+                return Err(HandlerError::retry(format!(
+                    "NATS is unreachable ({}); waited {:?} for the client to reconnect",
+                    self.outages
+                        .error()
+                        .as_deref()
+                        .unwrap_or("the client is disconnected"),
+                    self.reconnect_wait,
+                )));
+            }
+            tokio::time::sleep(LOOK_EVERY).await;
+        }
+    }
+
+    /// The stream's answer to a publish sent on connection `connection`, unless the client
+    /// reconnects first: the answer may then never come.
+    async fn answer(&self, pending: PublishAckFuture, client: &Client, connection: u64) -> Answer {
+        let mut ack = std::pin::pin!(std::future::IntoFuture::into_future(pending));
+        loop {
+            tokio::select! {
+                answer = &mut ack => return match answer {
+                    Ok(ack) => Answer::Acked(ack),
+                    Err(e) => Answer::Failed(e),
+                },
+                () = tokio::time::sleep(LOOK_EVERY) => {
+                    if client.connection_state() != State::Connected {
+                        self.outages.lost(connection, &"the client is disconnected");
+                    } else if connection_changed(client, connection) {
+                        return Answer::Lost(
+                            "the client reconnected before the stream answered".to_string(),
+                        );
+                    }
+                }
+            }
         }
     }
 
@@ -242,6 +363,20 @@ impl NatsPublisher {
     }
 }
 
+/// How a publish ended.
+enum Answer {
+    Acked(PublishAck),
+    Failed(PublishError),
+    /// The connection it went out on is lost, as the text says.
+    Lost(String),
+}
+
+/// Whether the client is no longer on connection `connection`: disconnected, or reconnected.
+fn connection_changed(client: &Client, connection: u64) -> bool {
+    client.connection_state() != State::Connected
+        || client.statistics().connects.load(Ordering::Relaxed) != connection
+}
+
 impl fmt::Debug for NatsPublisher {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("NatsPublisher")
@@ -276,6 +411,7 @@ pub struct NatsPublisherBuilder {
     js: jetstream::Context,
     prefix: Option<String>,
     map: Vec<(String, String)>,
+    reconnect_wait: Duration,
 }
 
 impl NatsPublisherBuilder {
@@ -292,15 +428,36 @@ impl NatsPublisherBuilder {
         self
     }
 
+    /// How long a publish waits for the client to reconnect while it is disconnected (default
+    /// [`DEFAULT_RECONNECT_WAIT`]) before it fails, to be retried by the worker.
+    ///
+    /// Publishes the lost connection caught in flight, and those that come meanwhile, wait for
+    /// the client and go out on the new connection, so that a server restart or a network blip
+    /// costs a pause rather than a failed attempt per message. Keep it below the handler's
+    /// timeout (the worker's [`handler_timeout`](outbox::WorkerConfig::handler_timeout), 60 s by
+    /// default), or the worker gives up on the waiting publishes first.
+    pub fn reconnect_wait(mut self, wait: Duration) -> Self {
+        self.reconnect_wait = wait;
+        self
+    }
+
     /// Checks the subjects and builds the publisher.
     ///
     /// # Errors
     ///
-    /// [`ConfigError::Invalid`] naming `nats.prefix` or `nats.map.<topic>` when a subject is
-    /// empty, has an empty token, a wildcard (`*`, `>`) or whitespace.
+    /// [`ConfigError::Invalid`] naming `nats.prefix`, `nats.map.<topic>` or
+    /// `nats.reconnect_wait` when a subject is empty, has an empty token, a wildcard (`*`, `>`)
+    /// or whitespace, or the reconnect wait is zero.
     pub fn build(self) -> Result<NatsPublisher, ConfigError> {
         if let Some(p) = &self.prefix {
             check_subject("nats.prefix", p)?;
+        }
+        if self.reconnect_wait.is_zero() {
+            return Err(ConfigError::Invalid {
+                key: "nats.reconnect_wait".into(),
+                reason: "must be more than zero".into(),
+                got: format!("{:?}", self.reconnect_wait),
+            });
         }
         let mut map = BTreeMap::new();
         for (topic, subject) in self.map {
@@ -313,6 +470,8 @@ impl NatsPublisherBuilder {
                 prefix: self.prefix,
                 map,
             }),
+            outages: Arc::new(Outages::new("NATS", "nats", None)),
+            reconnect_wait: self.reconnect_wait,
         })
     }
 }

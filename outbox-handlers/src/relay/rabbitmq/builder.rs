@@ -4,10 +4,14 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
-use tokio::sync::{Mutex, Semaphore};
+use tokio::sync::Semaphore;
 
-use super::{Inner, RabbitPublisher, DEFAULT_EXCHANGE, DEFAULT_MAX_CHANNELS};
+use super::link::{address, Link};
+use super::{
+    Inner, Outages, RabbitPublisher, DEFAULT_EXCHANGE, DEFAULT_MAX_CHANNELS, DEFAULT_RECONNECT_WAIT,
+};
 use crate::ConfigError;
 
 /// The most channels AMQP 0-9-1 numbers on one connection.
@@ -19,6 +23,7 @@ pub struct RabbitPublisherBuilder {
     exchange: String,
     map: Vec<(String, String, String)>,
     max_channels: usize,
+    reconnect_wait: Duration,
 }
 
 impl fmt::Debug for RabbitPublisherBuilder {
@@ -27,6 +32,7 @@ impl fmt::Debug for RabbitPublisherBuilder {
             .field("exchange", &self.exchange)
             .field("map", &self.map)
             .field("max_channels", &self.max_channels)
+            .field("reconnect_wait", &self.reconnect_wait)
             .finish_non_exhaustive()
     }
 }
@@ -38,7 +44,36 @@ impl RabbitPublisherBuilder {
             exchange: DEFAULT_EXCHANGE.to_string(),
             map: Vec::new(),
             max_channels: DEFAULT_MAX_CHANNELS,
+            reconnect_wait: DEFAULT_RECONNECT_WAIT,
         }
+    }
+
+    /// How long a publish waits for the connection while it is down (default
+    /// [`DEFAULT_RECONNECT_WAIT`]) before it fails, to be retried by the worker.
+    ///
+    /// The connection is made again in the background as soon as it is lost; the publishes it
+    /// caught in flight, and those that come meanwhile, wait for it and go out on the new
+    /// connection, so that a broker restart or a network blip costs a pause rather than a failed
+    /// attempt per message. Keep it below the handler's timeout (the worker's
+    /// [`handler_timeout`](outbox::WorkerConfig::handler_timeout), 60 s by default), or the
+    /// worker gives up on the waiting publishes first.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use outbox_handlers::relay::rabbitmq::RabbitPublisher;
+    /// let rabbit = RabbitPublisher::builder("amqp://127.0.0.1:5672/%2f")
+    ///     .reconnect_wait(Duration::from_secs(20))
+    ///     .build()
+    ///     .unwrap();
+    /// # let _ = rabbit;
+    /// assert!(RabbitPublisher::builder("amqp://127.0.0.1:5672/%2f")
+    ///     .reconnect_wait(Duration::ZERO)
+    ///     .build()
+    ///     .is_err());
+    /// ```
+    pub fn reconnect_wait(mut self, wait: Duration) -> Self {
+        self.reconnect_wait = wait;
+        self
     }
 
     /// The most channels the publisher opens on its connection, which is the most publishes in
@@ -86,9 +121,9 @@ impl RabbitPublisherBuilder {
     /// # Errors
     ///
     /// [`ConfigError::Invalid`] naming `rabbitmq.uri`, `rabbitmq.exchange`,
-    /// `rabbitmq.map.<topic>` or `rabbitmq.max_channels` when the URI does not start with
-    /// `amqp://` or `amqps://`, a name is longer than AMQP allows (255 bytes), or the channels
-    /// are not between 1 and 65,535.
+    /// `rabbitmq.map.<topic>`, `rabbitmq.max_channels` or `rabbitmq.reconnect_wait` when the URI
+    /// does not start with `amqp://` or `amqps://`, a name is longer than AMQP allows
+    /// (255 bytes), the channels are not between 1 and 65,535, or the reconnect wait is zero.
     pub fn build(self) -> Result<RabbitPublisher, ConfigError> {
         if !(self.uri.starts_with("amqp://") || self.uri.starts_with("amqps://")) {
             return Err(ConfigError::Rejected {
@@ -106,6 +141,14 @@ impl RabbitPublisherBuilder {
                 got: self.max_channels.to_string(),
             });
         }
+        if self.reconnect_wait.is_zero() {
+            return Err(ConfigError::Invalid {
+                key: "rabbitmq.reconnect_wait".into(),
+                reason: "must be more than zero: every publish waits for the connection to be made"
+                    .into(),
+                got: format!("{:?}", self.reconnect_wait),
+            });
+        }
         let mut map = BTreeMap::new();
         for (topic, exchange, key) in self.map {
             let name = format!("rabbitmq.map.{topic}");
@@ -115,10 +158,12 @@ impl RabbitPublisherBuilder {
         }
         Ok(RabbitPublisher {
             inner: Arc::new(Inner {
+                outages: Outages::new("RabbitMQ", "rabbitmq", address(&self.uri)),
                 uri: self.uri,
                 exchange: self.exchange,
                 map,
-                conn: Mutex::new(None),
+                link: Link::new(),
+                reconnect_wait: self.reconnect_wait,
                 idle: std::sync::Mutex::new(Vec::new()),
                 channels: Semaphore::new(self.max_channels),
             }),

@@ -1,57 +1,54 @@
 //! The confirm-mode channels of a [`RabbitPublisher`]: one lent to each publish in flight
 //! ([`Lease`]), given back for the next publish once its confirm has come.
 
-use std::sync::Arc;
-
 use lapin::options::ConfirmSelectOptions;
-use lapin::{Channel, Connection, ConnectionProperties};
+use lapin::Channel;
 
+use super::link::Open;
 use super::RabbitPublisher;
 
 impl RabbitPublisher {
-    /// A confirm-mode channel with no publish in flight: an idle one of the shared connection,
-    /// else a new one, opening the connection first if it is closed.
-    pub(super) async fn checkout(&self) -> Result<Lease<'_>, lapin::Error> {
+    /// A confirm-mode channel of `open` with no publish in flight: an idle one, else a new one.
+    pub(super) async fn checkout(&self, open: &Open) -> Result<Lease<'_>, lapin::Error> {
         loop {
             let idle = lock(&self.inner.idle).pop();
             match idle {
-                Some(channel) if channel.status().connected() => return Ok(self.lease(channel)),
+                Some((channel, number))
+                    if number == open.number && channel.status().connected() =>
+                {
+                    return Ok(self.lease(channel, number))
+                }
                 // A channel of a connection that was lost, or closed by the broker.
                 Some(_) => continue,
                 None => break,
             }
         }
-        let conn = {
-            let mut conn = self.inner.conn.lock().await;
-            match conn.as_ref().filter(|c| c.status().connected()) {
-                Some(open) => open.clone(),
-                None => {
-                    lock(&self.inner.idle).clear();
-                    let open = Arc::new(
-                        Connection::connect(&self.inner.uri, ConnectionProperties::default())
-                            .await?,
-                    );
-                    conn.insert(open).clone()
-                }
-            }
-        };
-        let channel = conn.create_channel().await?;
+        let channel = open.conn.create_channel().await?;
         channel
             .confirm_select(ConfirmSelectOptions::default())
             .await?;
-        Ok(self.lease(channel))
+        Ok(self.lease(channel, open.number))
     }
 
-    fn lease(&self, channel: Channel) -> Lease<'_> {
+    /// Forgets the idle channels of connection `number`, which is lost.
+    pub(super) fn forget_channels(&self, number: u64) {
+        lock(&self.inner.idle).retain(|(_, n)| *n != number);
+    }
+
+    fn lease(&self, channel: Channel, number: u64) -> Lease<'_> {
         Lease {
             idle: &self.inner.idle,
             channel,
+            number,
             settled: false,
         }
     }
 }
 
-fn lock(idle: &std::sync::Mutex<Vec<Channel>>) -> std::sync::MutexGuard<'_, Vec<Channel>> {
+/// Idle channels, each with the number of its connection.
+pub(super) type Idle = std::sync::Mutex<Vec<(Channel, u64)>>;
+
+fn lock(idle: &Idle) -> std::sync::MutexGuard<'_, Vec<(Channel, u64)>> {
     idle.lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
@@ -66,8 +63,10 @@ fn lock(idle: &std::sync::Mutex<Vec<Channel>>) -> std::sync::MutexGuard<'_, Vec<
 /// drop is reported as delivered, or a routable one as returned. So each publish in flight
 /// has a channel of its own, given back for the next publish once its confirm has come.
 pub(super) struct Lease<'a> {
-    idle: &'a std::sync::Mutex<Vec<Channel>>,
+    idle: &'a Idle,
     pub(super) channel: Channel,
+    /// The number of the channel's connection.
+    number: u64,
     /// Set once the publish has its confirm, or failed.
     settled: bool,
 }
@@ -88,7 +87,7 @@ impl Drop for Lease<'_> {
     fn drop(&mut self) {
         if self.settled {
             if self.channel.status().connected() {
-                lock(self.idle).push(self.channel.clone());
+                lock(self.idle).push((self.channel.clone(), self.number));
             }
         } else if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             let channel = self.channel.clone();

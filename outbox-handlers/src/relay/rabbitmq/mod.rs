@@ -17,14 +17,52 @@
 //! | unroutable (returned by the broker) | permanent |
 //! | the exchange does not exist (`NOT_FOUND`) | permanent |
 //! | refused as too large (`CONTENT_TOO_LARGE`, `PRECONDITION_FAILED`) | permanent |
-//! | negatively confirmed (`nack`), connection or channel lost, anything else | retry |
+//! | connection lost | sent again once it is back; retry if it is not back within [`reconnect_wait`](RabbitPublisherBuilder::reconnect_wait) |
+//! | negatively confirmed (`nack`), channel lost, anything else | retry |
 //!
 //! One connection serves every relay and every concurrent call; each call in flight publishes on
 //! a confirm-mode channel of its own, kept open for the next call, because RabbitMQ's confirms
 //! and returns can be matched to their publish only on a channel with one publish in flight.
-//! When the connection closes, the next publish opens a new one. At most
-//! [`max_channels`](RabbitPublisherBuilder::max_channels) channels are open, 128 unless set; a
-//! call beyond them waits for one.
+//! At most [`max_channels`](RabbitPublisherBuilder::max_channels) channels are open, 128 unless
+//! set; a call beyond them waits for one.
+//!
+//! # Outages
+//!
+//! The connection is made on the first publish. Once it is lost, one background task makes it
+//! again, at once and then after a pause that doubles up to 5 s. Meanwhile every publish waits
+//! for it, both those the loss caught in flight (which may or may not have reached the broker:
+//! they are sent again, as a retry by the worker would) and those that come during the outage,
+//! up to [`reconnect_wait`](RabbitPublisherBuilder::reconnect_wait) (10 s unless set); then they
+//! fail, to be retried by the worker.
+//!
+//! An outage is logged twice, at WARN, however many publishes it holds up and however many
+//! attempts to connect fail meanwhile: once when the connection is lost, and once when the
+//! broker confirms a publish on a new one. Connections lost again before that (a network that
+//! keeps cutting them) belong to the same outage, and the second line counts them.
+//!
+//! ```text
+//! WARN RabbitMQ connection lost (IO error: connection aborted); 64 publishes in flight will be retried relay="rabbitmq" broker="mq1:5672" error=IO error: connection aborted in_flight=64
+//! WARN RabbitMQ connection restored after 1.8s; 212 publishes waited for it relay="rabbitmq" broker="mq1:5672" outage_secs=1.8 losses=1 waited=212
+//! ```
+//!
+//! When the first connection cannot be made, the first line is `cannot connect to RabbitMQ
+//! (…); publishes wait for the connection` and the second `RabbitMQ connection made after …`.
+//! The counters `outbox_relay_connection_losses_total` (every connection lost) and
+//! `outbox_relay_publishes_waited_for_reconnect_total` (label `relay="rabbitmq"`) count the
+//! same; see [`metrics`](crate::metrics).
+//!
+//! The AMQP client, lapin, logs each lost connection and each failed attempt to connect itself,
+//! at ERROR, in two or three lines (targets `lapin::io_loop`, `lapin::channels`,
+//! `lapin::channel`); it also logs every message the broker returns as unroutable, at WARN
+//! (`lapin::returned_messages`), which the relay reports as a permanent failure. It has no
+//! setting for it; the relay's own lines say the same, so a relay worker can leave lapin out of
+//! its log with the `tracing_subscriber::EnvFilter` (`RUST_LOG`) directive:
+//!
+//! ```text
+//! lapin=off
+//! ```
+//!
+//! e.g. `RUST_LOG=info,lapin=off`.
 //!
 //! # Example
 //!
@@ -49,31 +87,38 @@
 
 mod builder;
 mod channel;
+mod link;
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::marker::PhantomData;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use lapin::options::BasicPublishOptions;
 use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
 use lapin::types::{AMQPValue, FieldTable, ShortString};
-use lapin::{BasicProperties, Channel, Confirmation, Connection, ErrorKind};
+use lapin::{BasicProperties, Confirmation, ErrorKind};
 use outbox::{
-    Context, Event, FromResources, Handler, HandlerError, RawHandler, ResourceError, Resources,
+    Context, Event, FailureKind, FromResources, Handler, HandlerError, RawHandler, ResourceError,
+    Resources,
 };
-use tokio::sync::{Mutex, Semaphore};
+use tokio::sync::Semaphore;
 
 pub use builder::RabbitPublisherBuilder;
 
 use super::headers;
+use super::outage::Outages;
 
 /// The exchange used when none is set.
 pub const DEFAULT_EXCHANGE: &str = "outbox";
 
 /// The channels a publisher opens at most when none is set: as many publishes in flight.
 pub const DEFAULT_MAX_CHANNELS: usize = 128;
+
+/// How long a publish waits for a lost connection to come back when nothing else is set.
+pub const DEFAULT_RECONNECT_WAIT: Duration = Duration::from_secs(10);
 
 /// Publishes outbox messages to RabbitMQ: the shared connection and the topic-to-route rule.
 ///
@@ -88,10 +133,14 @@ struct Inner {
     uri: String,
     exchange: String,
     map: BTreeMap<String, (String, String)>,
-    /// The shared connection, once opened.
-    conn: Mutex<Option<Arc<Connection>>>,
+    /// The shared connection, and the task that makes it again once it is lost.
+    link: link::Link,
+    /// The connection's outages, reported once each.
+    outages: Outages,
+    /// How long a publish waits for the connection.
+    reconnect_wait: Duration,
     /// Open confirm-mode channels with no publish in flight; see [`channel::Lease`].
-    idle: std::sync::Mutex<Vec<Channel>>,
+    idle: channel::Idle,
     /// One permit per channel the publisher may have open: a publish holds one while in flight.
     channels: Semaphore,
 }
@@ -154,28 +203,61 @@ impl RabbitPublisher {
         let Ok(_channel) = self.inner.channels.acquire().await else {
             return Err(HandlerError::retry("the RabbitMQ publisher is shut down"));
         };
-        let lease = self
-            .checkout()
-            .await
-            .map_err(|e| HandlerError::retry(format!("cannot reach RabbitMQ: {e}")))?;
-        let confirm = lease
-            .channel
-            .basic_publish(
-                ShortString::from(exchange),
-                ShortString::from(key),
-                BasicPublishOptions {
-                    mandatory: true,
-                    ..BasicPublishOptions::default()
-                },
-                payload,
-                properties(ctx),
-            )
-            .await;
-        let confirmation = match confirm {
-            Ok(pending) => pending.await,
-            Err(e) => Err(e),
+        let deadline = Instant::now() + self.inner.reconnect_wait;
+        let mut waited = false;
+        let confirmation = loop {
+            let open = self.connection(deadline, &mut waited).await?;
+            let lease = match self.checkout(&open).await {
+                Ok(lease) => lease,
+                Err(e) if !open.conn.status().connected() => {
+                    self.lost(&open, &e);
+                    continue;
+                }
+                Err(e) => {
+                    return Err(HandlerError::retry(format!(
+                        "cannot open a RabbitMQ channel: {e}"
+                    )))
+                }
+            };
+            let sent = self.inner.outages.sent(open.number);
+            let confirm = lease
+                .channel
+                .basic_publish(
+                    ShortString::from(exchange),
+                    ShortString::from(key),
+                    BasicPublishOptions {
+                        mandatory: true,
+                        ..BasicPublishOptions::default()
+                    },
+                    payload,
+                    properties(ctx),
+                )
+                .await;
+            let confirmation = match confirm {
+                Ok(pending) => pending.await,
+                Err(e) => Err(e),
+            };
+            lease.give_back();
+            match confirmation {
+                // The connection went down under the publish, which may or may not have reached
+                // the broker: sent again on the next connection, as the worker would.
+                Err(e)
+                    if !open.conn.status().connected()
+                        && classify(&e, exchange, key).kind() != FailureKind::Permanent =>
+                {
+                    self.lost(&open, &e);
+                    drop(sent);
+                    // Counted among the publishes that wait, with the others the loss caught.
+                    waited = true;
+                }
+                confirmation => {
+                    if confirmation.is_ok() {
+                        self.inner.outages.answered(open.number);
+                    }
+                    break confirmation;
+                }
+            }
         };
-        lease.give_back();
         match confirmation {
             Ok(Confirmation::Ack(None)) => Ok(()),
             Ok(Confirmation::Ack(Some(returned)) | Confirmation::Nack(Some(returned))) => {
