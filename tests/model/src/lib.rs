@@ -118,27 +118,23 @@
 //!
 //! # Findings
 //!
-//! Messages that a done write claims (PostgreSQL) go through a channel to `start_claimed`,
-//! which starts one batch at a time and waits in `start_all` for handler slots; until a batch
-//! is in the worker's flights its leases are not renewed, against the README's promise that a
-//! message waiting for a handler slot keeps its lease. If a batch waits there longer than the
-//! lease (handlers slower than the lease hold every slot), its leases run out and another
-//! claim (another worker's, or this worker's claim loop) takes those messages, counting an
-//! attempt; when `start_claimed` reaches the stale batch, the message runs again under the
-//! stale claim, after the newer claim may have finished it. If the newer claim is this
-//! worker's own, `start_all` puts the stale claim in the flights in its place: the newer
-//! claim's outcome is then not landed, its lease no longer renewed, and not handed back at
-//! shutdown either, so the stopped worker keeps it until it runs out.
+//! One, fixed. Messages that a done write claims (PostgreSQL) went through a channel to
+//! `start_claimed`, which started one batch at a time and entered a batch into the worker's
+//! flights only when it began to start it; a batch waiting behind another was not renewed,
+//! against the promise that a message waiting for a handler slot keeps its lease. If it waited
+//! longer than the lease (handlers slower than the lease holding every slot), another claim
+//! took its messages, counting an attempt, and the stale claim still ran when its turn came,
+//! after the newer claim may have finished it. The worker now registers each such batch in its
+//! flights the moment it arrives (`register`), and starts the batches in order from a second
+//! task.
 //!
 //! - `tests/variants.rs`, `finding_a_lapsed_chained_claim_replaces_a_newer_claim` (with
-//!   [`Config::chained_leases_lapse`]): the model's counterexample, down to the stopped worker
-//!   still holding the newer claim. The default checks assume such a lease does not run out
-//!   while it waits.
-//! - `tests/chained_lease.rs` in `outbox-tests` (ignored, as it fails on today's code; run it
-//!   with `cargo test -p outbox-tests --test chained_lease -- --ignored --nocapture`): on
-//!   PostgreSQL, a key's next message claimed by a done write waits behind another batch while
-//!   handlers slower than the lease hold both slots; another worker claims it at attempt 2 and
-//!   finishes it, and then the first worker runs it again at attempt 1.
+//!   [`Config::chained_leases_lapse`]): the model's counterexample to the old behaviour, down
+//!   to the stopped worker still holding the newer claim. The default checks assume, as the
+//!   code now guarantees, that such a lease does not run out while it waits.
+//! - `tests/chained_lease.rs` in `outbox-tests`: on PostgreSQL, a key's next message claimed by
+//!   a done write waits behind another batch while handlers slower than the lease hold both
+//!   slots; it must run once.
 //!
 //! # Trace validation
 //!
