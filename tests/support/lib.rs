@@ -1114,7 +1114,7 @@ pub mod proxy {
 /// What a process logs and measures, for tests that check it: the WARN and ERROR events, and
 /// the counters of the `metrics` facade.
 ///
-/// Both are process-wide; a test that reads them takes [`ALONE`] for writing, and every other
+/// Both are process-wide; a test that reads them takes [`ALONE`](crate::observe::ALONE) for writing, and every other
 /// test of its binary takes it for reading, so that it runs alone.
 pub mod observe {
     use std::collections::BTreeMap;
