@@ -1,4 +1,4 @@
-//! The outbox benchmark: the workloads of the performance issue, each figure beside its target.
+//! The outbox benchmark: the workloads of the README's Performance table, each figure beside its target.
 //!
 //! Run with `cargo run --release -p outbox-examples --example bench`
 //! (`-- --backend postgres|sqlite|all --json --scale 1.0`). PostgreSQL is the server at

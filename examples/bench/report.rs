@@ -15,7 +15,7 @@ pub(crate) enum Op {
     AtMost,
 }
 
-/// A target of the issue.
+/// A figure's target.
 #[derive(Debug, Clone, Copy, Serialize)]
 pub(crate) struct Target {
     /// The comparison.

@@ -124,7 +124,7 @@
 //! against the promise that a message waiting for a handler slot keeps its lease. If it waited
 //! longer than the lease (handlers slower than the lease holding every slot), another claim
 //! took its messages, counting an attempt, and the stale claim still ran when its turn came,
-//! after the newer claim may have finished it. The worker now registers each such batch in its
+//! after the newer claim may have finished it. The worker registers each such batch in its
 //! flights the moment it arrives (`register`), and starts the batches in order from a second
 //! task.
 //!

@@ -93,11 +93,12 @@ fn a_claim_that_skips_lapsed_leases_never_settles_a_crashed_workers_messages() {
     );
 }
 
-/// A finding in today's code (see the crate docs): messages a done write claimed wait for
-/// `start_claimed` with their lease not renewed; when it runs out there, a newer claim takes
-/// the message, and `start_all` then puts the stale claim in the worker's flights in place of
-/// the newer one, whose lease is no longer renewed nor handed back: at shutdown it stays with
-/// the stopped worker. The default checks assume such a lease does not run out.
+/// The model's finding (see the crate docs), kept as the counterexample it produces: with
+/// messages a done write claimed waiting for `start_claimed` unrenewed, a lapsed lease lets a
+/// newer claim take the message, and starting the stale claim puts it in the worker's flights
+/// in place of the newer one, which is then neither renewed nor handed back: at shutdown it
+/// stays with the stopped worker. The worker registers such batches at once, so the default
+/// checks assume such a lease does not run out.
 #[test]
 fn finding_a_lapsed_chained_claim_replaces_a_newer_claim() {
     let config = Config {
