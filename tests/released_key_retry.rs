@@ -1,38 +1,39 @@
-//! A dead letter that releases its key (`dead_releases_key`) lets the next message of its key
-//! run; retried by an operator it is pending again and runs first again. The README promises
-//! that a message with a key is not started while an earlier message of its key is pending.
-//! Found by the protocol's model: a successor claimed before the retry, waiting for a handler
-//! slot, still starts after it, while its retried predecessor is pending. Ignored until the
-//! worker rechecks a claimed successor's key before starting it; run it with
-//! `cargo test -p outbox-tests --test released_key_retry -- --ignored --nocapture`.
+//! A dead letter that releases its key (`dead_releases_key`) lets the next messages of its key
+//! run. Retried by an operator while one of them runs, it is again the earliest live message
+//! of its key: it must wait for the messages of its key claimed before the retry (the worker
+//! holds them, running or waiting for a handler slot), and run before those still pending, so
+//! that a key never runs two messages at once. Found by the protocol's model: the retried
+//! letter was claimed at once and ran beside its running successor. On PostgreSQL and SQLite.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use outbox::{
-    enqueue, enqueue_with, outbox_event, Context, DeadSelection, EnqueueOptions, Handler,
-    HandlerError, Worker, WorkerConfig,
+    enqueue_with, outbox_event, Context, DeadSelection, EnqueueOptions, Handler, HandlerError,
+    Store, Worker, WorkerConfig,
 };
 use outbox_tests::wait_until;
 use serde::{Deserialize, Serialize};
+use uuid::Uuid;
 
-/// A step of key `k`: the first fails until healed.
+/// Step `seq` of key `k`: step 0 fails until healed, step 1 runs for two seconds.
 #[outbox_event(topic = "retry.step")]
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct Step {
     seq: i64,
 }
 
-/// A message that holds the worker's only handler slot for a while.
-#[outbox_event(topic = "retry.slow", ordering_key = "key")]
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct Slow {
-    key: String,
+/// One handler call: the step, its attempt, and when it started and ended.
+#[derive(Debug, Clone)]
+struct Call {
+    seq: i64,
+    attempt: u32,
+    started: Instant,
+    ended: Option<Instant>,
 }
 
-/// The calls, in the order they started: (topic, seq, attempt).
-type Calls = Arc<Mutex<Vec<(&'static str, i64, u32)>>>;
+type Calls = Arc<Mutex<Vec<Call>>>;
 
 struct RunStep {
     calls: Calls,
@@ -45,134 +46,132 @@ impl Handler for RunStep {
     const NAME: &'static str = "step";
 
     async fn handle(&self, e: Step, ctx: &Context) -> Result<(), HandlerError> {
-        self.calls
-            .lock()
-            .unwrap()
-            .push(("step", e.seq, ctx.attempt()));
-        if e.seq == 0 && !self.healed.load(Ordering::SeqCst) {
-            return Err(HandlerError::permanent("the first step fails until healed"));
-        }
-        Ok(())
+        let index = {
+            let mut calls = self.calls.lock().unwrap();
+            calls.push(Call {
+                seq: e.seq,
+                attempt: ctx.attempt(),
+                started: Instant::now(),
+                ended: None,
+            });
+            calls.len() - 1
+        };
+        let result = if e.seq == 0 && !self.healed.load(Ordering::SeqCst) {
+            Err(HandlerError::permanent("the first step fails until healed"))
+        } else {
+            if e.seq == 1 {
+                tokio::time::sleep(Duration::from_secs(2)).await;
+            }
+            Ok(())
+        };
+        self.calls.lock().unwrap()[index].ended = Some(Instant::now());
+        result
     }
 }
 
-struct RunSlow {
-    calls: Calls,
-}
-
-#[outbox::async_trait]
-impl Handler for RunSlow {
-    type Event = Slow;
-    const NAME: &'static str = "slow";
-
-    async fn handle(&self, _: Slow, ctx: &Context) -> Result<(), HandlerError> {
-        self.calls.lock().unwrap().push(("slow", 0, ctx.attempt()));
-        tokio::time::sleep(Duration::from_secs(2)).await;
-        Ok(())
-    }
-}
-
-fn config() -> WorkerConfig {
-    WorkerConfig::default()
-        .concurrency(1)
-        .batch_size(2)
-        .poll_interval(Duration::from_millis(50))
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "known bug: a successor claimed before its released predecessor's retry still starts (see the module docs)"]
-async fn a_retried_released_predecessor_runs_before_its_successors() {
-    let db = outbox_tests::pg().await;
-    let store = outbox::Store::from(&db.pool);
-    let calls = Calls::default();
-    let healed = Arc::new(AtomicBool::new(false));
-
-    // Stored in this order: the slow message, then the key's two steps.
+async fn enqueue_steps<C>(mut conn: C) -> Uuid
+where
+    C: std::ops::DerefMut + Send,
+    C::Target: outbox::Connection,
+{
     let releasing = EnqueueOptions::new()
         .ordering_key("k")
         .dead_releases_key(true);
-    let mut tx = db.pool.begin().await.unwrap();
-    enqueue(&mut *tx, &Slow { key: "a".into() }).await.unwrap();
-    let first = enqueue_with(&mut *tx, &Step { seq: 0 }, &releasing)
-        .await
-        .unwrap();
-    enqueue_with(&mut *tx, &Step { seq: 1 }, &releasing)
-        .await
-        .unwrap();
-    tx.commit().await.unwrap();
+    let mut ids = Vec::new();
+    for seq in 0..3 {
+        ids.push(
+            enqueue_with(&mut *conn, &Step { seq }, &releasing)
+                .await
+                .unwrap(),
+        );
+    }
+    ids[0]
+}
 
-    // A worker of the steps alone: the first step fails and is dead, releasing its key.
-    let steps_only = Worker::builder(store.clone())
-        .handler(RunStep {
-            calls: calls.clone(),
-            healed: healed.clone(),
-        })
-        .config(config())
-        .build()
-        .unwrap();
-    let report = steps_only.run_once().await.unwrap();
+async fn the_retried_release_waits_for_the_running_successor(store: Store, first: Uuid) {
+    let calls = Calls::default();
+    let healed = Arc::new(AtomicBool::new(false));
+    let worker = |calls: &Calls, concurrency| {
+        Worker::builder(store.clone())
+            .handler(RunStep {
+                calls: calls.clone(),
+                healed: healed.clone(),
+            })
+            .config(
+                WorkerConfig::default()
+                    .concurrency(concurrency)
+                    .batch_size(3)
+                    .poll_interval(Duration::from_millis(50)),
+            )
+            .build()
+            .unwrap()
+    };
+
+    // Step 0 fails for good and is dead, releasing its key.
+    let report = worker(&calls, 1).run_once().await.unwrap();
     assert_eq!((report.claimed, report.dead), (1, 1), "{report:?}");
     healed.store(true, Ordering::SeqCst);
 
-    // One handler slot: one claim takes the slow message and the second step (the key's head
-    // now); the slow one runs, the step waits for the slot.
-    let worker = Worker::builder(store.clone())
-        .handler(RunStep {
-            calls: calls.clone(),
-            healed: healed.clone(),
-        })
-        .handler(RunSlow {
-            calls: calls.clone(),
-        })
-        .config(config())
-        .build()
-        .unwrap();
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    // Two handler slots: step 1 (the key's head now) runs; step 2 waits behind it.
+    let running_worker = worker(&calls, 2);
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let running = tokio::spawn(async move {
-        worker
+        running_worker
             .run_until(async {
-                let _ = rx.await;
+                let _ = stopped.await;
             })
             .await
             .unwrap();
     });
-    wait_until(
-        Duration::from_secs(10),
-        "the slow message runs",
-        async || calls.lock().unwrap().iter().any(|c| c.0 == "slow"),
-    )
+    wait_until(Duration::from_secs(10), "step 1 runs", async || {
+        calls.lock().unwrap().iter().any(|c| c.seq == 1)
+    })
     .await;
-    // The operator retries the first step while the second waits: it is pending again, the
-    // earlier message of the key.
+    // The operator retries step 0 while step 1 runs: it is the key's earliest live message
+    // again, with a free handler slot.
     assert_eq!(
         store.retry_dead(&DeadSelection::One(first)).await.unwrap(),
         1
     );
-    wait_until(Duration::from_secs(15), "every message done", async || {
-        store.stats().await.unwrap().total.pending() == 0
-            && calls
-                .lock()
-                .unwrap()
-                .iter()
-                .filter(|c| c.0 == "step")
-                .count()
-                >= 3
+    wait_until(Duration::from_secs(20), "every message done", async || {
+        store.stats().await.unwrap().total.pending() == 0 && calls.lock().unwrap().len() >= 4
     })
     .await;
-    let _ = tx.send(());
+    let _ = stop.send(());
     running.await.unwrap();
+
     let calls = calls.lock().unwrap().clone();
-    println!("handler calls (topic, seq, attempt): {calls:?}");
-    let steps: Vec<i64> = calls
-        .iter()
-        .filter(|c| c.0 == "step")
-        .skip(1)
-        .map(|c| c.1)
-        .collect();
+    println!("handler calls: {calls:?}");
+    let order: Vec<(i64, u32)> = calls.iter().map(|c| (c.seq, c.attempt)).collect();
     assert_eq!(
-        steps,
-        [0, 1],
-        "after the retry, the first step runs before the second"
+        order,
+        [(0, 1), (1, 1), (0, 1), (2, 1)],
+        "after the retry, step 0 runs once step 1 is done, and before step 2"
     );
+    let step1_ended = calls[1].ended.expect("step 1 ended");
+    assert!(
+        calls[2].started >= step1_ended,
+        "the retried step 0 started {:?} before its running successor ended",
+        step1_ended - calls[2].started
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_a_retried_released_letter_waits_for_its_running_successor() {
+    let db = outbox_tests::pg().await;
+    let mut tx = db.pool.begin().await.unwrap();
+    let first = enqueue_steps(&mut *tx).await;
+    tx.commit().await.unwrap();
+    the_retried_release_waits_for_the_running_successor(Store::from(&db.pool), first).await;
+    db.drop_db().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_a_retried_released_letter_waits_for_its_running_successor() {
+    let db = outbox_tests::sqlite().await;
+    let mut tx = db.pool.begin().await.unwrap();
+    let first = enqueue_steps(&mut *tx).await;
+    tx.commit().await.unwrap();
+    the_retried_release_waits_for_the_running_successor(Store::from(&db.pool), first).await;
     db.drop_db().await;
 }

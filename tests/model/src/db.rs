@@ -58,6 +58,9 @@ pub struct Row {
     pub key: Option<u32>,
     /// `releases_key`: when dead, it does not hold its key's later messages.
     pub releases_key: bool,
+    /// `retried_release`: a dead letter that had released its key, retried by an operator; a
+    /// claim takes it only when no later message of its key holds a lease.
+    pub retried_release: bool,
     /// How many claims took it so far: the next claim's [`Gen`] is one more.
     pub claims: Gen,
 }
@@ -69,6 +72,7 @@ impl Row {
             status: Status::Uncommitted,
             key,
             releases_key,
+            retried_release: false,
             claims: 0,
         }
     }
@@ -134,9 +138,18 @@ impl Table {
             .filter(move |r| key.is_some() && r.key == key)
     }
 
+    /// The messages of `m`'s key after `m`.
+    pub fn successors(&self, m: usize) -> impl Iterator<Item = &Row> + '_ {
+        let key = self.rows[m].key;
+        self.rows[m + 1..]
+            .iter()
+            .filter(move |r| key.is_some() && r.key == key)
+    }
+
     /// `head_may_start` and the claim's own terms: live, its lease free or run out, and
-    /// for an ordered message the head of its key (no earlier live message of the key) and
-    /// not behind a dead letter that holds the key.
+    /// for an ordered message the head of its key (no earlier live message of the key), not
+    /// behind a dead letter that holds the key, and, for a retried dead letter that had
+    /// released its key, no later message of the key under a lease.
     pub fn may_claim(&self, m: usize, bugs: Bugs) -> bool {
         let Status::Live { lease, .. } = self.rows[m].status else {
             return false;
@@ -145,11 +158,16 @@ impl Table {
             None => true,
             Some(l) => (l.expired && !bugs.claim_skips_expired) || bugs.claim_ignores_lease,
         };
+        let successors_leased = self
+            .successors(m)
+            .any(|r| r.lease().is_some_and(|l| !l.expired));
         free && self.predecessors(m).all(|p| match p.status {
             Status::Live { .. } => false,
             Status::Dead { .. } => p.releases_key || bugs.dead_does_not_hold,
             _ => true,
-        })
+        }) && !(self.rows[m].retried_release
+            && successors_leased
+            && !bugs.retried_release_ignores_claims)
     }
 
     /// A claim of `m` by `holder` (`outbox_claim_batch`, or the claim half of
@@ -278,13 +296,15 @@ impl Table {
     }
 
     /// `outbox_dead_retry`: back to `outbox_messages`, its id (and so its place in its key)
-    /// kept, attempts reset.
+    /// kept, attempts reset, marked `retried_release` if it had released its key.
     pub fn dead_retry(&mut self, m: usize) {
         if let Status::Dead { .. } = self.rows[m].status {
-            self.rows[m].status = Status::Live {
+            let row = &mut self.rows[m];
+            row.status = Status::Live {
                 attempts: 0,
                 lease: None,
             };
+            row.retried_release = row.key.is_some() && row.releases_key;
         }
     }
 
@@ -296,7 +316,9 @@ impl Table {
     }
 
     /// The message that `m`'s done write makes the head of its key, if that write may claim
-    /// it (`outbox_mark_done_and_claim` after the delete): the key's first live message.
+    /// it (`outbox_mark_done_and_claim` after the delete): the key's first live message. The
+    /// statement's claim reads the table as it was before its delete, where `m` still holds
+    /// its lease: a retried release before `m` is left to the next claim.
     pub fn next_head(&self, m: usize, bugs: Bugs) -> Option<usize> {
         let key = self.rows[m].key?;
         let next = self
@@ -305,6 +327,8 @@ impl Table {
             .enumerate()
             .find(|(i, r)| *i != m && r.key == Some(key) && r.live())?
             .0;
-        self.may_claim(next, bugs).then_some(next)
+        let behind_done = next < m && self.rows[next].retried_release;
+        (self.may_claim(next, bugs) && (!behind_done || bugs.retried_release_ignores_claims))
+            .then_some(next)
     }
 }

@@ -69,7 +69,10 @@
 //!   would have taken the lease back.
 //! - [`KEY_ORDER`](model::KEY_ORDER), *key order*: a message with a key starts only when every
 //!   earlier message of its key is done (its done write committed), discarded, or dead with
-//!   `releases_key`; a dead earlier message holds it until retried or discarded.
+//!   `releases_key`; a dead earlier message holds it until retried or discarded. A dead letter
+//!   that released its key and is retried runs after the later messages of its key claimed
+//!   before its retry, and no message starts while another of its key runs (both under leases
+//!   that did not run out).
 //! - [`ATTEMPTS`](model::ATTEMPTS), *attempts counted at claim*: a message's attempts are its
 //!   claims less its hand-backs, and never exceed the attempt limit plus its claims lost to
 //!   crashes and lapsed leases.
@@ -91,7 +94,7 @@
 //!
 //! # Bounds and time
 //!
-//! `cargo test -p outbox-model` (and so `cargo test --workspace`) checks four systems, each
+//! `cargo test -p outbox-model` (and so `cargo test --workspace`) checks five systems, each
 //! with 2 attempts, 1 crash, 1 stall and 1 stop:
 //!
 //! | system | workers | messages | keys | operator actions | distinct states |
@@ -99,9 +102,10 @@
 //! | [`Config::ordered`] (PostgreSQL) | 2 | 2 | 1 | 1 | 0.26 M |
 //! | [`Config::ordered`] with 3 workers | 3 | 2 | 1 | 1 | 1.36 M |
 //! | [`Config::ordered`], [`sqlite`](Config::sqlite) | 2 | 2 | 1 | 1 | 0.26 M |
+//! | [`Config::released`] (the first releases its key) | 2 | 2 | 1 | 1 | 0.80 M |
 //! | [`Config::unordered`] | 2 | 2 | 0 | 0 | 1.02 M |
 //!
-//! They take about 30 s together on 2 cores (the model is compiled with optimisations even in
+//! They take about 40 s together on 2 cores (the model is compiled with optimisations even in
 //! debug builds, see the workspace's `Cargo.toml`). `OUTBOX_MODEL_LARGE=1 cargo test -p
 //! outbox-model --test protocol -- --nocapture` also checks [`Config::large`] (3 workers, 3
 //! messages: two of one key, the first releasing it when dead, one unkeyed; 2 crashes), which
@@ -114,11 +118,15 @@
 //! successor claimed before its predecessor's done write committed (key order), attempts
 //! counted at completion (attempts), a hand-back that leaves the lease (shutdown), a claim
 //! that ignores leases (one lease), a dead letter that does not hold its key (key order), a
-//! claim that deletes (nothing lost), a claim that skips lapsed leases (settled).
+//! claim that deletes (nothing lost), a claim that skips lapsed leases (settled), a retried
+//! dead letter that had released its key claimed while a later message of its key is leased
+//! (key order).
 //!
 //! # Findings
 //!
-//! One, fixed. Messages that a done write claims (PostgreSQL) went through a channel to
+//! Two, both fixed.
+//!
+//! **A lapsed chained claim.** Messages that a done write claims (PostgreSQL) went through a channel to
 //! `start_claimed`, which started one batch at a time and entered a batch into the worker's
 //! flights only when it began to start it; a batch waiting behind another was not renewed,
 //! against the promise that a message waiting for a handler slot keeps its lease. If it waited
@@ -135,6 +143,21 @@
 //! - `tests/chained_lease.rs` in `outbox-tests`: on PostgreSQL, a key's next message claimed by
 //!   a done write waits behind another batch while handlers slower than the lease hold both
 //!   slots; it must run once.
+//!
+//! **A retried release beside its successor.** A dead letter that released its key
+//! (`dead_releases_key`) lets the later messages of its key run. Retried by an operator, it was
+//! the key's earliest live message again, so a claim took it at once, while a later message
+//! of its key, claimed before the retry, was running or waiting for a handler slot: two
+//! messages of one key ran at once, or the later one started while the earlier one was
+//! pending. A retried release is now marked (`retried_release`), and the claims take it only
+//! once no later message of its key holds a lease: it runs after the messages claimed before
+//! its retry and before those still pending.
+//!
+//! - `tests/variants.rs`,
+//!   `a_retried_release_claimed_beside_its_running_successor_runs_out_of_order` (with
+//!   [`Config::released`]): the counterexample to the old claim.
+//! - `tests/released_key_retry.rs` in `outbox-tests`: on PostgreSQL and SQLite, the retried
+//!   letter starts only after its running successor ended, and before the key's pending one.
 //!
 //! # Trace validation
 //!
@@ -229,4 +252,7 @@ pub struct Bugs {
     /// A claim takes only messages never leased or given back (`locked_until IS NULL`), not
     /// those whose lease ran out: a crashed worker's messages never run again.
     pub claim_skips_expired: bool,
+    /// A retried dead letter that had released its key is claimed while later messages of
+    /// its key hold a lease (running, or waiting for a handler slot).
+    pub retried_release_ignores_claims: bool,
 }

@@ -70,6 +70,16 @@ impl Config {
         }
     }
 
+    /// [`ordered`](Self::ordered) with a first message that releases its key when dead
+    /// (`dead_releases_key`): its successor runs while it is dead, and the operator's retry
+    /// makes it the key's earliest live message again.
+    pub fn released() -> Self {
+        Config {
+            messages: vec![(Some(0), true), (Some(0), false)],
+            ..Config::ordered()
+        }
+    }
+
     /// The larger check (`OUTBOX_MODEL_LARGE=1`): 3 workers, 3 messages (two of one key, the
     /// first releasing it when dead, and one unkeyed), 2 crashes.
     pub fn large() -> Self {
@@ -128,6 +138,9 @@ pub struct Flight {
     pub attempt: u32,
     /// Its handler task began (`Watch::begin`).
     pub started: bool,
+    /// Its lease ran out under this live worker (a stall), even if a renewal took it back:
+    /// from then on it is an attempt the order does not bind (see `KEY_ORDER`).
+    pub lapsed: bool,
 }
 
 /// An outcome waiting for its write: a done one in the flusher, a failed one in its task.
@@ -325,6 +338,36 @@ impl Protocol {
         gen
     }
 
+    /// Whether worker `w`'s claim of `m` is the one that holds its lease, not run out.
+    fn holds_lease(s: &State, w: usize, m: usize) -> bool {
+        let own = s.workers[w].flights.iter().find(|f| f.msg as usize == m);
+        own.is_some_and(|f| {
+            !f.lapsed
+                && s.table.rows[m]
+                    .lease()
+                    .is_some_and(|l| l.gen == f.gen && !l.expired)
+        })
+    }
+
+    /// Whether another message of `m`'s key runs: started in a live worker under the claim
+    /// that holds its lease, which has not run out. (An attempt whose lease ran out is not
+    /// promised to have stopped when the next one starts.)
+    fn key_runs(s: &State, m: usize) -> bool {
+        let key = s.table.rows[m].key;
+        key.is_some()
+            && s.workers.iter().any(|wk| {
+                wk.phase != Phase::Down
+                    && wk.flights.iter().any(|f| {
+                        let r = &s.table.rows[f.msg as usize];
+                        f.started
+                            && !f.lapsed
+                            && f.msg as usize != m
+                            && r.key == key
+                            && r.lease().is_some_and(|l| l.gen == f.gen && !l.expired)
+                    })
+            })
+    }
+
     fn attempt_of(s: &State, m: usize) -> u32 {
         s.table.rows[m].attempts().unwrap_or(0)
     }
@@ -507,6 +550,7 @@ impl Model for Protocol {
                     gen,
                     attempt,
                     started: false,
+                    lapsed: false,
                 });
                 wk.flights.sort_by_key(|f| f.msg);
                 if wk.phase == Phase::Stopping {
@@ -516,7 +560,15 @@ impl Model for Protocol {
             }
             Action::Start(w, m) => {
                 let mu = m as usize;
-                s.ghost.out_of_order |= s.table.predecessors(mu).any(|p| p.holds_key());
+                // A retried release without a lease waits for this one (claimed before it was
+                // retried): the claims skip it while a later message of its key is leased. A
+                // start under a claim whose lease ran out is an attempt the order does not
+                // bind against such a release (see `KEY_ORDER`).
+                let current = Self::holds_lease(&s, w as usize, mu);
+                s.ghost.out_of_order |= s.table.predecessors(mu).any(|p| {
+                    p.holds_key()
+                        && !(p.retried_release && (!current || p.lease().is_none_or(|l| l.expired)))
+                }) || (current && Self::key_runs(&s, mu));
                 let wk = &mut s.workers[w as usize];
                 if let Some(f) = wk.flights.iter_mut().find(|f| f.msg == m) {
                     f.started = true;
@@ -590,6 +642,7 @@ impl Model for Protocol {
                         gen: c.gen,
                         attempt,
                         started: false,
+                        lapsed: false,
                     });
                     wk.flights.sort_by_key(|f| f.msg);
                 }
@@ -607,6 +660,15 @@ impl Model for Protocol {
             Action::Expire(m) => {
                 if self.lapse(&s, m as usize) == Some(true) {
                     s.stalls -= 1;
+                    if let Some(l) = s.table.rows[m as usize].lease() {
+                        for wk in &mut s.workers {
+                            for f in wk.flights.iter_mut() {
+                                if f.msg == m && f.gen == l.gen {
+                                    f.lapsed = true;
+                                }
+                            }
+                        }
+                    }
                 }
                 s.table.expire(m as usize);
             }
@@ -700,6 +762,17 @@ impl Model for Protocol {
                         matches!(r.status, Status::Live { attempts: 0, .. }) && r.claims > 0
                     })
             }),
+            Property::sometimes(REACH_RETRIED_RELEASE_WAITS, |_, s: &State| {
+                (0..s.table.rows.len()).any(|m| {
+                    let r = &s.table.rows[m];
+                    r.retried_release
+                        && r.live()
+                        && r.lease().is_none()
+                        && s.table
+                            .successors(m)
+                            .any(|n| n.lease().is_some_and(|l| !l.expired))
+                })
+            }),
         ]
     }
 }
@@ -716,7 +789,10 @@ pub const ONE_LEASE: &str = "one lease";
 pub const STALE_OUTCOME: &str = "stale outcome refused";
 /// "key order": a message with a key starts only when every earlier message of its key is
 /// done (its done write committed) or discarded, or dead with `releases_key`: a dead earlier
-/// message holds it until retried or discarded.
+/// message holds it until retried or discarded. A dead letter that released its key and was
+/// retried waits for the later messages of its key claimed before (they may start before
+/// it), and no message starts under its lease while another of its key runs under a lease.
+/// An attempt whose lease ran out (a stalled worker) is not bound by the retried release.
 pub const KEY_ORDER: &str = "key order";
 /// "attempts": a message's attempts are its claims less its hand-backs (counted at claim),
 /// and never exceed the attempt limit plus its claims lost to crashes and lapsed leases.
@@ -732,6 +808,10 @@ pub const REACH_DONE_BY_CHAIN: &str = "reached: a done write claims the key's ne
 pub const REACH_STALE_REFUSED: &str = "reached: a stale outcome meets a newer claim";
 /// Coverage: a dead letter holds a live message of its key.
 pub const REACH_DEAD_HOLDS_KEY: &str = "reached: a dead letter holds its key";
+/// Coverage: a retried dead letter that had released its key waits while a later message of
+/// its key holds a lease.
+pub const REACH_RETRIED_RELEASE_WAITS: &str =
+    "reached: a retried release waits for its key's claimed message";
 /// Coverage: a stopped worker handed a claimed message back.
 pub const REACH_HANDED_BACK_AT_STOP: &str = "reached: a stopped worker's message handed back";
 

@@ -2,7 +2,8 @@
 //! for the bounds); `OUTBOX_MODEL_LARGE=1` checks the larger one as well.
 
 use outbox_model::model::{
-    REACH_DEAD_HOLDS_KEY, REACH_DONE_BY_CHAIN, REACH_HANDED_BACK_AT_STOP, REACH_STALE_REFUSED,
+    REACH_DEAD_HOLDS_KEY, REACH_DONE_BY_CHAIN, REACH_HANDED_BACK_AT_STOP,
+    REACH_RETRIED_RELEASE_WAITS, REACH_STALE_REFUSED,
 };
 use outbox_model::{check, Checked, Config};
 
@@ -60,6 +61,15 @@ fn ordered_messages_on_sqlite() {
         "ordered, SQLite",
         Config::ordered().sqlite(),
         &[REACH_STALE_REFUSED, REACH_DEAD_HOLDS_KEY],
+    );
+}
+
+#[test]
+fn a_key_released_by_its_dead_letter() {
+    holds(
+        "released key, 2 workers",
+        Config::released(),
+        &[REACH_DONE_BY_CHAIN, REACH_RETRIED_RELEASE_WAITS],
     );
 }
 

@@ -93,7 +93,16 @@ fn a_claim_that_skips_lapsed_leases_never_settles_a_crashed_workers_messages() {
     );
 }
 
-/// The model's finding (see the crate docs), kept as the counterexample it produces: with
+#[test]
+fn a_retried_release_claimed_beside_its_running_successor_runs_out_of_order() {
+    breaks(
+        Config::released(),
+        |b| b.retried_release_ignores_claims = true,
+        KEY_ORDER,
+    );
+}
+
+/// The model's first finding (see the crate docs), kept as the counterexample it produces: with
 /// messages a done write claimed waiting for `start_claimed` unrenewed, a lapsed lease lets a
 /// newer claim take the message, and starting the stale claim puts it in the worker's flights
 /// in place of the newer one, which is then neither renewed nor handed back: at shutdown it

@@ -103,6 +103,10 @@ pub(super) const CLAIM_KEYED: &str = "WITH RECURSIVE after_cursor(k, id) AS ( \
                OR NOT EXISTS (SELECT 1 FROM outbox_dead d \
                               WHERE d.ordering_key = m.ordering_key AND d.id < m.id \
                                 AND NOT d.releases_key)) \
+          AND (NOT m.retried_release \
+               OR NOT EXISTS (SELECT 1 FROM outbox_messages l \
+                              WHERE l.ordering_key = m.ordering_key AND l.id > m.id \
+                                AND l.locked_until >= now())) \
         LIMIT $2 \
         FOR UPDATE OF m SKIP LOCKED \
      ) \
@@ -130,6 +134,10 @@ const CLAIM_RELEASED: &str = "WITH heads AS ( \
                OR NOT EXISTS (SELECT 1 FROM outbox_dead d \
                               WHERE d.ordering_key = m.ordering_key AND d.id < m.id \
                                 AND NOT d.releases_key)) \
+          AND (NOT m.retried_release \
+               OR NOT EXISTS (SELECT 1 FROM outbox_messages l \
+                              WHERE l.ordering_key = m.ordering_key AND l.id > m.id \
+                                AND l.locked_until >= now())) \
         LIMIT $2 \
         FOR UPDATE OF m SKIP LOCKED \
      ) \

@@ -112,6 +112,9 @@ const HANDLERS_DONE: &str =
 /// Dead letters back to pending, attempts reset: the one of id `$1` or those of topic `$2`
 /// (all if both are NULL). Returns how many.
 ///
+/// A retried letter that had released its key is marked `retried_release`: the claims take it
+/// only once no later message of its key holds a lease (those ran on while it was dead).
+///
 /// Waiting workers of the retried topics are woken, as a producer would wake them: the
 /// operator may run this from another process, long before their next poll.
 const DEAD_RETRY: &str = "WITH del AS ( \
@@ -121,9 +124,10 @@ const DEAD_RETRY: &str = "WITH del AS ( \
                   traceparent, tracestate \
      ), ins AS ( \
         INSERT INTO outbox_messages (id, topic, payload, idempotency_key, last_error, created_at, \
-                                     ordering_key, releases_key, traceparent, tracestate) \
+                                     ordering_key, releases_key, retried_release, traceparent, \
+                                     tracestate) \
         SELECT id, topic, payload, idempotency_key, last_error, created_at, ordering_key, releases_key, \
-               traceparent, tracestate \
+               ordering_key IS NOT NULL AND releases_key, traceparent, tracestate \
         FROM del \
         RETURNING topic \
      ), woke AS ( \

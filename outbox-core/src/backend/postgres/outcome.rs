@@ -85,6 +85,10 @@ const DONE_AND_CLAIM: &str = "WITH del AS ( \
                OR NOT EXISTS (SELECT 1 FROM outbox_dead d \
                               WHERE d.ordering_key = m.ordering_key AND d.id < m.id \
                                 AND NOT d.releases_key)) \
+          AND (NOT m.retried_release \
+               OR NOT EXISTS (SELECT 1 FROM outbox_messages l \
+                              WHERE l.ordering_key = m.ordering_key AND l.id > m.id \
+                                AND l.locked_until >= now())) \
         RETURNING m.id, m.topic, m.payload::text AS payload, m.idempotency_key, \
                   m.attempts, m.created_at, m.last_error, m.ordering_key, m.traceparent, m.tracestate \
      ) \
@@ -272,7 +276,7 @@ mod tests {
             "m.available_at",
             " LIMIT $2",
         );
-        assert!(terms.ends_with("NOT d.releases_key))"), "{terms}");
+        assert!(terms.ends_with("l.locked_until >= now()))"), "{terms}");
         assert!(from(DONE_AND_CLAIM, "), claimed AS (").contains(terms));
     }
 }

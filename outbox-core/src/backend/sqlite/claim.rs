@@ -61,6 +61,9 @@ const CLAIM_KEYED: &str = "WITH RECURSIVE after_cursor(k) AS ( \
            AND (m.locked_until IS NULL OR m.locked_until < ?3) \
            AND NOT EXISTS (SELECT 1 FROM outbox_dead d \
                            WHERE d.ordering_key = h.k AND d.id < h.id AND d.releases_key = 0) \
+           AND (m.retried_release = 0 \
+                OR NOT EXISTS (SELECT 1 FROM outbox_messages l \
+                               WHERE l.ordering_key = h.k AND l.id > h.id AND l.locked_until >= ?3)) \
          LIMIT ?7) \
      RETURNING id, topic, payload, idempotency_key, attempts, created_at, last_error, ordering_key, \
                traceparent, tracestate";
@@ -78,6 +81,9 @@ const CLAIM_RELEASED: &str = "WITH keys(k) AS (SELECT value FROM json_each(?5)),
            AND (m.locked_until IS NULL OR m.locked_until < ?3) \
            AND NOT EXISTS (SELECT 1 FROM outbox_dead d \
                            WHERE d.ordering_key = h.k AND d.id < h.id AND d.releases_key = 0) \
+           AND (m.retried_release = 0 \
+                OR NOT EXISTS (SELECT 1 FROM outbox_messages l \
+                               WHERE l.ordering_key = h.k AND l.id > h.id AND l.locked_until >= ?3)) \
          LIMIT ?7) \
      RETURNING id, topic, payload, idempotency_key, attempts, created_at, last_error, ordering_key, \
                traceparent, tracestate";

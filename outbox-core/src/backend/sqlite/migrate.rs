@@ -42,6 +42,12 @@ const MIGRATIONS: &[Migration] = &[
         description: "trace context (W3C traceparent and tracestate) of messages and dead letters",
         sql: include_str!("../../../migrations/sqlite/0007_trace_context.sql"),
     },
+    Migration {
+        version: 8,
+        description:
+            "retried dead letters that released their key wait for the key's claimed messages",
+        sql: include_str!("../../../migrations/sqlite/0008_retried_releases.sql"),
+    },
 ];
 
 const CREATE_MIGRATIONS_TABLE: &str = "CREATE TABLE IF NOT EXISTS outbox_migrations ( \

@@ -99,12 +99,13 @@ const HANDLERS_DONE: &str =
      ORDER BY completed_at, handler";
 
 /// Copies dead letters back to pending, ready at `?3`, attempts reset: the one of id `?1` or
-/// those of topic `?2` (all if both are NULL). [`DEAD_DELETE`] then deletes them.
+/// those of topic `?2` (all if both are NULL). [`DEAD_DELETE`] then deletes them. A letter
+/// that had released its key is marked `retried_release`, as on PostgreSQL.
 const DEAD_RETRY: &str =
     "INSERT INTO outbox_messages (id, topic, payload, idempotency_key, available_at, last_error, created_at, \
-                                  ordering_key, releases_key, traceparent, tracestate) \
+                                  ordering_key, releases_key, retried_release, traceparent, tracestate) \
      SELECT id, topic, payload, idempotency_key, ?3, last_error, created_at, ordering_key, releases_key, \
-            traceparent, tracestate \
+            ordering_key IS NOT NULL AND releases_key <> 0, traceparent, tracestate \
      FROM outbox_dead \
      WHERE (?1 IS NULL OR id = ?1) AND (?2 IS NULL OR topic = ?2)";
 
