@@ -4,8 +4,8 @@ use std::time::Duration;
 
 use uuid::Uuid;
 
-use crate::backend::Connection;
 use crate::backend::NewMessage;
+use crate::backend::{Connection, ConnectionMut};
 use crate::error::{Error, Result};
 use crate::event::Event;
 
@@ -114,7 +114,10 @@ impl EnqueueOptions {
 /// id (a UUID v7).
 ///
 /// One `INSERT`, never a `BEGIN` or a `COMMIT`: the message exists if and only if the caller's
-/// transaction commits. Call it as `enqueue(&mut *tx, &event)` with a `sqlx::Transaction`.
+/// transaction commits. Call it as `enqueue(&mut *tx, &event)` with a `sqlx::Transaction`, or
+/// `enqueue(&mut *conn, &event)` with a connection ([`ConnectionMut`]), as sqlx's queries take
+/// them. The borrow is taken by value: holding a `&mut PgConnection` (say in a handler), pass
+/// `&mut *conn` to use `conn` again after.
 ///
 /// With the `opentelemetry` feature, the trace context of the current span is stored with the
 /// message, and the worker's delivery continues that trace; see [`trace`](crate::trace).
@@ -149,9 +152,9 @@ impl EnqueueOptions {
 /// tx.commit().await?; // the booking and its event, or neither
 /// # Ok(()) }
 /// ```
-pub async fn enqueue<C, E>(conn: &mut C, event: &E) -> Result<Uuid>
+pub async fn enqueue<C, E>(conn: C, event: &E) -> Result<Uuid>
 where
-    C: Connection + ?Sized,
+    C: ConnectionMut,
     E: Event,
 {
     enqueue_with(conn, event, &EnqueueOptions::default()).await
@@ -167,9 +170,9 @@ where
 /// # Cancellation safety
 ///
 /// As [`enqueue`].
-pub async fn enqueue_with<C, E>(conn: &mut C, event: &E, options: &EnqueueOptions) -> Result<Uuid>
+pub async fn enqueue_with<C, E>(mut conn: C, event: &E, options: &EnqueueOptions) -> Result<Uuid>
 where
-    C: Connection + ?Sized,
+    C: ConnectionMut,
     E: Event,
 {
     let key = match &options.idempotency_key {
@@ -178,7 +181,9 @@ where
     };
     let row = new_message(event, key, options, crate::trace::TraceContext::current())?;
     let id = row.id;
-    conn.__insert(std::slice::from_ref(&row)).await?;
+    conn.__connection()
+        .__insert(std::slice::from_ref(&row))
+        .await?;
     Ok(id)
 }
 
@@ -212,9 +217,9 @@ where
 /// assert_eq!(ids.len(), 2);
 /// # Ok(()) }
 /// ```
-pub async fn enqueue_many<C, E>(conn: &mut C, events: &[E]) -> Result<Vec<Uuid>>
+pub async fn enqueue_many<C, E>(conn: C, events: &[E]) -> Result<Vec<Uuid>>
 where
-    C: Connection + ?Sized,
+    C: ConnectionMut,
     E: Event,
 {
     enqueue_many_with(conn, events, &EnqueueOptions::default()).await
@@ -231,12 +236,12 @@ where
 ///
 /// As [`enqueue`].
 pub async fn enqueue_many_with<C, E>(
-    conn: &mut C,
+    mut conn: C,
     events: &[E],
     options: &EnqueueOptions,
 ) -> Result<Vec<Uuid>>
 where
-    C: Connection + ?Sized,
+    C: ConnectionMut,
     E: Event,
 {
     if options.idempotency_key.is_some() {
@@ -253,7 +258,7 @@ where
         .iter()
         .map(|e| new_message(e, e.idempotency_key(), options, trace.clone()))
         .collect::<Result<Vec<_>>>()?;
-    conn.__insert(&rows).await?;
+    conn.__connection().__insert(&rows).await?;
     Ok(rows.iter().map(|r| r.id).collect())
 }
 

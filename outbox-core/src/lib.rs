@@ -112,7 +112,7 @@ pub mod __private;
 pub use async_trait::async_trait;
 #[cfg(any(feature = "sqlite", feature = "sqlite-unbundled"))]
 pub use backend::sqlite::{sqlite_options, sqlite_pool};
-pub use backend::Connection;
+pub use backend::{Connection, ConnectionMut};
 pub use enqueue::{
     enqueue, enqueue_many, enqueue_many_with, enqueue_with, EnqueueOptions,
     DEFAULT_MAX_PAYLOAD_BYTES, MAX_IDEMPOTENCY_KEY_BYTES, MAX_ORDERING_KEY_BYTES,

@@ -41,6 +41,7 @@ pub(crate) const CHAINED_WALK_INTERVAL: std::time::Duration = std::time::Duratio
 
 mod sealed {
     pub trait Sealed {}
+    pub trait SealedMut {}
 }
 
 /// A database connection that [`enqueue`](crate::enqueue) can write to: `sqlx::PgConnection`
@@ -67,6 +68,53 @@ pub trait Connection: sealed::Sealed + Send {
         handler: &str,
         message_id: uuid::Uuid,
     ) -> Result<bool, sqlx::Error>;
+}
+
+/// What [`enqueue`](crate::enqueue) and its siblings take as their first argument: a mutable
+/// borrow of a [`Connection`], `&mut *tx` for a `sqlx::Transaction` or `&mut *conn` for a
+/// connection, as sqlx's own queries take it.
+///
+/// Implemented for `&mut C` where `C: Connection`; sealed. It exists so that a wrong argument
+/// (a pool, a transaction not dereferenced) is answered with what to pass instead.
+///
+/// # Example
+///
+/// ```no_run
+/// use outbox::{enqueue, outbox_event};
+///
+/// #[outbox_event]
+/// #[derive(serde::Serialize, serde::Deserialize)]
+/// struct BookingCreated { booking_id: i64 }
+///
+/// # async fn run(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+/// let mut tx = pool.begin().await?;
+/// enqueue(&mut *tx, &BookingCreated { booking_id: 1 }).await?; // a `ConnectionMut`
+/// tx.commit().await?;
+/// # Ok(()) }
+/// ```
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a connection that `enqueue` can write to",
+    label = "pass `&mut *tx` (your transaction) or `&mut *conn` (a connection) here",
+    note = "enqueue writes into your own transaction, so that the event commits or rolls back with your change: `let mut tx = pool.begin().await?; enqueue(&mut *tx, &event).await?; tx.commit().await?;`",
+    note = "a pool is not a connection, and a `Transaction` is passed as `&mut *tx`, which derefs to the connection it holds"
+)]
+pub trait ConnectionMut: sealed::SealedMut + Send {
+    /// The connection borrowed.
+    #[doc(hidden)]
+    type Target: Connection + ?Sized;
+
+    #[doc(hidden)]
+    fn __connection(&mut self) -> &mut Self::Target;
+}
+
+impl<C: Connection + ?Sized> sealed::SealedMut for &mut C {}
+
+impl<C: Connection + ?Sized> ConnectionMut for &mut C {
+    type Target = C;
+
+    fn __connection(&mut self) -> &mut C {
+        self
+    }
 }
 
 /// All the operations the worker and the operations tools need from a database.
