@@ -66,6 +66,8 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
+#[cfg(any(feature = "nats", feature = "rabbitmq"))]
+pub mod cloudevents;
 mod config;
 #[cfg(feature = "http")]
 mod http;

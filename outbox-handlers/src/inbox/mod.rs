@@ -6,8 +6,9 @@
 //! For each message:
 //!
 //! 1. the topic and the outbox message id are read from the headers the relay wrote
-//!    ([`relay::headers`](crate::relay::headers)); a message without them, or of a topic no
-//!    handler serves, is terminated (`Term`, JetStream stops redelivering it) with a warning;
+//!    ([`relay::headers`](crate::relay::headers)), or from the CloudEvent of a producer that is
+//!    not an outbox relay (see below); a message without them, or of a topic no handler serves,
+//!    is terminated (`Term`, JetStream stops redelivering it) with a warning;
 //! 2. for each handler of the topic: begin a transaction, record `(handler name, message id)` in
 //!    `outbox_processed` (the table of [`dedup`](crate::dedup)), run the handler on the
 //!    transaction, commit. A message already recorded for that handler is skipped;
@@ -23,6 +24,24 @@
 //!
 //! Set the consumer's `ack_wait` above the longest handler call: a call still running when it
 //! runs out is delivered again, and the second delivery waits on the first one's record.
+//!
+//! # CloudEvents from other producers
+//!
+//! A message without the relay's headers that is a CloudEvent, in binary content mode (`ce-…`
+//! headers, the payload is the data) or in structured mode (`Content-Type:
+//! application/cloudevents+json`, the data in its `data` member), is handled like a relay's
+//! message: its `type` is the topic, its `data` the payload, and its identity, the key of the
+//! processed-id records, is a UUID derived from its `source` and `id`
+//! ([`cloudevents::identity`](crate::cloudevents::identity)), so a redelivery of the same event
+//! runs no handler twice. [`InboxMessage::cloudevent`] holds its attributes. A CloudEvent that
+//! lacks `specversion`, `id`, `source` or `type`, has a specversion other than 1.x, or carries
+//! binary `data_base64` is terminated with a warning naming what is wrong
+//! ([`CloudEventError`](crate::cloudevents::CloudEventError)), as any unreadable message.
+//!
+//! A relay's message that also carries CloudEvents headers (a relay with
+//! [`cloudevents`](crate::relay::nats::NatsPublisherBuilder::cloudevents) on) is read by the
+//! relay's headers, so its records are keyed by the outbox message id whether the relay sends
+//! CloudEvents or not.
 //!
 //! # The context handlers see
 //!
@@ -120,6 +139,7 @@ use sqlx::PgPool;
 use tracing::Instrument;
 
 pub use builder::InboxBuilder;
+use message::read_message;
 pub use message::InboxMessage;
 use route::{default_backoff, retry_delay, tag, Route};
 
@@ -186,15 +206,18 @@ impl Inbox {
     /// # Errors
     ///
     /// The first handler failure (the handlers after it do not run), or a permanent error when
-    /// the message has no outbox headers or no handler serves its topic.
+    /// the message has neither outbox headers nor CloudEvents attributes, is a CloudEvent that
+    /// lacks a required attribute (its source a
+    /// [`CloudEventError`](crate::cloudevents::CloudEventError)), or no handler serves its topic.
     pub async fn process(&self, message: &Message) -> Result<Processed, HandlerError> {
-        let meta = InboxMessage::from_message(message).map_err(HandlerError::permanent)?;
-        self.process_with(message, &meta).await
+        let (meta, data) = read_message(message).map_err(HandlerError::permanent)?;
+        self.process_with(data.as_deref().unwrap_or(&message.payload), &meta)
+            .await
     }
 
     async fn process_with(
         &self,
-        message: &Message,
+        payload: &[u8],
         meta: &InboxMessage,
     ) -> Result<Processed, HandlerError> {
         let routes = self.inner.routes.get(meta.topic.as_str()).ok_or_else(|| {
@@ -211,7 +234,7 @@ impl Inbox {
                 tracing::info_span!(parent: &span, "outbox.inbox.handler", handler = route.name());
             let ran = route
                 .run(
-                    &message.payload,
+                    payload,
                     meta,
                     &self.inner.pool,
                     &self.inner.resources,
@@ -235,15 +258,16 @@ impl Inbox {
     /// Processes `message` and answers JetStream: ack after the commits, `Nak` with a delay to
     /// retry, `Term` when it failed for good (logged at error level).
     pub async fn handle(&self, message: Message) {
-        let meta = match InboxMessage::from_message(&message) {
-            Ok(meta) => meta,
+        let (meta, data) = match read_message(&message) {
+            Ok(read) => read,
             Err(why) => {
                 tracing::warn!(subject = %message.subject, "inbox message terminated: {why}");
                 answer(&message, AckKind::Term).await;
                 return;
             }
         };
-        match self.process_with(&message, &meta).await {
+        let payload = data.as_deref().unwrap_or(&message.payload);
+        match self.process_with(payload, &meta).await {
             Ok(_) => {
                 if let Err(e) = message.double_ack().await {
                     // The effects are committed: the redelivery will be skipped by the records.

@@ -9,6 +9,9 @@
 //!   before the outbox recorded it leaves one message in the stream, not two.
 //! - The headers of [`relay::headers`](super::headers) carry the message id, topic, attempt,
 //!   enqueue time and idempotency key; the payload is the event as JSON.
+//! - With [`NatsPublisherBuilder::cloudevents`], each message is also a CloudEvents 1.0 event in
+//!   binary content mode: `ce-specversion`, `ce-id`, `ce-source`, `ce-type`, `ce-time` and
+//!   `ce-datacontenttype` headers beside the others (see [`cloudevents`](crate::cloudevents)).
 //! - The handler returns once the stream has acknowledged the message (stored it, or found it a
 //!   duplicate). Failures are classified:
 //!
@@ -101,6 +104,7 @@ use outbox::{
 
 use super::headers;
 use super::outage::Outages;
+use crate::cloudevents::{self, CloudEvents};
 use crate::ConfigError;
 
 /// How long a publish waits for a lost connection to come back when nothing else is set.
@@ -122,6 +126,8 @@ pub struct NatsPublisher {
     outages: Arc<Outages>,
     /// How long a publish waits for the connection.
     reconnect_wait: Duration,
+    /// The CloudEvents source, when messages go out as CloudEvents.
+    cloudevents: Option<Arc<CloudEvents>>,
 }
 
 #[derive(Debug)]
@@ -140,6 +146,7 @@ impl NatsPublisher {
             prefix: None,
             map: Vec::new(),
             reconnect_wait: DEFAULT_RECONNECT_WAIT,
+            cloudevents: None,
         }
     }
 
@@ -153,6 +160,7 @@ impl NatsPublisher {
             }),
             outages: Arc::new(Outages::new("NATS", "nats", None)),
             reconnect_wait: DEFAULT_RECONNECT_WAIT,
+            cloudevents: None,
         }
     }
 
@@ -220,6 +228,7 @@ impl NatsPublisher {
     ) -> Result<PublishAck, HandlerError> {
         let subject = self.subject(ctx.topic());
         let payload = bytes::Bytes::from(payload);
+        let header_map = message_headers(ctx, self.cloudevents.as_deref());
         let client = self.js.client();
         let deadline = Instant::now() + self.reconnect_wait;
         let mut waited = false;
@@ -228,7 +237,7 @@ impl NatsPublisher {
             let sent = self.outages.sent(connection);
             let answer = match self
                 .js
-                .publish_with_headers(subject.clone(), message_headers(ctx), payload.clone())
+                .publish_with_headers(subject.clone(), header_map.clone(), payload.clone())
                 .await
             {
                 Ok(pending) => self.answer(pending, &client, connection).await,
@@ -382,12 +391,14 @@ impl fmt::Debug for NatsPublisher {
         f.debug_struct("NatsPublisher")
             .field("prefix", &self.subjects.prefix)
             .field("map", &self.subjects.map)
+            .field("cloudevents", &self.cloudevents)
             .finish_non_exhaustive()
     }
 }
 
-/// The headers of one published message.
-fn message_headers(ctx: &Context) -> HeaderMap {
+/// The headers of one published message, with the CloudEvents attributes when `cloudevents` is
+/// set.
+fn message_headers(ctx: &Context, cloudevents: Option<&CloudEvents>) -> HeaderMap {
     let mut h = HeaderMap::new();
     h.insert(async_nats::header::NATS_MESSAGE_ID, ctx.idempotency_key());
     h.insert(headers::MESSAGE_ID, ctx.message_id().to_string().as_str());
@@ -402,6 +413,21 @@ fn message_headers(ctx: &Context) -> HeaderMap {
             h.insert(headers::TRACESTATE, state);
         }
     }
+    if let Some(ce) = cloudevents {
+        for (name, value) in ce.event(ctx).attributes() {
+            let header = format!("{}{name}", cloudevents::NATS_PREFIX);
+            h.insert(
+                header.as_str(),
+                cloudevents::percent_encode(&value).as_str(),
+            );
+        }
+        let content_type = format!(
+            "{}{}",
+            cloudevents::NATS_PREFIX,
+            cloudevents::attributes::DATACONTENTTYPE
+        );
+        h.insert(content_type.as_str(), headers::JSON);
+    }
     h
 }
 
@@ -412,6 +438,7 @@ pub struct NatsPublisherBuilder {
     prefix: Option<String>,
     map: Vec<(String, String)>,
     reconnect_wait: Duration,
+    cloudevents: Option<String>,
 }
 
 impl NatsPublisherBuilder {
@@ -441,13 +468,34 @@ impl NatsPublisherBuilder {
         self
     }
 
+    /// Sends each message as a CloudEvents 1.0 event in binary content mode, with `source` (a
+    /// URI-reference naming the producer) as its `source` attribute: the `ce-…` headers of
+    /// [`cloudevents`](crate::cloudevents) beside the outbox's own, the payload unchanged. Off
+    /// unless set.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// # use outbox_handlers::relay::nats::NatsPublisher;
+    /// # let js = async_nats::jetstream::new(async_nats::connect("127.0.0.1:4222").await?);
+    /// let nats = NatsPublisher::builder(js)
+    ///     .prefix("outbox")
+    ///     .cloudevents("https://bookings.example.com")
+    ///     .build()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn cloudevents(mut self, source: impl Into<String>) -> Self {
+        self.cloudevents = Some(source.into());
+        self
+    }
+
     /// Checks the subjects and builds the publisher.
     ///
     /// # Errors
     ///
-    /// [`ConfigError::Invalid`] naming `nats.prefix`, `nats.map.<topic>` or
-    /// `nats.reconnect_wait` when a subject is empty, has an empty token, a wildcard (`*`, `>`)
-    /// or whitespace, or the reconnect wait is zero.
+    /// [`ConfigError::Invalid`] naming `nats.prefix`, `nats.map.<topic>`,
+    /// `nats.reconnect_wait` or `nats.cloudevents` when a subject is empty, has an empty token,
+    /// a wildcard (`*`, `>`) or whitespace, the reconnect wait is zero, or the CloudEvents source
+    /// is empty or holds whitespace.
     pub fn build(self) -> Result<NatsPublisher, ConfigError> {
         if let Some(p) = &self.prefix {
             check_subject("nats.prefix", p)?;
@@ -459,6 +507,10 @@ impl NatsPublisherBuilder {
                 got: format!("{:?}", self.reconnect_wait),
             });
         }
+        let cloudevents = self
+            .cloudevents
+            .map(|source| CloudEvents::new("nats.cloudevents", source).map(Arc::new))
+            .transpose()?;
         let mut map = BTreeMap::new();
         for (topic, subject) in self.map {
             check_subject(&format!("nats.map.{topic}"), &subject)?;
@@ -472,6 +524,7 @@ impl NatsPublisherBuilder {
             }),
             outages: Arc::new(Outages::new("NATS", "nats", None)),
             reconnect_wait: self.reconnect_wait,
+            cloudevents,
         })
     }
 }

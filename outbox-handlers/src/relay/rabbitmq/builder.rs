@@ -12,6 +12,7 @@ use super::link::{address, Link};
 use super::{
     Inner, Outages, RabbitPublisher, DEFAULT_EXCHANGE, DEFAULT_MAX_CHANNELS, DEFAULT_RECONNECT_WAIT,
 };
+use crate::cloudevents::CloudEvents;
 use crate::ConfigError;
 
 /// The most channels AMQP 0-9-1 numbers on one connection.
@@ -24,6 +25,7 @@ pub struct RabbitPublisherBuilder {
     map: Vec<(String, String, String)>,
     max_channels: usize,
     reconnect_wait: Duration,
+    cloudevents: Option<String>,
 }
 
 impl fmt::Debug for RabbitPublisherBuilder {
@@ -33,6 +35,7 @@ impl fmt::Debug for RabbitPublisherBuilder {
             .field("map", &self.map)
             .field("max_channels", &self.max_channels)
             .field("reconnect_wait", &self.reconnect_wait)
+            .field("cloudevents", &self.cloudevents)
             .finish_non_exhaustive()
     }
 }
@@ -45,6 +48,7 @@ impl RabbitPublisherBuilder {
             map: Vec::new(),
             max_channels: DEFAULT_MAX_CHANNELS,
             reconnect_wait: DEFAULT_RECONNECT_WAIT,
+            cloudevents: None,
         }
     }
 
@@ -116,14 +120,37 @@ impl RabbitPublisherBuilder {
         self
     }
 
+    /// Sends each message as a CloudEvents 1.0 event in binary content mode, with `source` (a
+    /// URI-reference naming the producer) as its `source` attribute: the `cloudEvents_…` headers
+    /// of [`cloudevents`](crate::cloudevents) beside the outbox's own, the payload unchanged. Off
+    /// unless set.
+    ///
+    /// ```
+    /// use outbox_handlers::relay::rabbitmq::RabbitPublisher;
+    /// let rabbit = RabbitPublisher::builder("amqp://127.0.0.1:5672/%2f")
+    ///     .cloudevents("https://bookings.example.com")
+    ///     .build()
+    ///     .unwrap();
+    /// # let _ = rabbit;
+    /// assert!(RabbitPublisher::builder("amqp://127.0.0.1:5672/%2f")
+    ///     .cloudevents("")
+    ///     .build()
+    ///     .is_err());
+    /// ```
+    pub fn cloudevents(mut self, source: impl Into<String>) -> Self {
+        self.cloudevents = Some(source.into());
+        self
+    }
+
     /// Checks the names and builds the publisher; it connects on its first publish.
     ///
     /// # Errors
     ///
     /// [`ConfigError::Invalid`] naming `rabbitmq.uri`, `rabbitmq.exchange`,
-    /// `rabbitmq.map.<topic>`, `rabbitmq.max_channels` or `rabbitmq.reconnect_wait` when the URI
-    /// does not start with `amqp://` or `amqps://`, a name is longer than AMQP allows
-    /// (255 bytes), the channels are not between 1 and 65,535, or the reconnect wait is zero.
+    /// `rabbitmq.map.<topic>`, `rabbitmq.max_channels`, `rabbitmq.reconnect_wait` or
+    /// `rabbitmq.cloudevents` when the URI does not start with `amqp://` or `amqps://`, a name
+    /// is longer than AMQP allows (255 bytes), the channels are not between 1 and 65,535, the
+    /// reconnect wait is zero, or the CloudEvents source is empty or holds whitespace.
     pub fn build(self) -> Result<RabbitPublisher, ConfigError> {
         if !(self.uri.starts_with("amqp://") || self.uri.starts_with("amqps://")) {
             return Err(ConfigError::Rejected {
@@ -149,6 +176,10 @@ impl RabbitPublisherBuilder {
                 got: format!("{:?}", self.reconnect_wait),
             });
         }
+        let cloudevents = self
+            .cloudevents
+            .map(|source| CloudEvents::new("rabbitmq.cloudevents", source))
+            .transpose()?;
         let mut map = BTreeMap::new();
         for (topic, exchange, key) in self.map {
             let name = format!("rabbitmq.map.{topic}");
@@ -166,6 +197,7 @@ impl RabbitPublisherBuilder {
                 reconnect_wait: self.reconnect_wait,
                 idle: std::sync::Mutex::new(Vec::new()),
                 channels: Semaphore::new(self.max_channels),
+                cloudevents,
             }),
         })
     }

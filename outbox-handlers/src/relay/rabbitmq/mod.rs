@@ -9,6 +9,11 @@
 //!   [idempotency key](outbox::Context::idempotency_key) (the same on every retry, for consumers
 //!   to dedup: RabbitMQ itself does not), `type` is the topic, `timestamp` the enqueue time, and
 //!   the headers table carries the names of [`relay::headers`](super::headers).
+//! - With [`RabbitPublisherBuilder::cloudevents`], each message is also a CloudEvents 1.0 event
+//!   in binary content mode, as the CloudEvents AMQP binding maps it: `cloudEvents_specversion`,
+//!   `cloudEvents_id`, `cloudEvents_source`, `cloudEvents_type` and `cloudEvents_time` in the
+//!   headers table, `datacontenttype` as the `content-type` property (see
+//!   [`cloudevents`](crate::cloudevents)).
 //! - Publishes are `mandatory`: a message no queue is bound to receive comes back from the broker
 //!   and is a permanent failure naming the exchange and routing key, instead of vanishing.
 //!
@@ -110,6 +115,7 @@ pub use builder::RabbitPublisherBuilder;
 
 use super::headers;
 use super::outage::Outages;
+use crate::cloudevents::{self, CloudEvents};
 
 /// The exchange used when none is set.
 pub const DEFAULT_EXCHANGE: &str = "outbox";
@@ -143,6 +149,8 @@ struct Inner {
     idle: channel::Idle,
     /// One permit per channel the publisher may have open: a publish holds one while in flight.
     channels: Semaphore,
+    /// The CloudEvents source, when messages go out as CloudEvents.
+    cloudevents: Option<CloudEvents>,
 }
 
 impl RabbitPublisher {
@@ -230,7 +238,7 @@ impl RabbitPublisher {
                         ..BasicPublishOptions::default()
                     },
                     payload,
-                    properties(ctx),
+                    properties(ctx, self.inner.cloudevents.as_ref()),
                 )
                 .await;
             let confirmation = match confirm {
@@ -308,8 +316,9 @@ fn classify(e: &lapin::Error, exchange: &str, key: &str) -> HandlerError {
     ))
 }
 
-/// The AMQP properties of one published message.
-fn properties(ctx: &Context) -> BasicProperties {
+/// The AMQP properties of one published message, with the CloudEvents attributes when
+/// `cloudevents` is set.
+fn properties(ctx: &Context, cloudevents: Option<&CloudEvents>) -> BasicProperties {
     let mut table = FieldTable::default();
     let mut put = |name: &str, value: String| {
         table.insert(name.into(), AMQPValue::LongString(value.into()));
@@ -323,6 +332,11 @@ fn properties(ctx: &Context) -> BasicProperties {
         put(headers::TRACEPARENT, trace.traceparent().to_string());
         if let Some(state) = trace.tracestate() {
             put(headers::TRACESTATE, state.to_string());
+        }
+    }
+    if let Some(ce) = cloudevents {
+        for (name, value) in ce.event(ctx).attributes() {
+            put(&format!("{}{name}", cloudevents::AMQP_PREFIX), value);
         }
     }
     BasicProperties::default()
@@ -340,6 +354,7 @@ impl fmt::Debug for RabbitPublisher {
         f.debug_struct("RabbitPublisher")
             .field("exchange", &self.inner.exchange)
             .field("map", &self.inner.map)
+            .field("cloudevents", &self.inner.cloudevents)
             .finish_non_exhaustive()
     }
 }
