@@ -16,13 +16,12 @@ use std::time::{Duration, Instant};
 
 use outbox::{enqueue, outbox_event, Context, Event, FailureKind, Handler, Resources, Worker};
 use outbox_handlers::lapin::options::BasicGetOptions;
-use outbox_handlers::lapin::types::{AMQPValue, FieldTable};
 use outbox_handlers::relay::headers;
 use outbox_handlers::relay::rabbitmq::{RabbitPublisher, RabbitPublisherBuilder};
 use outbox_tests::observe::ALONE;
 use outbox_tests::outages::{check_reports, relay_through_cuts};
 use outbox_tests::proxy::{host_port, Proxy};
-use outbox_tests::rabbitmq::{amqp_url, Topology};
+use outbox_tests::rabbitmq::{amqp_url, header, Topology};
 use outbox_tests::{pg, random_ms};
 use serde::{Deserialize, Serialize};
 
@@ -30,13 +29,6 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 struct BookingCreated {
     booking_id: i64,
-}
-
-fn header(table: &FieldTable, name: &str) -> String {
-    match table.inner().get(name) {
-        Some(AMQPValue::LongString(s)) => s.to_string(),
-        other => panic!("header {name}: {other:?}"),
-    }
 }
 
 #[tokio::test]

@@ -6,6 +6,7 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection, PgConnection, PgPool, SqlitePool};
 use uuid::Uuid;
 
+pub mod nats;
 pub mod protocol_trace;
 mod throwaway;
 
@@ -876,6 +877,18 @@ pub mod rabbitmq {
     use outbox_handlers::lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
     use outbox_handlers::relay::headers;
     use uuid::Uuid;
+
+    /// The string value of header `name` in a delivery's headers table.
+    ///
+    /// # Panics
+    ///
+    /// When the header is absent or not a string.
+    pub fn header(table: &FieldTable, name: &str) -> String {
+        match table.inner().get(name) {
+            Some(AMQPValue::LongString(s)) => s.to_string(),
+            other => panic!("header {name}: {other:?}"),
+        }
+    }
 
     /// The broker's URL.
     pub fn amqp_url() -> String {

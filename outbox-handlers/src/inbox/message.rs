@@ -49,6 +49,17 @@ pub(super) enum Unreadable {
     CloudEvent(#[from] CloudEventError),
 }
 
+impl Unreadable {
+    /// A permanent failure whose source is the [`CloudEventError`] itself, for callers to
+    /// downcast.
+    pub(super) fn into_handler_error(self) -> outbox::HandlerError {
+        match self {
+            Unreadable::Message(why) => outbox::HandlerError::permanent(why),
+            Unreadable::CloudEvent(e) => outbox::HandlerError::permanent(e),
+        }
+    }
+}
+
 impl InboxMessage {
     /// The original message of the delivery `ctx` describes, when the handler runs in an inbox.
     pub fn of(ctx: &Context) -> Option<&InboxMessage> {

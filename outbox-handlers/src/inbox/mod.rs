@@ -139,8 +139,8 @@ use sqlx::PgPool;
 use tracing::Instrument;
 
 pub use builder::InboxBuilder;
-use message::read_message;
 pub use message::InboxMessage;
+use message::{read_message, Unreadable};
 use route::{default_backoff, retry_delay, tag, Route};
 
 /// The attempts a message gets when not set: as many as the outbox worker's default.
@@ -210,7 +210,7 @@ impl Inbox {
     /// lacks a required attribute (its source a
     /// [`CloudEventError`](crate::cloudevents::CloudEventError)), or no handler serves its topic.
     pub async fn process(&self, message: &Message) -> Result<Processed, HandlerError> {
-        let (meta, data) = read_message(message).map_err(HandlerError::permanent)?;
+        let (meta, data) = read_message(message).map_err(Unreadable::into_handler_error)?;
         self.process_with(data.as_deref().unwrap_or(&message.payload), &meta)
             .await
     }
