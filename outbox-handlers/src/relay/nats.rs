@@ -11,7 +11,7 @@
 //!   enqueue time and idempotency key; the payload is the event as JSON.
 //! - With [`NatsPublisherBuilder::cloudevents`], each message is also a CloudEvents 1.0 event in
 //!   binary content mode: `ce-specversion`, `ce-id`, `ce-source`, `ce-type`, `ce-time` and
-//!   `ce-datacontenttype` headers beside the others (see [`cloudevents`](crate::cloudevents)).
+//!   `ce-datacontenttype` headers beside the others (see [`cloudevents`]).
 //! - The handler returns once the stream has acknowledged the message (stored it, or found it a
 //!   duplicate). Failures are classified:
 //!
@@ -470,7 +470,7 @@ impl NatsPublisherBuilder {
 
     /// Sends each message as a CloudEvents 1.0 event in binary content mode, with `source` (a
     /// URI-reference naming the producer) as its `source` attribute: the `ce-…` headers of
-    /// [`cloudevents`](crate::cloudevents) beside the outbox's own, the payload unchanged. Off
+    /// [`cloudevents`] beside the outbox's own, the payload unchanged. Off
     /// unless set.
     ///
     /// ```no_run

@@ -13,7 +13,7 @@
 //!   in binary content mode, as the CloudEvents AMQP binding maps it: `cloudEvents_specversion`,
 //!   `cloudEvents_id`, `cloudEvents_source`, `cloudEvents_type` and `cloudEvents_time` in the
 //!   headers table, `datacontenttype` as the `content-type` property (see
-//!   [`cloudevents`](crate::cloudevents)).
+//!   [`cloudevents`]).
 //! - Publishes are `mandatory`: a message no queue is bound to receive comes back from the broker
 //!   and is a permanent failure naming the exchange and routing key, instead of vanishing.
 //!
