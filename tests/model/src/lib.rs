@@ -196,12 +196,35 @@ pub struct Checked {
 /// Explores every state of `config`'s system (breadth first, on 2 threads); with `until`,
 /// stops as soon as that property has a discovery.
 pub fn check(config: Config, until: Option<&'static str>) -> Checked {
+    check_with(config, until, Search::BreadthFirst)
+}
+
+/// How [`check_with`] walks the states.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Search {
+    /// Level by level: the shortest counterexamples, but every state of a level is held in
+    /// memory at once.
+    BreadthFirst,
+    /// Path by path: holds only the current path and the fingerprints of the states seen, so
+    /// a system too large for breadth first (the larger check) fits in memory.
+    DepthFirst,
+}
+
+/// [`check`] with the search order chosen.
+pub fn check_with(config: Config, until: Option<&'static str>, search: Search) -> Checked {
     let start = Instant::now();
     let mut builder = Protocol::new(config).checker().threads(2);
     if let Some(name) = until {
         builder = builder.finish_when(HasDiscoveries::AnyOf([name].into()));
     }
-    let checker = builder.spawn_bfs().join();
+    match search {
+        Search::BreadthFirst => checked(&builder.spawn_bfs().join(), start),
+        Search::DepthFirst => checked(&builder.spawn_dfs().join(), start),
+    }
+}
+
+/// What `checker`, done, found.
+fn checked(checker: &impl Checker<Protocol>, start: Instant) -> Checked {
     let model = checker.model();
     let mut failures = Vec::new();
     let mut reached = Vec::new();

@@ -5,12 +5,16 @@ use outbox_model::model::{
     REACH_DEAD_HOLDS_KEY, REACH_DONE_BY_CHAIN, REACH_HANDED_BACK_AT_STOP,
     REACH_RETRIED_RELEASE_WAITS, REACH_STALE_REFUSED,
 };
-use outbox_model::{check, Checked, Config};
+use outbox_model::{check_with, Checked, Config, Search};
 
 /// Checks `config` to the end and fails on any counterexample, or when the check did not reach
 /// the states named in `reached` (a model that never gets there checks little).
 fn holds(what: &str, config: Config, reached: &[&str]) -> Checked {
-    let checked = check(config, None);
+    holds_with(what, config, reached, Search::BreadthFirst)
+}
+
+fn holds_with(what: &str, config: Config, reached: &[&str], search: Search) -> Checked {
+    let checked = check_with(config, None, search);
     println!(
         "{what}: {} states ({} distinct), depth {}, {:.1?}",
         checked.states, checked.unique, checked.depth, checked.elapsed
@@ -86,6 +90,11 @@ fn unordered_messages() {
 #[test]
 fn large_system_when_asked() {
     if std::env::var("OUTBOX_MODEL_LARGE").is_ok_and(|v| v == "1") {
-        holds("large", Config::large(), &[REACH_DONE_BY_CHAIN]);
+        holds_with(
+            "large",
+            Config::large(),
+            &[REACH_DONE_BY_CHAIN],
+            Search::DepthFirst,
+        );
     }
 }
