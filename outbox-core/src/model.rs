@@ -194,6 +194,9 @@ pub struct WorkerInfo {
     pub name: String,
     /// The topics it serves.
     pub topics: Vec<String>,
+    /// Per topic of `topics`, at the same position, the highest version of its event type the
+    /// worker decodes (and claims). Empty for a worker that did not record them.
+    pub versions: Vec<i32>,
     /// Whether it sleeps until a producer wakes it (idle), rather than claiming (busy).
     pub waiting: bool,
     /// When it started.

@@ -121,13 +121,13 @@ const DEAD_RETRY: &str = "WITH del AS ( \
         DELETE FROM outbox_dead \
         WHERE ($1::uuid IS NULL OR id = $1) AND ($2::text IS NULL OR topic = $2) \
         RETURNING id, topic, payload, idempotency_key, last_error, created_at, ordering_key, releases_key, \
-                  traceparent, tracestate \
+                  traceparent, tracestate, version \
      ), ins AS ( \
         INSERT INTO outbox_messages (id, topic, payload, idempotency_key, last_error, created_at, \
                                      ordering_key, releases_key, retried_release, traceparent, \
-                                     tracestate) \
+                                     tracestate, version) \
         SELECT id, topic, payload, idempotency_key, last_error, created_at, ordering_key, releases_key, \
-               ordering_key IS NOT NULL AND releases_key, traceparent, tracestate \
+               ordering_key IS NOT NULL AND releases_key, traceparent, tracestate, version \
         FROM del \
         RETURNING topic \
      ), woke AS ( \

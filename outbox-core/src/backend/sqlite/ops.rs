@@ -103,9 +103,10 @@ const HANDLERS_DONE: &str =
 /// that had released its key is marked `retried_release`, as on PostgreSQL.
 const DEAD_RETRY: &str =
     "INSERT INTO outbox_messages (id, topic, payload, idempotency_key, available_at, last_error, created_at, \
-                                  ordering_key, releases_key, retried_release, traceparent, tracestate) \
+                                  ordering_key, releases_key, retried_release, traceparent, tracestate, \
+                                  version) \
      SELECT id, topic, payload, idempotency_key, ?3, last_error, created_at, ordering_key, releases_key, \
-            ordering_key IS NOT NULL AND releases_key <> 0, traceparent, tracestate \
+            ordering_key IS NOT NULL AND releases_key <> 0, traceparent, tracestate, version \
      FROM outbox_dead \
      WHERE (?1 IS NULL OR id = ?1) AND (?2 IS NULL OR topic = ?2)";
 
