@@ -323,7 +323,7 @@ conformance! {
         assert_eq!(
             error.as_deref(),
             Some(
-                "handler `runner`: payload does not deserialize into `outbox_tests::jobs::Job`: \
+                "handler `runner`: payload of version 1 does not deserialize into `outbox_tests::jobs::Job`: \
                  invalid type: string \"not a number\", expected i64 at line 1 column 20; fix the \
                  payload or make the type accept it (e.g. #[serde(default)] on new fields)"
             ),

@@ -400,6 +400,17 @@ impl Worker {
                     tracing::warn!(topic = %topic, oldest_ready_secs = age.as_secs(), "ready messages of a topic that no live worker serves");
                 }
                 self.inner.health.set_unserved(unserved);
+                // Messages of a version no live worker decodes wait for newer workers.
+                let unknown: Vec<(String, i32, Duration)> = stats
+                    .topics
+                    .iter()
+                    .filter_map(|t| {
+                        let version = t.unknown_version?;
+                        tracing::warn!(topic = %t.topic, version, "version {version} of topic {}: no live worker knows it", t.topic);
+                        Some((t.topic.clone(), version, t.oldest_ready_age.unwrap_or_default()))
+                    })
+                    .collect();
+                self.inner.health.set_unknown_versions(unknown);
                 // Ordered messages behind a dead letter of their key wait for an operator.
                 let blocked: Vec<(String, i64)> = stats
                     .topics
