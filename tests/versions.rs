@@ -152,6 +152,17 @@ impl Handler for Welcome {
     }
 }
 
+/// A worker of [`Welcome`], and the guests it will have seen.
+fn welcome_worker(store: &Store) -> (Worker, Arc<Mutex<Vec<Guest>>>) {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let worker = Worker::builder(store.clone())
+        .handler(Welcome(seen.clone()))
+        .config(config())
+        .build()
+        .expect("the welcome worker builds");
+    (worker, seen)
+}
+
 fn config() -> WorkerConfig {
     WorkerConfig::default()
         .retry(
@@ -226,6 +237,7 @@ both_backends! {
             .build()
             .expect("the old worker builds");
         assert_eq!(old_worker.versions()["ver.booking"], 1);
+        let old_health = old_worker.health();
         let old_running = start(vec![old_worker]);
         // Old and new producers side by side: keys `a:*` get a version 2 message between two
         // of version 1, keys `b:*` only version 1, key `c:0` only version 2.
@@ -267,6 +279,10 @@ both_backends! {
         }
         let booking = topic_stats(&store, "ver.booking").await;
         assert_eq!((booking.dead, booking.unknown_version), (0, Some(2)));
+        wait_until(Duration::from_secs(10), "the old worker's health names the version", async || {
+            old_health.unknown_versions().iter().any(|(t, v, _)| t == "ver.booking" && *v == 2)
+        })
+        .await;
         assert_eq!(
             booking.unknown_version_note().as_deref(),
             Some("version 2 of topic ver.booking: no live worker knows it; deploy workers built with that version")
@@ -316,12 +332,7 @@ both_backends! {
             .unwrap();
         }
         tx.commit().await.unwrap();
-        let seen = Arc::new(Mutex::new(Vec::new()));
-        let worker = Worker::builder(store.clone())
-            .handler(Welcome(seen.clone()))
-            .config(config())
-            .build()
-            .unwrap();
+        let (worker, seen) = welcome_worker(&store);
         assert_eq!(worker.versions()["ver.guest"], 3);
         // One batch holds the whole backlog: versions 1, 2 and 3 in one claim.
         let report = worker.run_once().await.unwrap();
@@ -337,10 +348,30 @@ both_backends! {
         let _ = db;
     }
 
+    async fn a_message_written_before_versions_existed_reads_as_version_1(db, store, pool) {
+        // The schema as it was before versions: the columns and the record of their migration
+        // gone, and a message written then.
+        sqlx::raw_sql(
+            "ALTER TABLE outbox_messages DROP COLUMN version; \
+             ALTER TABLE outbox_dead DROP COLUMN version; \
+             ALTER TABLE outbox_workers DROP COLUMN versions; \
+             DELETE FROM outbox_migrations WHERE version = 9;",
+        )
+        .execute(&pool)
+        .await
+        .unwrap();
+        db.insert_raw("ver.guest", r#"{"n": 1, "name": "Grace Hopper"}"#, 1).await;
+        outbox::migrate(&pool).await.expect("the versions migration applies");
+        let (worker, seen) = welcome_worker(&store);
+        assert_eq!(worker.run_once().await.unwrap().done, 1);
+        let seen = seen.lock().unwrap().clone();
+        assert_eq!((seen[0].first_name.as_str(), seen[0].last_name.as_str()), ("Grace", "Hopper"));
+    }
+
     async fn bad_payloads_and_panicking_upcasts_fail_like_handlers(db, store, pool) {
         // Version 2 by its column, but not the shape of version 2.
         let bad = db.insert_version("ver.guest", r#"{"n": 1, "first_name": 7}"#, 2).await;
-        // A row that names no version, as rows written before versions existed: version 1.
+        // A row whose insert names no version: version 1.
         db.insert_raw("ver.guest", r#"{"n": 2, "name": "Grace Hopper"}"#, 1).await;
         // A version 1 payload whose conversion panics.
         let mut conn = pool.acquire().await.unwrap();
@@ -348,12 +379,7 @@ both_backends! {
         drop(conn);
         // A version this build has never heard of.
         let future = db.insert_version("ver.guest", r#"{"n": 4}"#, 9).await;
-        let seen = Arc::new(Mutex::new(Vec::new()));
-        let worker = Worker::builder(store.clone())
-            .handler(Welcome(seen.clone()))
-            .config(config())
-            .build()
-            .unwrap();
+        let (worker, seen) = welcome_worker(&store);
         let running = start(vec![worker]);
         wait_until(Duration::from_secs(30), "both failures dead-lettered", async || {
             store.stats().await.unwrap().total.dead == 2

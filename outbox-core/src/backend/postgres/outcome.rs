@@ -282,5 +282,10 @@ mod tests {
         );
         assert!(terms.ends_with("l.locked_until >= now()))"), "{terms}");
         assert!(from(DONE_AND_CLAIM, "), claimed AS (").contains(terms));
+        // Both take only the versions the worker knows, each with its own parameters.
+        let version = "AND m.version <= ($7::int4[])[array_position($1::text[], m.topic)]";
+        assert!(super::super::claim::CLAIM_KEYED.contains(version));
+        let version = version.replace("$7", "$8").replace("$1", "$5");
+        assert!(from(DONE_AND_CLAIM, "), claimed AS (").contains(&version));
     }
 }
