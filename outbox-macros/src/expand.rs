@@ -111,7 +111,7 @@ fn previous_version(
 ) -> (Option<TokenStream>, Option<TokenStream>) {
     let span = syn::spanned::Spanned::span(previous);
     let from = quote::quote_spanned! {span=>
-        <#ident as ::core::convert::From<#previous>>::from
+        |previous: #previous| <Self as ::core::convert::From<#previous>>::from(previous)
     };
     let decode = quote! {
         fn decode_versioned(
@@ -246,6 +246,35 @@ mod tests {
         );
         assert!(expanded.contains("impl :: outbox :: Event for r#Type"));
         assert!(expanded.contains("\"::\" , \"Type\""));
+    }
+
+    #[test]
+    fn a_previous_version_is_decoded_and_checked() {
+        let expanded = expand(
+            quote!(version = 2, previous = BookingCreatedV1),
+            quote!(
+                struct BookingCreated;
+            ),
+        );
+        assert!(expanded.contains("const VERSION : u32 = 2 ;"), "{expanded}");
+        assert!(expanded.contains("fn decode_versioned"), "{expanded}");
+        assert!(
+            expanded.contains("< BookingCreatedV1 as :: outbox :: Event > :: decode_versioned"),
+            "{expanded}"
+        );
+        assert!(
+            expanded.contains("\"booking.created\" , 2u32 ,"),
+            "{expanded}"
+        );
+        let error = outbox_event(
+            quote!(previous = BookingCreatedV1),
+            quote!(
+                struct B;
+            ),
+        )
+        .expect_err("previous needs version 2 or above")
+        .to_string();
+        assert!(error.contains("needs `version = 2` or above"), "{error}");
     }
 
     #[test]
