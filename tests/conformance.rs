@@ -241,7 +241,7 @@ conformance! {
         let (a, b) = tokio::join!(outbox::migrate(&db.pool), outbox::migrate(&db.pool));
         a.unwrap();
         b.unwrap();
-        assert_eq!(db.migration_versions().await, vec![1, 2, 3, 4, 5, 6, 7, 8]);
+        assert_eq!(db.migration_versions().await, vec![1, 2, 3, 4, 5, 6, 7, 8, 9]);
         sqlx::query("UPDATE outbox_migrations SET checksum = checksum + 1 WHERE version = 1")
             .execute(&db.pool)
             .await
@@ -323,7 +323,7 @@ conformance! {
         assert_eq!(
             error.as_deref(),
             Some(
-                "handler `runner`: payload does not deserialize into `outbox_tests::jobs::Job`: \
+                "handler `runner`: payload of version 1 does not deserialize into `outbox_tests::jobs::Job`: \
                  invalid type: string \"not a number\", expected i64 at line 1 column 20; fix the \
                  payload or make the type accept it (e.g. #[serde(default)] on new fields)"
             ),

@@ -13,7 +13,7 @@ use outbox::{
     enqueue, enqueue_many, enqueue_with, outbox_event, Context, DeadSelection, EnqueueOptions,
     Handler, HandlerError, RetryPolicy, Store, Worker, WorkerConfig,
 };
-use outbox_tests::wait_until;
+use outbox_tests::{start, stop, wait_until};
 use serde::{Deserialize, Serialize};
 
 /// One step of an aggregate's history, on topic `ord.a`.
@@ -155,41 +155,6 @@ fn worker(store: Store, log: &Arc<Log>) -> Worker {
         .config(config())
         .build()
         .expect("the ordering worker builds")
-}
-
-/// Runs workers in the background until the returned sender is dropped or sent on.
-fn start(
-    workers: Vec<Worker>,
-) -> Vec<(
-    tokio::sync::oneshot::Sender<()>,
-    tokio::task::JoinHandle<()>,
-)> {
-    workers
-        .into_iter()
-        .map(|w| {
-            let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-            let task = tokio::spawn(async move {
-                w.run_until(async {
-                    let _ = rx.await;
-                })
-                .await
-                .expect("the worker runs");
-            });
-            (tx, task)
-        })
-        .collect()
-}
-
-async fn stop(
-    running: Vec<(
-        tokio::sync::oneshot::Sender<()>,
-        tokio::task::JoinHandle<()>,
-    )>,
-) {
-    for (tx, task) in running {
-        let _ = tx.send(());
-        task.await.expect("the worker task ends");
-    }
 }
 
 async fn live(store: &Store) -> i64 {

@@ -24,12 +24,12 @@ use crate::db::{on_pool, Db, Kind, Pool};
 #[outbox_event(topic = "bench.message")]
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) struct BenchMessage {
-    seq: u64,
-    order_id: String,
-    customer: String,
-    amount_cents: u64,
-    currency: String,
-    note: String,
+    pub(crate) seq: u64,
+    pub(crate) order_id: String,
+    pub(crate) customer: String,
+    pub(crate) amount_cents: u64,
+    pub(crate) currency: String,
+    pub(crate) note: String,
 }
 
 impl BenchMessage {
@@ -164,22 +164,27 @@ impl Handler for Probe {
     const NAME: &'static str = "bench-probe";
 
     async fn handle(&self, event: BenchMessage, _ctx: &Context) -> Result<(), HandlerError> {
+        self.0.record(event.seq);
+        Ok(())
+    }
+}
+
+impl ProbeState {
+    /// Notes the call for message `seq`: when it started, whether it came in order (serial
+    /// runs), and whether it was the last one awaited.
+    pub(crate) fn record(&self, seq: u64) {
         let now = Instant::now();
-        if let Some(slot) = usize::try_from(event.seq)
-            .ok()
-            .and_then(|i| self.0.starts.get(i))
-        {
+        if let Some(slot) = usize::try_from(seq).ok().and_then(|i| self.starts.get(i)) {
             let _ = slot.set(now);
         }
-        if let Some((last, bad)) = &self.0.serial {
-            if last.swap(event.seq + 1, Ordering::SeqCst) > event.seq {
+        if let Some((last, bad)) = &self.serial {
+            if last.swap(seq + 1, Ordering::SeqCst) > seq {
                 bad.fetch_add(1, Ordering::SeqCst);
             }
         }
-        if self.0.handled.fetch_add(1, Ordering::SeqCst) + 1 == self.0.target {
-            self.0.all.notify_one();
+        if self.handled.fetch_add(1, Ordering::SeqCst) + 1 == self.target {
+            self.all.notify_one();
         }
-        Ok(())
     }
 }
 
@@ -252,6 +257,9 @@ fn limit_for(n: u64) -> Duration {
 }
 
 /// Builds the bench worker on `pool`.
+/// Builds the worker of a timed drain: its handler records each call in the probe state.
+pub(crate) type BuildWorker = fn(&Pool, &Arc<ProbeState>, WorkerConfig) -> Result<Worker>;
+
 fn worker(pool: &Pool, state: &Arc<ProbeState>, config: WorkerConfig) -> Result<Worker> {
     Ok(Worker::builder(pool.store())
         .handler(Probe(state.clone()))
@@ -323,7 +331,7 @@ async fn until_drained(
 /// binary starts) until no live message of the topic is left.
 pub(crate) async fn w1(db: &Db, n: u64, config: WorkerConfig) -> Result<Sample> {
     db.seed(&messages(n)).await?;
-    timed_drain(db, n, config, ProbeState::new(n, 0), 0).await
+    timed_drain(db, n, config, ProbeState::new(n, 0), 0, worker).await
 }
 
 /// W9: W1's drain of `n` messages with ordering keys, `keys` of them, timed the same way. With
@@ -335,7 +343,7 @@ pub(crate) async fn w9(db: &Db, n: u64, keys: u64, config: WorkerConfig) -> Resu
     } else {
         ProbeState::new(n, 0)
     };
-    let sample = timed_drain(db, n, config, state.clone(), 0).await?;
+    let sample = timed_drain(db, n, config, state.clone(), 0, worker).await?;
     if state.out_of_order() > 0 {
         bail!(
             "{} of {n} messages of one key were handled out of enqueue order",
@@ -362,7 +370,7 @@ pub(crate) async fn w9_blocked(
         .collect();
     db.seed(&waiting).await?;
     db.seed(&keyed_messages(n, keys)).await?;
-    let sample = timed_drain(db, n, config, ProbeState::new(n, 0), blocked).await?;
+    let sample = timed_drain(db, n, config, ProbeState::new(n, 0), blocked, worker).await?;
     let left = db.remaining(&[TOPIC]).await?;
     if left != i64::try_from(blocked)? {
         bail!("{left} messages are live after the drain; the {blocked} blocked ones should be");
@@ -373,14 +381,15 @@ pub(crate) async fn w9_blocked(
 /// The key prefix of W9B's dead letters and of the messages they block.
 const BLOCKED: &str = "blocked:";
 
-/// The timed part of W1 and W9, on messages already seeded: `n` to handle, and `blocked` more
-/// that stay live.
-async fn timed_drain(
+/// The timed part of W1, W9 and W11, on messages already seeded: `n` to handle, and `blocked`
+/// more that stay live; the worker built by `build`.
+pub(crate) async fn timed_drain(
     db: &Db,
     n: u64,
     config: WorkerConfig,
     state: Arc<ProbeState>,
     blocked: u64,
+    build: BuildWorker,
 ) -> Result<Sample> {
     let leave = i64::try_from(blocked)?;
     db.analyze().await?;
@@ -389,7 +398,7 @@ async fn timed_drain(
     let meter = CpuMeter::start(db).await;
     let start = Instant::now();
     let pool = db.cold_pool(COLD_POOL_SIZE).await?;
-    let w = worker(&pool, &state, config)?;
+    let w = build(&pool, &state, config)?;
     let mut timed = None;
     let ran = w
         .run_until(async {

@@ -318,6 +318,7 @@ fn new_message<E: Event>(
     Ok(NewMessage {
         id: crate::message_id::new_message_id(),
         topic: E::TOPIC,
+        version: i32::try_from(E::VERSION).unwrap_or(i32::MAX),
         payload,
         idempotency_key: key,
         delay: options.delay,

@@ -32,6 +32,7 @@ struct HealthInner {
     oldest_queued_ms: AtomicI64,
     unserved: std::sync::Mutex<Vec<(String, Duration)>>,
     blocked_by_dead: std::sync::Mutex<Vec<(String, i64)>>,
+    unknown_versions: std::sync::Mutex<Vec<(String, i32, Duration)>>,
     max_tick_age: Duration,
     max_oldest_ready: Duration,
 }
@@ -46,6 +47,7 @@ impl Health {
                 oldest_queued_ms: AtomicI64::new(0),
                 unserved: std::sync::Mutex::new(Vec::new()),
                 blocked_by_dead: std::sync::Mutex::new(Vec::new()),
+                unknown_versions: std::sync::Mutex::new(Vec::new()),
                 max_tick_age,
                 max_oldest_ready,
             }),
@@ -75,6 +77,24 @@ impl Health {
     pub fn unserved_topics(&self) -> Vec<(String, Duration)> {
         self.inner
             .unserved
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    pub(crate) fn set_unknown_versions(&self, topics: Vec<(String, i32, Duration)>) {
+        *self
+            .inner
+            .unknown_versions
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = topics;
+    }
+
+    /// Topics whose newest version of live messages no live worker knows, with that version
+    /// and the age of the topic's oldest ready message, as of the last statistics refresh.
+    pub fn unknown_versions(&self) -> Vec<(String, i32, Duration)> {
+        self.inner
+            .unknown_versions
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone()
@@ -150,6 +170,15 @@ impl Health {
                 limit: UNSERVED_LIMIT,
             });
         }
+        let unknown: Vec<(String, i32)> = self
+            .unknown_versions()
+            .into_iter()
+            .filter(|(_, _, age)| *age > UNSERVED_LIMIT)
+            .map(|(topic, version, _)| (topic, version))
+            .collect();
+        if !unknown.is_empty() {
+            return Err(Unhealthy::UnknownVersions { topics: unknown });
+        }
         let blocked: Vec<(String, i64)> = self
             .blocked_by_dead()
             .into_iter()
@@ -205,6 +234,13 @@ pub enum Unhealthy {
         /// The limit.
         limit: Duration,
     },
+    /// Messages of a version that no live worker knows have waited longer than 60 s.
+    #[error("{}: deploy workers built with the newer event types (workers first, then \
+             producers)", unknown(.topics))]
+    UnknownVersions {
+        /// The topics, with the newest version no live worker knows.
+        topics: Vec<(String, i32)>,
+    },
     /// Messages wait behind a dead letter of their ordering key, which holds the key until it
     /// is retried or discarded.
     #[error("messages wait behind a dead letter of their ordering key: {}: retry or discard \
@@ -247,6 +283,14 @@ fn blocked(topics: &[(String, i64)]) -> String {
         .map(|(topic, n)| format!("`{topic}` ({n})"))
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+fn unknown(topics: &[(String, i32)]) -> String {
+    topics
+        .iter()
+        .map(|(topic, v)| format!("version {v} of topic {topic}: no live worker knows it"))
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 fn late(topics: &[(String, Duration)]) -> String {

@@ -118,10 +118,8 @@ pub use enqueue::{
     DEFAULT_MAX_PAYLOAD_BYTES, MAX_IDEMPOTENCY_KEY_BYTES, MAX_ORDERING_KEY_BYTES,
 };
 pub use error::{DatabaseErrorKind, Error, Result};
-pub use event::{Event, EventDescriptor};
-pub use handler::{
-    BoxError, Context, FailureKind, Handler, HandlerError, PayloadError, RawHandler,
-};
+pub use event::{DecodeError, Event, EventDescriptor};
+pub use handler::{BoxError, Context, FailureKind, Handler, HandlerError, RawHandler};
 pub use health::{Health, Unhealthy};
 pub use message_id::{message_sequence, new_message_id};
 pub use migrate::migrate;

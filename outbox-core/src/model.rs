@@ -44,6 +44,11 @@ pub struct TopicStats {
     /// Live workers (heartbeat within seconds) that serve this topic. In [`Stats::total`],
     /// the largest per-topic count.
     pub live_workers: i64,
+    /// The newest version of this topic's live messages when live workers serve the topic
+    /// but none of them knows that version: those messages wait, pending and never claimed,
+    /// until a worker built with the newer event type starts. `None` when every version is
+    /// known (and in [`Stats::total`]).
+    pub unknown_version: Option<i32>,
 }
 
 impl TopicStats {
@@ -65,6 +70,18 @@ impl TopicStats {
     /// Messages not yet done or dead: ready + blocked + scheduled + in flight.
     pub fn pending(&self) -> i64 {
         self.ready + self.blocked + self.scheduled + self.in_flight
+    }
+
+    /// What waits for a worker that knows a newer version, as one line:
+    /// `version N of topic T: no live worker knows it`.
+    pub fn unknown_version_note(&self) -> Option<String> {
+        self.unknown_version.map(|v| {
+            format!(
+                "version {v} of topic {}: no live worker knows it; deploy workers built with \
+                 that version",
+                self.topic
+            )
+        })
     }
 
     /// Ready messages that no live worker serves: they wait until one starts.
@@ -194,6 +211,9 @@ pub struct WorkerInfo {
     pub name: String,
     /// The topics it serves.
     pub topics: Vec<String>,
+    /// Per topic of `topics`, at the same position, the highest version of its event type the
+    /// worker decodes (and claims). Empty for a worker that did not record them.
+    pub versions: Vec<i32>,
     /// Whether it sleeps until a producer wakes it (idle), rather than claiming (busy).
     pub waiting: bool,
     /// When it started.

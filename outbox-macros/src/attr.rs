@@ -20,6 +20,10 @@ pub(crate) struct Args {
     pub(crate) ordering_key: Option<syn::Ident>,
     /// `dead_releases_key`: a dead message of this event lets later ones of its key go on.
     pub(crate) dead_releases_key: Option<Path>,
+    /// `version = N`: the version of the event's shape, as written.
+    pub(crate) version: Option<syn::LitInt>,
+    /// `previous = Type`: the type of the version before this one.
+    pub(crate) previous: Option<syn::Type>,
 }
 
 /// Parses the tokens between the parentheses of `#[outbox_event(...)]`.
@@ -49,6 +53,17 @@ pub(crate) fn parse(args: TokenStream) -> syn::Result<Args> {
                 &mut parsed.dead_releases_key,
                 path,
             )
+        } else if meta.path.is_ident("version") {
+            let version = version_value(&meta)?;
+            set_once(&meta, "version", &mut parsed.version, version)
+        } else if meta.path.is_ident("previous") {
+            let usage = "`previous` names the type of the previous version: write \
+                         `previous = BookingCreatedV1`";
+            if meta.input.is_empty() || meta.input.peek(syn::Token![,]) {
+                return Err(syn::Error::new_spanned(&meta.path, usage));
+            }
+            let ty = meta.value()?.parse::<syn::Type>()?;
+            set_once(&meta, "previous", &mut parsed.previous, ty)
         } else if meta.path.is_ident("crate") {
             let lit = string_value(&meta, "crate", "::outbox")?;
             let path = parse_path(&lit)?;
@@ -57,7 +72,7 @@ pub(crate) fn parse(args: TokenStream) -> syn::Result<Args> {
             Err(syn::Error::new_spanned(
                 &meta.path,
                 format_args!(
-                    "unknown key `{}`; valid keys are `topic`, `idempotency_key`, `ordering_key`, `dead_releases_key` and `crate`",
+                    "unknown key `{}`; valid keys are `topic`, `idempotency_key`, `ordering_key`, `dead_releases_key`, `version`, `previous` and `crate`",
                     path_to_string(&meta.path),
                 ),
             ))
@@ -65,6 +80,27 @@ pub(crate) fn parse(args: TokenStream) -> syn::Result<Args> {
     });
     parser.parse2(args)?;
     Ok(parsed)
+}
+
+/// Reads `version = N`: an integer literal from 1 to `i32::MAX` (the column's range).
+fn version_value(meta: &ParseNestedMeta<'_>) -> syn::Result<syn::LitInt> {
+    let usage = "`version` takes a whole number from 1: write `version = 2`";
+    if meta.input.is_empty() || meta.input.peek(syn::Token![,]) {
+        return Err(syn::Error::new_spanned(&meta.path, usage));
+    }
+    let mut expr = meta.value()?.parse::<Expr>()?;
+    while let Expr::Group(group) = expr {
+        expr = *group.expr;
+    }
+    match expr {
+        Expr::Lit(ExprLit {
+            lit: Lit::Int(lit), ..
+        }) => match lit.base10_parse::<i32>() {
+            Ok(n) if n >= 1 => Ok(lit),
+            _ => Err(syn::Error::new(lit.span(), usage)),
+        },
+        other => Err(syn::Error::new_spanned(other, usage)),
+    }
 }
 
 /// Reads `key = "field"`: a string literal that names a field of the payload.
@@ -196,6 +232,23 @@ mod tests {
     }
 
     #[test]
+    fn versions_are_read() {
+        let args = parse(quote!(version = 3, previous = v2::Booking)).expect("valid");
+        assert_eq!(args.version.map(|v| v.to_string()).as_deref(), Some("3"));
+        let previous = args.previous.expect("previous is set");
+        assert_eq!(
+            quote!(#previous).to_string(),
+            quote!(v2::Booking).to_string()
+        );
+        for args in [quote!(version = 0), quote!(version = "2"), quote!(version)] {
+            assert_eq!(
+                error_of(args),
+                "`version` takes a whole number from 1: write `version = 2`"
+            );
+        }
+    }
+
+    #[test]
     fn a_literal_passed_through_macro_rules_is_read() {
         // What `macro_rules! m { ($t:literal) => { #[outbox_event(topic = $t)] ... } }` hands on.
         let wrapped = proc_macro2::Group::new(proc_macro2::Delimiter::None, quote!("a.b"));
@@ -213,7 +266,7 @@ mod tests {
         let cases = [
             (
                 quote!(topc = "a"),
-                "unknown key `topc`; valid keys are `topic`, `idempotency_key`, `ordering_key`, `dead_releases_key` and `crate`",
+                "unknown key `topc`; valid keys are `topic`, `idempotency_key`, `ordering_key`, `dead_releases_key`, `version`, `previous` and `crate`",
             ),
             (
                 quote!(topic = "a", topic = "b"),

@@ -20,6 +20,7 @@ use crate::{attr, validate};
 ///     ::outbox::__private::inventory::submit! {
 ///         ::outbox::__private::EventDescriptor::__new(
 ///             "booking.created",
+///             1u32,
 ///             ::core::concat!(::core::module_path!(), "::", "BookingCreated"),
 ///         )
 ///     }
@@ -59,6 +60,16 @@ pub(crate) fn outbox_event(args: TokenStream, input: TokenStream) -> syn::Result
             const DEAD_RELEASES_KEY: bool = true;
         }
     });
+    let version_number = validate::version(args.version.as_ref(), args.previous.as_ref())?;
+    let version = args.version.as_ref().map(|lit| {
+        quote::quote_spanned! {lit.span()=>
+            const VERSION: u32 = #lit;
+        }
+    });
+    let (decode, previous_checks) = match &args.previous {
+        Some(previous) => previous_version(&krate, &ident, previous),
+        None => (None, None),
+    };
 
     Ok(quote! {
         #input
@@ -69,17 +80,85 @@ pub(crate) fn outbox_event(args: TokenStream, input: TokenStream) -> syn::Result
             #idempotency_key
             #ordering_key
             #dead_releases_key
+            #version
+            #decode
         }
+
+        #previous_checks
 
         const _: () = {
             #krate::__private::inventory::submit! {
                 #krate::__private::EventDescriptor::__new(
                     #topic,
+                    #version_number,
                     ::core::concat!(::core::module_path!(), "::", #type_name),
                 )
             }
         };
     })
+}
+
+/// The decoding of older versions through `previous`, and the constant checks that the
+/// previous type is an older version of the same topic.
+///
+/// A payload of this type's version is parsed directly; an older one is decoded by `previous`
+/// (recursively down its own chain) and converted with `From`, spanned on the `previous` the
+/// user wrote so that a missing `impl From<Previous> for Current` is reported there.
+fn previous_version(
+    krate: &Path,
+    ident: &syn::Ident,
+    previous: &syn::Type,
+) -> (Option<TokenStream>, Option<TokenStream>) {
+    let span = syn::spanned::Spanned::span(previous);
+    let from = quote::quote_spanned! {span=>
+        |previous: #previous| <Self as ::core::convert::From<#previous>>::from(previous)
+    };
+    let decode = quote! {
+        fn decode_versioned(
+            version: u32,
+            json: &str,
+        ) -> ::core::result::Result<Self, #krate::DecodeError> {
+            if version >= <Self as #krate::Event>::VERSION {
+                #krate::__private::decode_current::<Self>(version, json)
+            } else {
+                <#previous as #krate::Event>::decode_versioned(version, json).map(#from)
+            }
+        }
+
+        fn __versions(out: &mut ::std::vec::Vec<(u32, &'static str)>) {
+            out.push((<Self as #krate::Event>::VERSION, ::core::any::type_name::<Self>()));
+            <#previous as #krate::Event>::__versions(out);
+        }
+    };
+    let type_names = quote!(
+        ::core::stringify!(#ident),
+        "` and `",
+        ::core::stringify!(#previous)
+    );
+    let checks = quote::quote_spanned! {span=>
+        const _: () = {
+            ::core::assert!(
+                <#ident as #krate::Event>::VERSION > <#previous as #krate::Event>::VERSION,
+                ::core::concat!(
+                    "`version` of `", #type_names,
+                    "`: the current type's version must be above its previous type's; \
+                     raise `version` or name the right `previous`"
+                ),
+            );
+            ::core::assert!(
+                #krate::__private::same_topic(
+                    <#ident as #krate::Event>::TOPIC,
+                    <#previous as #krate::Event>::TOPIC,
+                ),
+                ::core::concat!(
+                    "topics of `", #type_names,
+                    "`: versions of an event share its topic; pin the same \
+                     `topic = \"...\"` on both"
+                ),
+            );
+        };
+    };
+    (Some(decode), Some(checks))
 }
 
 /// Both values, or every error of the two.
@@ -133,6 +212,7 @@ mod tests {
                 ::outbox::__private::inventory::submit! {
                     ::outbox::__private::EventDescriptor::__new(
                         "booking.created",
+                        1u32,
                         ::core::concat!(::core::module_path!(), "::", "BookingCreated"),
                     )
                 }
@@ -166,6 +246,35 @@ mod tests {
         );
         assert!(expanded.contains("impl :: outbox :: Event for r#Type"));
         assert!(expanded.contains("\"::\" , \"Type\""));
+    }
+
+    #[test]
+    fn a_previous_version_is_decoded_and_checked() {
+        let expanded = expand(
+            quote!(version = 2, previous = BookingCreatedV1),
+            quote!(
+                struct BookingCreated;
+            ),
+        );
+        assert!(expanded.contains("const VERSION : u32 = 2 ;"), "{expanded}");
+        assert!(expanded.contains("fn decode_versioned"), "{expanded}");
+        assert!(
+            expanded.contains("< BookingCreatedV1 as :: outbox :: Event > :: decode_versioned"),
+            "{expanded}"
+        );
+        assert!(
+            expanded.contains("\"booking.created\" , 2u32 ,"),
+            "{expanded}"
+        );
+        let error = outbox_event(
+            quote!(previous = BookingCreatedV1),
+            quote!(
+                struct B;
+            ),
+        )
+        .expect_err("previous needs version 2 or above")
+        .to_string();
+        assert!(error.contains("needs `version = 2` or above"), "{error}");
     }
 
     #[test]

@@ -6,7 +6,7 @@
 //!
 //! The crate is split by stage:
 //!
-//! - `attr` parses the arguments (`topic = "..."`, `crate = "..."`),
+//! - `attr` parses the arguments (`topic = "..."`, `version = N`, `crate = "..."`, ...),
 //! - `validate` checks the annotated item and the topic,
 //! - `case` derives a topic from the type name,
 //! - `expand` writes the generated code.
@@ -65,6 +65,12 @@ use proc_macro::TokenStream;
 /// - `dead_releases_key`: with an ordering key, a dead message of this event lets the later
 ///   messages of its key go on; without it they wait until the dead message is retried or
 ///   discarded.
+/// - `version = N`: the version of the payload's shape (default 1), stored with every message.
+///   A worker takes only the versions it knows; newer ones wait for a worker that does.
+/// - `previous = Type`: with `version = 2` or above, the type of the version before this one
+///   (same topic, lower version). Write `impl From<Type> for ThisType`: a stored payload of an
+///   older version is read as its own type and converted up to this one, so handlers always
+///   receive this type. Chains go back any number of versions.
 /// - `crate = "..."`: the path to `outbox`, for crates that reach it through a
 ///   re-export, e.g. `crate = "::my_app_support::outbox"`. Defaults to `::outbox`.
 ///

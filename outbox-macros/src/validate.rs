@@ -66,6 +66,27 @@ pub(crate) fn topic(pinned: Option<&LitStr>, ident: &Ident) -> syn::Result<Strin
     }
 }
 
+/// Returns the version of the event (1 when not given), or why `previous` cannot be used.
+///
+/// `previous` names an older version, so it needs `version = 2` or above.
+pub(crate) fn version(
+    version: Option<&syn::LitInt>,
+    previous: Option<&syn::Type>,
+) -> syn::Result<syn::LitInt> {
+    let number = match version {
+        Some(lit) => lit.base10_parse::<u32>()?,
+        None => 1,
+    };
+    if let (Some(previous), true) = (previous, number < 2) {
+        return Err(syn::Error::new_spanned(
+            previous,
+            "`previous` names the type of an older version, so this type needs `version = 2` \
+             or above: write `version = 2, previous = ...`",
+        ));
+    }
+    Ok(syn::LitInt::new(&format!("{number}u32"), Span::call_site()))
+}
+
 /// What is wrong with a topic.
 #[derive(Debug, PartialEq, Eq)]
 enum Problem {

@@ -124,6 +124,38 @@ pub fn random_ms(below: u64) -> u64 {
     std::collections::hash_map::RandomState::new().hash_one(Instant::now()) % below.max(1)
 }
 
+/// Workers running in the background, each until its sender is dropped or sent on.
+pub type Running = Vec<(
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<()>,
+)>;
+
+/// Runs `workers` in the background until [`stop`].
+pub fn start(workers: Vec<outbox::Worker>) -> Running {
+    workers
+        .into_iter()
+        .map(|w| {
+            let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+            let task = tokio::spawn(async move {
+                w.run_until(async {
+                    let _ = rx.await;
+                })
+                .await
+                .expect("the worker runs");
+            });
+            (tx, task)
+        })
+        .collect()
+}
+
+/// Stops workers started with [`start`], one after another, and waits for each to end.
+pub async fn stop(running: Running) {
+    for (tx, task) in running {
+        let _ = tx.send(());
+        task.await.expect("the worker task ends");
+    }
+}
+
 /// Creates a fresh database, applies the outbox migrations and returns it.
 ///
 /// # Panics
@@ -450,6 +482,23 @@ impl TestDb {
         .expect("raw insert");
     }
 
+    /// Inserts one message of `topic` with a raw JSON payload stored as event version
+    /// `version`, bypassing `enqueue`; returns its id.
+    pub async fn insert_version(&self, topic: &str, payload: &str, version: i32) -> Uuid {
+        let id = Uuid::now_v7();
+        sqlx::query(
+            "INSERT INTO outbox_messages (id, topic, payload, version) VALUES ($1, $2, $3::json, $4)",
+        )
+        .bind(id)
+        .bind(topic)
+        .bind(payload)
+        .bind(version)
+        .execute(&self.pool)
+        .await
+        .expect("raw insert");
+        id
+    }
+
     /// The applied outbox migration versions.
     pub async fn migration_versions(&self) -> Vec<i64> {
         sqlx::query_scalar("SELECT version FROM outbox_migrations ORDER BY version")
@@ -688,6 +737,25 @@ impl SqliteDb {
             .await
             .expect("raw insert");
         }
+    }
+
+    /// Inserts one message of `topic` with a raw JSON payload stored as event version
+    /// `version`, bypassing `enqueue`; returns its id.
+    pub async fn insert_version(&self, topic: &str, payload: &str, version: i32) -> Uuid {
+        let id = Uuid::now_v7();
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "INSERT INTO outbox_messages (id, topic, payload, version, available_at, created_at) \
+             VALUES (?1, ?2, ?3, ?4, {0}, {0})",
+            now_ms_sql()
+        )))
+        .bind(id.to_string())
+        .bind(topic)
+        .bind(payload)
+        .bind(version)
+        .execute(&self.pool)
+        .await
+        .expect("raw insert");
+        id
     }
 
     /// The applied outbox migration versions.

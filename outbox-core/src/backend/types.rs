@@ -10,6 +10,9 @@ use uuid::Uuid;
 #[derive(Debug)]
 pub(crate) struct ClaimParams<'a> {
     pub(crate) topics: &'a [&'a str],
+    /// Per topic of `topics`, at the same index, the highest version this worker decodes:
+    /// messages of a newer version are left for a worker that knows it.
+    pub(crate) versions: &'a [i32],
     pub(crate) limit: i64,
     pub(crate) lease: Duration,
     pub(crate) claim_token: Uuid,
@@ -27,6 +30,8 @@ pub(crate) struct ClaimedMessage {
     pub(crate) id: Uuid,
     pub(crate) topic: String,
     pub(crate) payload: String,
+    /// The version of the event type the payload was written with.
+    pub(crate) version: u32,
     pub(crate) idempotency_key: Option<String>,
     pub(crate) attempts: i32,
     pub(crate) created_at: DateTime<Utc>,
@@ -75,6 +80,8 @@ pub(crate) struct Beat<'a> {
     pub(crate) id: Uuid,
     pub(crate) name: &'a str,
     pub(crate) topics: &'a [&'a str],
+    /// Per topic of `topics`, the highest version the worker decodes.
+    pub(crate) versions: &'a [i32],
     /// Sleeping until a producer wakes it: only then do producers of its topics notify.
     pub(crate) waiting: bool,
     /// Wake one other waiting worker of these topics: this one was woken and claimed a full
@@ -90,6 +97,8 @@ pub(crate) struct Beat<'a> {
 pub struct NewMessage {
     pub(crate) id: uuid::Uuid,
     pub(crate) topic: &'static str,
+    /// The version of the event type, [`Event::VERSION`](crate::Event::VERSION).
+    pub(crate) version: i32,
     pub(crate) payload: String,
     pub(crate) idempotency_key: Option<String>,
     pub(crate) delay: std::time::Duration,

@@ -113,6 +113,7 @@ pub fn print_stats(stats: &crate::model::Stats, registry: Option<&Registry>, jso
                 "live_workers": t.live_workers, "blocked": t.blocked,
                 "blocked_by_dead": t.blocked_by_dead,
                 "oldest_blocked_age_secs": t.oldest_blocked_age.map(|d| d.as_secs_f64()),
+                "unknown_version": t.unknown_version,
             })
         };
         let doc = serde_json::json!({
@@ -176,5 +177,17 @@ pub fn print_stats(stats: &crate::model::Stats, registry: Option<&Registry>, jso
              handlers starts: is a handler crate not linked, or its workers down?):"
         );
         unserved.iter().for_each(|t| line(t));
+    }
+    let waiting: Vec<String> = stats
+        .topics
+        .iter()
+        .filter_map(|t| t.unknown_version_note())
+        .collect();
+    if !waiting.is_empty() {
+        println!(
+            "
+versions that wait (their messages stay pending, never claimed):"
+        );
+        waiting.iter().for_each(|note| println!("  {note}"));
     }
 }

@@ -259,7 +259,13 @@ pub(crate) trait ErasedHandler: Send + Sync + 'static {
     fn max_attempts(&self) -> Option<u32>;
     fn timeout(&self) -> Option<Duration>;
     fn backoff(&self, attempt: u32) -> Option<Duration>;
-    async fn call(&self, payload: &str, ctx: &Context) -> Result<(), HandlerError>;
+    /// The highest version of its topic this handler decodes; `None` for a raw handler,
+    /// which takes the payload of any version as it is.
+    fn version(&self) -> Option<u32>;
+    /// `(version, type name)` of the handler's event type and of its previous versions.
+    fn event_versions(&self) -> Vec<(u32, &'static str)>;
+    /// Calls the handler with `payload`, stored with version `version` of its event type.
+    async fn call(&self, payload: &str, version: u32, ctx: &Context) -> Result<(), HandlerError>;
 }
 
 pub(crate) struct Typed<H>(pub(crate) H);
@@ -284,24 +290,19 @@ impl<H: Handler> ErasedHandler for Typed<H> {
     fn backoff(&self, attempt: u32) -> Option<Duration> {
         self.0.backoff(attempt)
     }
-    async fn call(&self, payload: &str, ctx: &Context) -> Result<(), HandlerError> {
-        let event: H::Event = serde_json::from_str(payload).map_err(|e| {
-            HandlerError::retry(PayloadError {
-                type_name: std::any::type_name::<H::Event>(),
-                source: e,
-            })
-        })?;
+    fn version(&self) -> Option<u32> {
+        Some(<H::Event as Event>::VERSION)
+    }
+    fn event_versions(&self) -> Vec<(u32, &'static str)> {
+        let mut out = Vec::new();
+        <H::Event as Event>::__versions(&mut out);
+        out
+    }
+    async fn call(&self, payload: &str, version: u32, ctx: &Context) -> Result<(), HandlerError> {
+        let event =
+            <H::Event as Event>::decode_versioned(version, payload).map_err(HandlerError::retry)?;
         self.0.handle(event, ctx).await
     }
-}
-
-/// A stored payload does not deserialize into the handler's event type.
-#[derive(Debug, thiserror::Error)]
-#[error("payload does not deserialize into `{type_name}`: {source}; fix the payload or make the type accept it (e.g. #[serde(default)] on new fields)")]
-pub struct PayloadError {
-    type_name: &'static str,
-    #[source]
-    source: serde_json::Error,
 }
 
 pub(crate) fn erase<H: Handler>(h: H) -> Arc<dyn ErasedHandler> {
@@ -340,7 +341,13 @@ impl<H: RawHandler> ErasedHandler for Raw<H> {
     fn backoff(&self, attempt: u32) -> Option<Duration> {
         self.handler.backoff(attempt)
     }
-    async fn call(&self, payload: &str, ctx: &Context) -> Result<(), HandlerError> {
+    fn version(&self) -> Option<u32> {
+        None
+    }
+    fn event_versions(&self) -> Vec<(u32, &'static str)> {
+        Vec::new()
+    }
+    async fn call(&self, payload: &str, _version: u32, ctx: &Context) -> Result<(), HandlerError> {
         self.handler.handle_raw(payload, ctx).await
     }
 }

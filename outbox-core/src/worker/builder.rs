@@ -7,7 +7,7 @@ use std::sync::Arc;
 use uuid::Uuid;
 
 use super::{Inner, Worker, WorkerConfig};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::handler::{erase, erase_raw, ErasedHandler, Handler, RawHandler};
 use crate::health::Health;
 use crate::registry::{duplicate_names, Registry, RegistryError};
@@ -151,7 +151,8 @@ impl WorkerBuilder {
     /// # Errors
     ///
     /// [`Error::Resource`](crate::error::Error::Resource) when a handler cannot be built, [`Error::Registry`](crate::error::Error::Registry) when there are no
-    /// handlers or two handlers of a topic share a name, [`Error::Config`](crate::error::Error::Config) for bad settings.
+    /// handlers, two handlers of a topic share a name, the handlers of a topic take event types
+    /// of different versions or two types claim the same version of a topic, [`Error::Config`](crate::error::Error::Config) for bad settings.
     pub fn build(self) -> Result<Worker> {
         let mut handlers: Vec<Arc<dyn ErasedHandler>> = Vec::new();
         for reg in self.registry.handlers() {
@@ -184,6 +185,8 @@ impl WorkerBuilder {
         for h in handlers {
             topics.entry(h.topic()).or_default().push(h);
         }
+        let versions = super::versions::known_versions(&topics)
+            .map_err(|problems| Error::from(RegistryError::from_problems(problems)))?;
         // Declared events none of this worker's handlers serve, registered or explicit.
         let unhandled_events: Vec<(&'static str, &'static str)> = self
             .registry
@@ -212,6 +215,7 @@ impl WorkerBuilder {
             inner: Arc::new(Inner {
                 store: self.store,
                 topics,
+                versions,
                 unhandled_events,
                 resources: Arc::new(self.resources),
                 health: Health::new(

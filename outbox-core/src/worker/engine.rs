@@ -183,6 +183,7 @@ pub(super) async fn run(
         wake.clone(),
         super::flush::NextClaim {
             topics: worker.inner.topics.keys().copied().collect(),
+            versions: worker.versions_of(&worker.inner.topics.keys().copied().collect::<Vec<_>>()),
             lease: cfg.lease,
             start: start_tx,
             stop: stop.clone(),
@@ -334,10 +335,12 @@ impl Shared {
     async fn beat(&self, wake_peer: bool) {
         let inner = &self.worker.inner;
         let topics: Vec<&str> = inner.topics.keys().copied().collect();
+        let versions = self.worker.versions_of(&topics);
         let beat = Beat {
             id: inner.id,
             name: &inner.config.name,
             topics: &topics,
+            versions: &versions,
             waiting: self.waiting.load(Ordering::Relaxed),
             wake_peer,
         };

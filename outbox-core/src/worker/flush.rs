@@ -21,6 +21,8 @@ pub(crate) const FLUSH_MAX: usize = 1000;
 pub(crate) struct NextClaim {
     /// The worker's topics: only their messages are claimed.
     pub(crate) topics: Vec<&'static str>,
+    /// Per topic of `topics`, the highest version the worker decodes.
+    pub(crate) versions: Vec<i32>,
     pub(crate) lease: Duration,
     /// Where the claimed messages go to be started.
     pub(crate) start: mpsc::UnboundedSender<Vec<ClaimedMessage>>,
@@ -117,6 +119,7 @@ async fn write(
         let written = if keyed && !next.stop.is_cancelled() {
             let params = ClaimParams {
                 topics: &next.topics,
+                versions: &next.versions,
                 limit: 0,
                 lease: next.lease,
                 claim_token: Uuid::now_v7(),

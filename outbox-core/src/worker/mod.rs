@@ -16,6 +16,7 @@ mod flush;
 mod process;
 mod protocol;
 mod retry;
+mod versions;
 mod wake;
 
 use std::collections::BTreeMap;
@@ -40,6 +41,8 @@ use process::{failure, run_message, Outcome, Watch};
 pub(super) struct Inner {
     store: Store,
     topics: BTreeMap<&'static str, Vec<Arc<dyn ErasedHandler>>>,
+    /// Per topic, the highest version its handlers decode: newer messages are not claimed.
+    versions: BTreeMap<&'static str, i32>,
     unhandled_events: Vec<(&'static str, &'static str)>,
     resources: Arc<Resources>,
     config: WorkerConfig,
@@ -131,6 +134,22 @@ impl Worker {
             .topics
             .iter()
             .map(|(t, hs)| (*t, hs.iter().map(|h| h.name()).collect()))
+            .collect()
+    }
+
+    /// Topic -> the highest version of its event type this worker decodes (and claims).
+    ///
+    /// Messages of a newer version wait, pending and unclaimed, for a worker built with the
+    /// newer type. A topic served only by raw handlers takes every version (`i32::MAX`).
+    pub fn versions(&self) -> BTreeMap<&'static str, i32> {
+        self.inner.versions.clone()
+    }
+
+    /// The versions of `topics`, in their order.
+    pub(crate) fn versions_of(&self, topics: &[&str]) -> Vec<i32> {
+        topics
+            .iter()
+            .map(|t| self.inner.versions.get(t).copied().unwrap_or(1))
             .collect()
     }
 
@@ -381,6 +400,17 @@ impl Worker {
                     tracing::warn!(topic = %topic, oldest_ready_secs = age.as_secs(), "ready messages of a topic that no live worker serves");
                 }
                 self.inner.health.set_unserved(unserved);
+                // Messages of a version no live worker decodes wait for newer workers.
+                let unknown: Vec<(String, i32, Duration)> = stats
+                    .topics
+                    .iter()
+                    .filter_map(|t| {
+                        let version = t.unknown_version?;
+                        tracing::warn!(topic = %t.topic, version, "version {version} of topic {}: no live worker knows it", t.topic);
+                        Some((t.topic.clone(), version, t.oldest_ready_age.unwrap_or_default()))
+                    })
+                    .collect();
+                self.inner.health.set_unknown_versions(unknown);
                 // Ordered messages behind a dead letter of their key wait for an operator.
                 let blocked: Vec<(String, i64)> = stats
                     .topics

@@ -313,7 +313,8 @@ async fn run_handlers(
             .unwrap_or_else(std::sync::PoisonError::into_inner) = h.name();
         let result = Watched {
             inner: Box::pin(
-                call_handler(&**h, &msg.payload, &ctx, timeout).instrument(span.clone()),
+                call_handler(&**h, &msg.payload, msg.version, &ctx, timeout)
+                    .instrument(span.clone()),
             ),
             watch,
         }
@@ -380,10 +381,13 @@ pub(crate) const MAX_RETRY_AFTER: Duration = Duration::from_secs(7 * 24 * 3600);
 async fn call_handler(
     h: &dyn ErasedHandler,
     payload: &str,
+    version: u32,
     ctx: &Context,
     timeout: Duration,
 ) -> Result<(), HandlerError> {
-    let call = AssertUnwindSafe(h.call(payload, ctx)).catch_unwind();
+    // The payload is decoded (and upcast) inside the call: a panicking `From` is caught here
+    // as a handler's panic is.
+    let call = AssertUnwindSafe(h.call(payload, version, ctx)).catch_unwind();
     match tokio::time::timeout(timeout, call).await {
         Ok(Ok(result)) => result,
         Ok(Err(panic)) => {

@@ -37,7 +37,8 @@ use crate::error::Result;
 
 /// Up to `$2` unordered messages of the topics `$1`, in due order per topic, claimed under
 /// claim token `$3` by worker `$4` for a lease of `$5` seconds; each row also says whether any
-/// ordered message is live (`any_keyed`).
+/// ordered message is live (`any_keyed`). Only messages whose version is at most the one at
+/// the topic's position in `$6` are taken; newer ones wait for a worker that knows them.
 ///
 /// Per topic, the index gives rows in due order; running rows whose lease still runs are
 /// skipped on the heap, and the outer LIMIT stops the lateral scan as soon as the batch is
@@ -47,11 +48,11 @@ use crate::error::Result;
 const CLAIM_UNKEYED: &str = "WITH picked AS ( \
         SELECT c.ctid \
         FROM unnest(CASE WHEN set_config('synchronous_commit', 'off', true) = 'off' \
-                         THEN $1::text[] END) AS t(topic) \
+                         THEN $1::text[] END, $6::int4[]) AS t(topic, max_version) \
         CROSS JOIN LATERAL ( \
             SELECT ctid FROM outbox_messages \
             WHERE topic = t.topic AND ordering_key IS NULL AND available_at <= now() \
-              AND (locked_until IS NULL OR locked_until < now()) \
+              AND (locked_until IS NULL OR locked_until < now()) AND version <= t.max_version \
             ORDER BY available_at \
             LIMIT $2 \
             FOR UPDATE SKIP LOCKED \
@@ -62,13 +63,15 @@ const CLAIM_UNKEYED: &str = "WITH picked AS ( \
      SET attempts = m.attempts + 1, claim_token = $3, claimed_by = $4, \
          locked_until = now() + make_interval(secs => $5) \
      WHERE m.ctid = ANY(ARRAY(SELECT ctid FROM picked)) \
-     RETURNING m.id, m.topic, m.payload::text AS payload, m.idempotency_key, \
+     RETURNING m.id, m.topic, m.payload::text AS payload, m.version, m.idempotency_key, \
                m.attempts, m.created_at, m.last_error, m.traceparent, m.tracestate, \
                EXISTS (SELECT 1 FROM outbox_messages k WHERE k.ordering_key IS NOT NULL) AS any_keyed";
 
 /// Up to `$2` heads of keys, found by a walk over every key that starts after the key `$6` and
-/// wraps around, that may start and are of the topics `$1`, claimed under claim token `$3` by
-/// worker `$4` for a lease of `$5` seconds.
+/// wraps around, that may start and are of the topics `$1` with a version at most the one at
+/// the topic's position in `$7`, claimed under claim token `$3` by worker `$4` for a lease of
+/// `$5` seconds. A head of a newer version is not taken, and holds the later messages of its
+/// key behind it.
 ///
 /// The walk goes from key to key, one probe of the key index per key (a loose index scan),
 /// and yields each key's head (its live message with the smallest id). A later row of a key
@@ -96,6 +99,7 @@ pub(super) const CLAIM_KEYED: &str = "WITH RECURSIVE after_cursor(k, id) AS ( \
         SELECT m.ctid FROM heads h JOIN outbox_messages m ON m.id = h.id \
         WHERE m.topic = ANY(CASE WHEN set_config('synchronous_commit', 'off', true) = 'off' \
                                  THEN $1::text[] END) \
+          AND m.version <= ($7::int4[])[array_position($1::text[], m.topic)] \
           AND m.available_at <= now() \
           AND (m.locked_until IS NULL OR m.locked_until < now()) \
           AND (NOT EXISTS (SELECT 1 FROM outbox_dead \
@@ -114,7 +118,7 @@ pub(super) const CLAIM_KEYED: &str = "WITH RECURSIVE after_cursor(k, id) AS ( \
      SET attempts = m.attempts + 1, claim_token = $3, claimed_by = $4, \
          locked_until = now() + make_interval(secs => $5) \
      WHERE m.ctid = ANY(ARRAY(SELECT ctid FROM picked)) \
-     RETURNING m.id, m.topic, m.payload::text AS payload, m.idempotency_key, \
+     RETURNING m.id, m.topic, m.payload::text AS payload, m.version, m.idempotency_key, \
                m.attempts, m.created_at, m.last_error, m.ordering_key, m.traceparent, m.tracestate";
 
 /// As [`CLAIM_KEYED`], but the heads are those of the keys `$6` only, one probe per key.
@@ -127,6 +131,7 @@ const CLAIM_RELEASED: &str = "WITH heads AS ( \
         SELECT m.ctid FROM heads h JOIN outbox_messages m ON m.id = h.id \
         WHERE m.topic = ANY(CASE WHEN set_config('synchronous_commit', 'off', true) = 'off' \
                                  THEN $1::text[] END) \
+          AND m.version <= ($7::int4[])[array_position($1::text[], m.topic)] \
           AND m.available_at <= now() \
           AND (m.locked_until IS NULL OR m.locked_until < now()) \
           AND (NOT EXISTS (SELECT 1 FROM outbox_dead \
@@ -145,7 +150,7 @@ const CLAIM_RELEASED: &str = "WITH heads AS ( \
      SET attempts = m.attempts + 1, claim_token = $3, claimed_by = $4, \
          locked_until = now() + make_interval(secs => $5) \
      WHERE m.ctid = ANY(ARRAY(SELECT ctid FROM picked)) \
-     RETURNING m.id, m.topic, m.payload::text AS payload, m.idempotency_key, \
+     RETURNING m.id, m.topic, m.payload::text AS payload, m.version, m.idempotency_key, \
                m.attempts, m.created_at, m.last_error, m.ordering_key, m.traceparent, m.tracestate";
 
 /// The handlers of the messages `$1` that already succeeded.
@@ -254,6 +259,7 @@ async fn unkeyed(
         .bind(p.claim_token)
         .bind(p.worker)
         .bind(secs(p.lease))
+        .bind(p.versions)
         .fetch_all(&b.pool)
         .await?;
     let mut any_keyed = false;
@@ -287,6 +293,7 @@ async fn keyed(
         .bind(p.worker)
         .bind(secs(p.lease))
         .bind(&cursor)
+        .bind(p.versions)
         .fetch_all(&b.pool)
         .await?;
     let mut last_key: Option<String> = None;
@@ -332,6 +339,7 @@ async fn released(
         .bind(p.worker)
         .bind(secs(p.lease))
         .bind(keys)
+        .bind(p.versions)
         .fetch_all(&b.pool)
         .await?;
     for r in &rows {
@@ -364,6 +372,7 @@ pub(super) fn claimed(
         id: r.try_get("id")?,
         topic: r.try_get("topic")?,
         payload: r.try_get("payload")?,
+        version: u32::try_from(r.try_get::<i32, _>("version")?).unwrap_or(1),
         idempotency_key: r.try_get("idempotency_key")?,
         attempts: r.try_get("attempts")?,
         created_at: r.try_get("created_at")?,

@@ -14,21 +14,21 @@ use super::secs;
 use crate::backend::NewMessage;
 
 /// One message. `$1` id, `$2` topic, `$3` payload, `$4` idempotency key, `$5` delay in
-/// seconds, `$6` ordering key, `$7` whether it releases its key.
+/// seconds, `$6` ordering key, `$7` whether it releases its key, `$8` its event version.
 const INSERT_ONE: &str = "WITH ins AS ( \
         INSERT INTO outbox_messages (id, topic, payload, idempotency_key, available_at, \
-                                     ordering_key, releases_key) \
-        VALUES ($1, $2, $3::json, $4, now() + make_interval(secs => $5), $6, $7) \
+                                     ordering_key, releases_key, version) \
+        VALUES ($1, $2, $3::json, $4, now() + make_interval(secs => $5), $6, $7, $8) \
      ) \
      SELECT pg_notify('outbox_wakeup', w.id::text) FROM outbox_workers w \
      WHERE $5 = 0 AND w.waiting AND $2 = ANY(w.topics) \
        AND w.heartbeat_at > now() - interval '5 seconds' LIMIT 1";
 
-/// [`INSERT_ONE`] with a trace context: `$8` traceparent, `$9` tracestate.
+/// [`INSERT_ONE`] with a trace context: `$9` traceparent, `$10` tracestate.
 const INSERT_ONE_TRACED: &str = "WITH ins AS ( \
         INSERT INTO outbox_messages (id, topic, payload, idempotency_key, available_at, \
-                                     ordering_key, releases_key, traceparent, tracestate) \
-        VALUES ($1, $2, $3::json, $4, now() + make_interval(secs => $5), $6, $7, $8, $9) \
+                                     ordering_key, releases_key, version, traceparent, tracestate) \
+        VALUES ($1, $2, $3::json, $4, now() + make_interval(secs => $5), $6, $7, $8, $9, $10) \
      ) \
      SELECT pg_notify('outbox_wakeup', w.id::text) FROM outbox_workers w \
      WHERE $5 = 0 AND w.waiting AND $2 = ANY(w.topics) \
@@ -36,28 +36,31 @@ const INSERT_ONE_TRACED: &str = "WITH ins AS ( \
 
 /// Many messages, one array per column: `$1` ids, `$2` topics, `$3` payloads, `$4`
 /// idempotency keys, `$5` delays in seconds, `$7` ordering keys, `$8` whether each releases
-/// its key; `$6` the topics of the messages due now, whose workers are woken.
+/// its key, `$9` event versions; `$6` the topics of the messages due now, whose workers are
+/// woken.
 const INSERT_MANY: &str = "WITH ins AS ( \
         INSERT INTO outbox_messages (id, topic, payload, idempotency_key, available_at, \
-                                     ordering_key, releases_key) \
+                                     ordering_key, releases_key, version) \
         SELECT u.id, u.topic, u.payload::json, u.idempotency_key, now() + make_interval(secs => u.delay), \
-               u.ordering_key, u.releases_key \
-        FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::text[], $5::float8[], $7::text[], $8::bool[]) \
-             AS u(id, topic, payload, idempotency_key, delay, ordering_key, releases_key) \
+               u.ordering_key, u.releases_key, u.version \
+        FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::text[], $5::float8[], $7::text[], $8::bool[], \
+                    $9::int4[]) \
+             AS u(id, topic, payload, idempotency_key, delay, ordering_key, releases_key, version) \
      ) \
      SELECT pg_notify('outbox_wakeup', w.id::text) FROM outbox_workers w \
      WHERE w.waiting AND w.topics && $6::text[] \
        AND w.heartbeat_at > now() - interval '5 seconds' LIMIT 1";
 
-/// [`INSERT_MANY`] where a row has a trace context: `$9` traceparents, `$10` tracestates.
+/// [`INSERT_MANY`] where a row has a trace context: `$10` traceparents, `$11` tracestates.
 const INSERT_MANY_TRACED: &str = "WITH ins AS ( \
         INSERT INTO outbox_messages (id, topic, payload, idempotency_key, available_at, \
-                                     ordering_key, releases_key, traceparent, tracestate) \
+                                     ordering_key, releases_key, version, traceparent, tracestate) \
         SELECT u.id, u.topic, u.payload::json, u.idempotency_key, now() + make_interval(secs => u.delay), \
-               u.ordering_key, u.releases_key, u.traceparent, u.tracestate \
+               u.ordering_key, u.releases_key, u.version, u.traceparent, u.tracestate \
         FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::text[], $5::float8[], $7::text[], $8::bool[], \
-                    $9::text[], $10::text[]) \
-             AS u(id, topic, payload, idempotency_key, delay, ordering_key, releases_key, traceparent, tracestate) \
+                    $9::int4[], $10::text[], $11::text[]) \
+             AS u(id, topic, payload, idempotency_key, delay, ordering_key, releases_key, version, \
+                  traceparent, tracestate) \
      ) \
      SELECT pg_notify('outbox_wakeup', w.id::text) FROM outbox_workers w \
      WHERE w.waiting AND w.topics && $6::text[] \
@@ -85,7 +88,8 @@ pub(super) async fn insert(
             .bind(&row.idempotency_key)
             .bind(secs(row.delay))
             .bind(&row.ordering_key)
-            .bind(row.releases_key);
+            .bind(row.releases_key)
+            .bind(row.version);
         if let Some(trace) = &row.trace {
             query = query.bind(trace.traceparent()).bind(trace.tracestate());
         }
@@ -99,6 +103,7 @@ pub(super) async fn insert(
     let delays: Vec<f64> = rows.iter().map(|r| secs(r.delay)).collect();
     let ordering: Vec<Option<&str>> = rows.iter().map(|r| r.ordering_key.as_deref()).collect();
     let releases: Vec<bool> = rows.iter().map(|r| r.releases_key).collect();
+    let versions: Vec<i32> = rows.iter().map(|r| r.version).collect();
     let due_now: Vec<&str> = rows
         .iter()
         .filter(|r| r.delay.is_zero())
@@ -118,7 +123,8 @@ pub(super) async fn insert(
         .bind(delays)
         .bind(due_now)
         .bind(ordering)
-        .bind(releases);
+        .bind(releases)
+        .bind(versions);
     if traced {
         let parents: Vec<Option<&str>> = rows
             .iter()
@@ -158,24 +164,20 @@ mod tests {
     /// The traced inserts are the plain ones with the trace columns added, nothing else.
     #[test]
     fn traced_inserts_only_add_the_trace_columns() {
-        let columns = "releases_key) ";
-        let traced = "releases_key, traceparent, tracestate) ";
+        let columns = "releases_key, version) ";
+        let traced = "releases_key, version, traceparent, tracestate) ";
         assert_eq!(
             INSERT_ONE_TRACED,
             INSERT_ONE
                 .replacen(columns, traced, 1)
-                .replacen("$6, $7)", "$6, $7, $8, $9)", 1)
+                .replacen("$7, $8)", "$7, $8, $9, $10)", 1)
         );
         assert_eq!(
             INSERT_MANY_TRACED,
             INSERT_MANY
                 .replacen(columns, traced, 1)
-                .replacen(
-                    "u.releases_key ",
-                    "u.releases_key, u.traceparent, u.tracestate ",
-                    1
-                )
-                .replacen("$8::bool[])", "$8::bool[], $9::text[], $10::text[])", 1)
+                .replacen("u.version ", "u.version, u.traceparent, u.tracestate ", 1)
+                .replacen("$9::int4[])", "$9::int4[], $10::text[], $11::text[])", 1)
                 .replacen(columns, traced, 1)
         );
     }

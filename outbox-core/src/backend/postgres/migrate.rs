@@ -48,6 +48,11 @@ const MIGRATIONS: &[Migration] = &[
             "retried dead letters that released their key wait for the key's claimed messages",
         sql: include_str!("../../../migrations/postgres/0008_retried_releases.sql"),
     },
+    Migration {
+        version: 9,
+        description: "event versions of messages and dead letters, and the versions workers know",
+        sql: include_str!("../../../migrations/postgres/0009_event_versions.sql"),
+    },
 ];
 
 /// The advisory lock key that serialises migrations ("outbox" in ASCII).

@@ -18,8 +18,9 @@ const UNKNOWN_TOPICS: &str = "SELECT topic, count(*) FROM outbox_messages \
      GROUP BY topic ORDER BY topic";
 
 /// Per-topic counts: ready, scheduled, running, stalled, dead, done in the last 5 minutes,
-/// the oldest ready message's age, the oldest stall, live workers, and the ordered messages
-/// blocked behind their key (and of those, behind a dead letter) with the oldest one's age.
+/// the oldest ready message's age, the oldest stall, live workers, the ordered messages
+/// blocked behind their key (and of those, behind a dead letter) with the oldest one's age, and
+/// the newest version of the topic's live messages if no live worker knows it.
 ///
 /// The live table holds only pending and running rows; dead letters and the done counts have
 /// tables of their own. Ordered rows are ranked within their key by a window over the key
@@ -34,7 +35,8 @@ const STATS: &str = "WITH live AS ( \
                count(*) FILTER (WHERE locked_until < now()) AS stalled, \
                min(available_at) FILTER (WHERE ordering_key IS NULL AND available_at <= now() \
                    AND (locked_until IS NULL OR locked_until < now())) AS oldest_at, \
-               extract(epoch FROM now() - min(locked_until) FILTER (WHERE locked_until < now()))::float8 AS stalled_for \
+               extract(epoch FROM now() - min(locked_until) FILTER (WHERE locked_until < now()))::float8 AS stalled_for, \
+               max(version) AS newest_version \
         FROM outbox_messages GROUP BY topic \
      ), keyed_rows AS ( \
         SELECT m.topic, m.available_at, \
@@ -60,8 +62,9 @@ const STATS: &str = "WITH live AS ( \
         SELECT topic, sum(done)::bigint AS done FROM outbox_done_counts \
         WHERE minute > now() - interval '5 minutes' GROUP BY topic \
      ), served AS ( \
-        SELECT t AS topic, count(*) AS workers FROM outbox_workers, unnest(topics) AS t \
-        WHERE heartbeat_at > now() - interval '5 seconds' GROUP BY t \
+        SELECT t.topic, count(*) AS workers, max(t.version) AS known_version \
+        FROM outbox_workers, unnest(topics, versions) AS t(topic, version) \
+        WHERE heartbeat_at > now() - interval '5 seconds' AND t.topic IS NOT NULL GROUP BY t.topic \
      ), topics AS ( \
         SELECT topic FROM live UNION SELECT topic FROM dead UNION SELECT topic FROM done \
         UNION SELECT topic FROM served \
@@ -70,7 +73,8 @@ const STATS: &str = "WITH live AS ( \
             coalesce(l.in_flight, 0), coalesce(l.stalled, 0), coalesce(d.dead, 0), coalesce(o.done, 0), \
             extract(epoch FROM now() - least(l.oldest_at, k.oldest_at))::float8, \
             l.stalled_for, coalesce(s.workers, 0), coalesce(k.blocked, 0), \
-            coalesce(k.blocked_by_dead, 0), extract(epoch FROM now() - k.blocked_at)::float8 \
+            coalesce(k.blocked_by_dead, 0), extract(epoch FROM now() - k.blocked_at)::float8, \
+            CASE WHEN l.newest_version > s.known_version THEN l.newest_version END \
      FROM topics t \
      LEFT JOIN live l ON l.topic = t.topic \
      LEFT JOIN keyed k ON k.topic = t.topic \
@@ -121,13 +125,13 @@ const DEAD_RETRY: &str = "WITH del AS ( \
         DELETE FROM outbox_dead \
         WHERE ($1::uuid IS NULL OR id = $1) AND ($2::text IS NULL OR topic = $2) \
         RETURNING id, topic, payload, idempotency_key, last_error, created_at, ordering_key, releases_key, \
-                  traceparent, tracestate \
+                  traceparent, tracestate, version \
      ), ins AS ( \
         INSERT INTO outbox_messages (id, topic, payload, idempotency_key, last_error, created_at, \
                                      ordering_key, releases_key, retried_release, traceparent, \
-                                     tracestate) \
+                                     tracestate, version) \
         SELECT id, topic, payload, idempotency_key, last_error, created_at, ordering_key, releases_key, \
-               ordering_key IS NOT NULL AND releases_key, traceparent, tracestate \
+               ordering_key IS NOT NULL AND releases_key, traceparent, tracestate, version \
         FROM del \
         RETURNING topic \
      ), woke AS ( \
@@ -212,6 +216,7 @@ pub(super) async fn stats(pool: &PgPool) -> Result<Vec<TopicStats>> {
         i64,
         i64,
         Option<f64>,
+        Option<i32>,
     );
     let rows: Vec<Row> = sqlx::query_as(STATS).fetch_all(pool).await?;
     let age = |s: Option<f64>| s.and_then(|s| Duration::try_from_secs_f64(s.max(0.0)).ok());
@@ -232,6 +237,7 @@ pub(super) async fn stats(pool: &PgPool) -> Result<Vec<TopicStats>> {
                 blocked,
                 blocked_by_dead,
                 oldest_blocked,
+                unknown_version,
             )| {
                 TopicStats {
                     topic,
@@ -247,6 +253,7 @@ pub(super) async fn stats(pool: &PgPool) -> Result<Vec<TopicStats>> {
                     oldest_ready_age: age(oldest),
                     oldest_stalled_age: age(stalled_for),
                     live_workers: workers,
+                    unknown_version,
                 }
             },
         )

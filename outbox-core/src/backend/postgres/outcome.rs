@@ -42,7 +42,8 @@ const DONE: &str = "WITH del AS ( \
 
 /// [`DONE`] (`$1` to `$4`), and in the same statement claims, under claim token `$6` for a
 /// lease of `$7` seconds, the messages that became the heads of the keys it released, if of
-/// the topics `$5` and they may start (on the terms of the claims of heads in `claim.rs`).
+/// the topics `$5` with a version at most the one at the topic's position in `$8`, and they
+/// may start (on the terms of the claims of heads in `claim.rs`).
 /// Each row is the count of done messages with one claimed message, or with NULLs when none.
 ///
 /// The heads this write makes are found in the statement's own snapshot, where the rows it
@@ -78,7 +79,9 @@ const DONE_AND_CLAIM: &str = "WITH del AS ( \
         SET attempts = m.attempts + 1, claim_token = $6, claimed_by = $3, \
             locked_until = now() + make_interval(secs => $7) \
         WHERE m.ctid = ANY(ARRAY(SELECT ctid FROM heads)) \
-          AND m.topic = ANY($5::text[]) AND m.available_at <= now() \
+          AND m.topic = ANY($5::text[]) \
+          AND m.version <= ($8::int4[])[array_position($5::text[], m.topic)] \
+          AND m.available_at <= now() \
           AND (m.locked_until IS NULL OR m.locked_until < now()) \
           AND (NOT EXISTS (SELECT 1 FROM outbox_dead \
                            WHERE ordering_key IS NOT NULL AND NOT releases_key) \
@@ -89,7 +92,7 @@ const DONE_AND_CLAIM: &str = "WITH del AS ( \
                OR NOT EXISTS (SELECT 1 FROM outbox_messages l \
                               WHERE l.ordering_key = m.ordering_key AND l.id > m.id \
                                 AND l.locked_until >= now())) \
-        RETURNING m.id, m.topic, m.payload::text AS payload, m.idempotency_key, \
+        RETURNING m.id, m.topic, m.payload::text AS payload, m.version, m.idempotency_key, \
                   m.attempts, m.created_at, m.last_error, m.ordering_key, m.traceparent, m.tracestate \
      ) \
      SELECT (SELECT count(*) FROM del) AS done, c.* \
@@ -115,12 +118,12 @@ const FAILED_RETRY: &str = "WITH upd AS ( \
 const FAILED_DEAD: &str = "WITH del AS ( \
         DELETE FROM outbox_messages WHERE id = $1 AND claim_token = $2 \
         RETURNING id, topic, payload, idempotency_key, attempts, created_at, ordering_key, releases_key, \
-                  traceparent, tracestate \
+                  traceparent, tracestate, version \
      ), dead AS ( \
         INSERT INTO outbox_dead (id, topic, payload, idempotency_key, attempts, last_error, created_at, \
-                                 ordering_key, releases_key, traceparent, tracestate) \
+                                 ordering_key, releases_key, traceparent, tracestate, version) \
         SELECT id, topic, payload, idempotency_key, attempts, $4, created_at, ordering_key, releases_key, \
-               traceparent, tracestate \
+               traceparent, tracestate, version \
         FROM del \
      ), ins AS ( \
         INSERT INTO outbox_deliveries (message_id, handler) \
@@ -198,6 +201,7 @@ pub(super) async fn mark_done_and_claim(
         .bind(next.topics)
         .bind(next.claim_token)
         .bind(secs(next.lease))
+        .bind(next.versions)
         .fetch_all(&b.pool)
         .await?;
     let mut n = 0i64;
@@ -278,5 +282,10 @@ mod tests {
         );
         assert!(terms.ends_with("l.locked_until >= now()))"), "{terms}");
         assert!(from(DONE_AND_CLAIM, "), claimed AS (").contains(terms));
+        // Both take only the versions the worker knows, each with its own parameters.
+        let version = "AND m.version <= ($7::int4[])[array_position($1::text[], m.topic)]";
+        assert!(super::super::claim::CLAIM_KEYED.contains(version));
+        let version = version.replace("$7", "$8").replace("$1", "$5");
+        assert!(from(DONE_AND_CLAIM, "), claimed AS (").contains(&version));
     }
 }

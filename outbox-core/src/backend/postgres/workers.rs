@@ -9,7 +9,7 @@ use crate::error::Result;
 use crate::model::WorkerInfo;
 
 /// Records worker `$1` named `$2`: whether it waits on its wake-up channel (`$3`), its topics
-/// (`$4`) and a fresh heartbeat; with `$5`, wakes one other waiting worker of its topics.
+/// (`$4`) with the highest version it decodes of each (`$6`) and a fresh heartbeat; with `$5`, wakes one other waiting worker of its topics.
 /// Returns how many live workers (itself included) serve any of its topics.
 ///
 /// Rows of workers that died without deregistering are deleted after a minute; producers stop
@@ -18,9 +18,11 @@ use crate::model::WorkerInfo;
 const HEARTBEAT: &str = "WITH gone AS ( \
         DELETE FROM outbox_workers WHERE heartbeat_at < now() - interval '1 minute' AND id <> $1 \
      ), me AS ( \
-        INSERT INTO outbox_workers (id, name, waiting, topics) \
-        SELECT $1, $2, $3, $4::text[] FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit \
-        ON CONFLICT (id) DO UPDATE SET waiting = $3, topics = $4::text[], heartbeat_at = now() \
+        INSERT INTO outbox_workers (id, name, waiting, topics, versions) \
+        SELECT $1, $2, $3, $4::text[], $6::int4[] \
+        FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit \
+        ON CONFLICT (id) DO UPDATE SET waiting = $3, topics = $4::text[], versions = $6::int4[], \
+                                       heartbeat_at = now() \
      ), woke AS ( \
         SELECT pg_notify('outbox_wakeup', w.id::text) FROM outbox_workers w \
         WHERE $5 AND w.id <> $1 AND w.waiting AND w.topics && $4::text[] \
@@ -30,7 +32,7 @@ const HEARTBEAT: &str = "WITH gone AS ( \
      WHERE id <> $1 AND topics && $4::text[] AND heartbeat_at > now() - interval '5 seconds'";
 
 /// Registered workers, live ones first.
-const LIST: &str = "SELECT id, name, topics, waiting, started_at, heartbeat_at, \
+const LIST: &str = "SELECT id, name, topics, versions, waiting, started_at, heartbeat_at, \
             heartbeat_at > now() - interval '5 seconds' AS live \
      FROM outbox_workers ORDER BY live DESC, name";
 
@@ -44,6 +46,7 @@ pub(super) async fn heartbeat(pool: &PgPool, b: &Beat<'_>) -> Result<i64> {
         .bind(b.waiting)
         .bind(b.topics)
         .bind(b.wake_peer)
+        .bind(b.versions)
         .fetch_one(pool)
         .await?)
 }
@@ -53,6 +56,7 @@ pub(super) async fn list(pool: &PgPool) -> Result<Vec<WorkerInfo>> {
         Uuid,
         String,
         Vec<String>,
+        Vec<i32>,
         bool,
         DateTime<Utc>,
         DateTime<Utc>,
@@ -62,10 +66,11 @@ pub(super) async fn list(pool: &PgPool) -> Result<Vec<WorkerInfo>> {
     Ok(rows
         .into_iter()
         .map(
-            |(id, name, topics, waiting, started_at, heartbeat_at, live)| WorkerInfo {
+            |(id, name, topics, versions, waiting, started_at, heartbeat_at, live)| WorkerInfo {
                 id,
                 name,
                 topics,
+                versions,
                 waiting,
                 started_at,
                 heartbeat_at,

@@ -18,20 +18,22 @@ use crate::backend::{ClaimParams, ClaimedMessage, RELEASED_WALK_INTERVAL};
 use crate::clock::now_ms;
 use crate::error::{Error, Result};
 
-/// Up to `?6` unordered messages of topic `?5`, in due order (one statement per topic keeps
-/// each claim on the ready index).
+/// Up to `?6` unordered messages of topic `?5` and a version at most `?7`, in due order (one
+/// statement per topic keeps each claim on the ready index); newer versions wait for a worker
+/// that knows them.
 const CLAIM_UNKEYED: &str = "UPDATE outbox_messages \
      SET attempts = attempts + 1, claim_token = ?1, claimed_by = ?2, locked_until = ?4 \
      WHERE id IN ( \
          SELECT id FROM outbox_messages \
          WHERE topic = ?5 AND ordering_key IS NULL AND available_at <= ?3 \
-           AND (locked_until IS NULL OR locked_until < ?3) \
+           AND (locked_until IS NULL OR locked_until < ?3) AND version <= ?7 \
          ORDER BY available_at LIMIT ?6) \
-     RETURNING id, topic, payload, idempotency_key, attempts, created_at, last_error, \
+     RETURNING id, topic, payload, version, idempotency_key, attempts, created_at, last_error, \
                traceparent, tracestate";
 
-/// Up to `?7` heads of keys of the topics `?6` (a JSON array) that may start: due, not
-/// running, and not behind a dead letter that holds the key. The keys are walked one index
+/// Up to `?7` heads of keys of the topics `?6` that may start: of a version at most the
+/// topic's in `?6` (a JSON object, topic to highest version), due, not running, and not behind
+/// a dead letter that holds the key. A head of a newer version holds its key's later messages. The keys are walked one index
 /// probe each (a loose index scan), starting after the key `?5` and wrapping around; each
 /// key's head is its live message with the smallest id, so a later message of a key is never
 /// a head while an earlier one exists, and two workers never start two messages of one key.
@@ -57,7 +59,8 @@ const CLAIM_KEYED: &str = "WITH RECURSIVE after_cursor(k) AS ( \
      SET attempts = attempts + 1, claim_token = ?1, claimed_by = ?2, locked_until = ?4 \
      WHERE id IN ( \
          SELECT m.id FROM heads h JOIN outbox_messages m ON m.id = h.id \
-         WHERE m.topic IN (SELECT value FROM json_each(?6)) AND m.available_at <= ?3 \
+         WHERE m.version <= (SELECT value FROM json_each(?6) WHERE key = m.topic) \
+           AND m.available_at <= ?3 \
            AND (m.locked_until IS NULL OR m.locked_until < ?3) \
            AND NOT EXISTS (SELECT 1 FROM outbox_dead d \
                            WHERE d.ordering_key = h.k AND d.id < h.id AND d.releases_key = 0) \
@@ -65,7 +68,7 @@ const CLAIM_KEYED: &str = "WITH RECURSIVE after_cursor(k) AS ( \
                 OR NOT EXISTS (SELECT 1 FROM outbox_messages l \
                                WHERE l.ordering_key = h.k AND l.id > h.id AND l.locked_until >= ?3)) \
          LIMIT ?7) \
-     RETURNING id, topic, payload, idempotency_key, attempts, created_at, last_error, ordering_key, \
+     RETURNING id, topic, payload, version, idempotency_key, attempts, created_at, last_error, ordering_key, \
                traceparent, tracestate";
 
 /// As [`CLAIM_KEYED`], but the heads are those of the keys `?5` (a JSON array) only, one probe
@@ -77,7 +80,8 @@ const CLAIM_RELEASED: &str = "WITH keys(k) AS (SELECT value FROM json_each(?5)),
      SET attempts = attempts + 1, claim_token = ?1, claimed_by = ?2, locked_until = ?4 \
      WHERE id IN ( \
          SELECT m.id FROM heads h JOIN outbox_messages m ON m.id = h.id \
-         WHERE m.topic IN (SELECT value FROM json_each(?6)) AND m.available_at <= ?3 \
+         WHERE m.version <= (SELECT value FROM json_each(?6) WHERE key = m.topic) \
+           AND m.available_at <= ?3 \
            AND (m.locked_until IS NULL OR m.locked_until < ?3) \
            AND NOT EXISTS (SELECT 1 FROM outbox_dead d \
                            WHERE d.ordering_key = h.k AND d.id < h.id AND d.releases_key = 0) \
@@ -85,7 +89,7 @@ const CLAIM_RELEASED: &str = "WITH keys(k) AS (SELECT value FROM json_each(?5)),
                 OR NOT EXISTS (SELECT 1 FROM outbox_messages l \
                                WHERE l.ordering_key = h.k AND l.id > h.id AND l.locked_until >= ?3)) \
          LIMIT ?7) \
-     RETURNING id, topic, payload, idempotency_key, attempts, created_at, last_error, ordering_key, \
+     RETURNING id, topic, payload, version, idempotency_key, attempts, created_at, last_error, ordering_key, \
                traceparent, tracestate";
 
 /// The handlers of the messages `?1` (a JSON array) that already succeeded.
@@ -154,7 +158,7 @@ async fn unkeyed(
 ) -> Result<()> {
     let token = p.claim_token.to_string();
     let worker = p.worker.to_string();
-    for topic in p.topics {
+    for (topic, version) in p.topics.iter().zip(p.versions) {
         let want = p.limit - i64::try_from(out.len()).unwrap_or(i64::MAX);
         if want <= 0 {
             break;
@@ -166,6 +170,7 @@ async fn unkeyed(
             .bind(now.saturating_add(ms(p.lease)))
             .bind(*topic)
             .bind(want)
+            .bind(version)
             .fetch_all(pool)
             .await?;
         for r in rows {
@@ -196,7 +201,13 @@ async fn keyed(
         .unwrap_or_else(PoisonError::into_inner)
         .clone()
         .unwrap_or_default();
-    let topics = serde_json::to_string(p.topics).unwrap_or_else(|_| "[]".into());
+    let topics: serde_json::Map<String, serde_json::Value> = p
+        .topics
+        .iter()
+        .zip(p.versions)
+        .map(|(t, v)| ((*t).to_owned(), (*v).into()))
+        .collect();
+    let topics = serde_json::Value::Object(topics).to_string();
     if !released {
         *s.walked.lock().unwrap_or_else(PoisonError::into_inner) = Instant::now();
     }
@@ -259,6 +270,7 @@ fn claimed(r: &SqliteRow, claim_token: Uuid) -> Result<ClaimedMessage, sqlx::Err
         id: parse_uuid(r.try_get("id")?)?,
         topic: r.try_get("topic")?,
         payload: r.try_get("payload")?,
+        version: u32::try_from(r.try_get::<i64, _>("version")?).unwrap_or(1),
         idempotency_key: r.try_get("idempotency_key")?,
         attempts: r.try_get("attempts")?,
         created_at: time(created),

@@ -13,25 +13,27 @@ use crate::backend::NewMessage;
 use crate::clock::now_ms;
 
 /// One message. `?1` id, `?2` topic, `?3` payload, `?4` idempotency key, `?5` available at,
-/// `?6` created at, `?7` ordering key, `?8` whether it releases its key.
+/// `?6` created at, `?7` ordering key, `?8` whether it releases its key, `?9` its event
+/// version.
 const INSERT_ONE: &str =
     "INSERT INTO outbox_messages (id, topic, payload, idempotency_key, available_at, created_at, \
-                                  ordering_key, releases_key) \
-     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)";
+                                  ordering_key, releases_key, version) \
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)";
 
-/// [`INSERT_ONE`] with a trace context: `?9` traceparent, `?10` tracestate.
+/// [`INSERT_ONE`] with a trace context: `?10` traceparent, `?11` tracestate.
 const INSERT_ONE_TRACED: &str =
     "INSERT INTO outbox_messages (id, topic, payload, idempotency_key, available_at, created_at, \
-                                  ordering_key, releases_key, traceparent, tracestate) \
-     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)";
+                                  ordering_key, releases_key, version, traceparent, tracestate) \
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)";
 
 /// Many messages: `?1` one JSON array of rows `[id, topic, payload, idempotency key,
-/// available at, ordering key, releases key, traceparent, tracestate]`, `?2` created at.
+/// available at, ordering key, releases key, traceparent, tracestate, version]`, `?2` created
+/// at.
 const INSERT_MANY: &str =
     "INSERT INTO outbox_messages (id, topic, payload, idempotency_key, available_at, created_at, \
-                                  ordering_key, releases_key, traceparent, tracestate) \
+                                  ordering_key, releases_key, traceparent, tracestate, version) \
      SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4, ?2, value ->> 5, \
-            coalesce(value ->> 6, 0), value ->> 7, value ->> 8 FROM json_each(?1)";
+            coalesce(value ->> 6, 0), value ->> 7, value ->> 8, value ->> 9 FROM json_each(?1)";
 
 /// `?1` handler, `?2` message id, `?3` now.
 const RECORD_PROCESSED: &str =
@@ -56,7 +58,8 @@ pub(super) async fn insert(
         .bind(now.saturating_add(ms(row.delay)))
         .bind(now)
         .bind(&row.ordering_key)
-        .bind(row.releases_key);
+        .bind(row.releases_key)
+        .bind(row.version);
         let query = match &row.trace {
             Some(trace) => query.bind(trace.traceparent()).bind(trace.tracestate()),
             None => query,
@@ -81,6 +84,7 @@ pub(super) async fn insert(
                 r.releases_key,
                 r.trace.as_ref().map(|t| t.traceparent()),
                 r.trace.as_ref().and_then(|t| t.tracestate()),
+                r.version,
             ])
         })
         .collect();

@@ -21,9 +21,10 @@ const UNKNOWN_TOPICS: &str = "SELECT topic, count(*) FROM outbox_messages \
 /// Per-topic counts at `?1` (now), workers counting as alive for `?2` milliseconds: ready,
 /// scheduled, running, stalled, dead, done in the last 5 minutes, the oldest ready message's
 /// time, the oldest stall, live workers, and the ordered messages blocked behind their key
-/// (and of those, behind a dead letter) with the oldest one's time.
+/// (and of those, behind a dead letter) with the oldest one's time, and the newest version of
+/// the topic's live messages if no live worker knows it.
 const STATS: &str = "WITH msgs AS ( \
-        SELECT topic, available_at, locked_until, \
+        SELECT topic, version, available_at, locked_until, \
                (available_at <= ?1 AND (locked_until IS NULL OR locked_until < ?1)) AS due, \
                CASE WHEN m.ordering_key IS NULL \
                          OR NOT (available_at <= ?1 AND (locked_until IS NULL OR locked_until < ?1)) THEN 0 \
@@ -43,14 +44,17 @@ const STATS: &str = "WITH msgs AS ( \
                sum(locked_until < ?1) AS stalled, \
                min(CASE WHEN due AND held = 0 THEN available_at END) AS oldest, \
                min(CASE WHEN locked_until < ?1 THEN locked_until END) AS stalled_since, \
-               min(CASE WHEN due AND held > 0 THEN available_at END) AS oldest_blocked \
+               min(CASE WHEN due AND held > 0 THEN available_at END) AS oldest_blocked, \
+               max(version) AS newest_version \
         FROM msgs GROUP BY topic \
      ), dead AS ( \
         SELECT topic, n AS dead FROM outbox_dead_counts \
      ), done AS ( \
         SELECT topic, sum(done) AS done FROM outbox_done_counts WHERE minute > ?1 - 300000 GROUP BY topic \
      ), served AS ( \
-        SELECT j.value AS topic, count(*) AS workers FROM outbox_workers, json_each(outbox_workers.topics) AS j \
+        SELECT j.value AS topic, count(*) AS workers, \
+               max(json_extract(outbox_workers.versions, '$[' || j.key || ']')) AS known_version \
+        FROM outbox_workers, json_each(outbox_workers.topics) AS j \
         WHERE heartbeat_at > ?1 - ?2 GROUP BY j.value \
      ), topics AS ( \
         SELECT topic FROM live UNION SELECT topic FROM dead UNION SELECT topic FROM done \
@@ -59,7 +63,8 @@ const STATS: &str = "WITH msgs AS ( \
      SELECT t.topic, coalesce(l.ready, 0), coalesce(l.scheduled, 0), coalesce(l.in_flight, 0), \
             coalesce(l.stalled, 0), coalesce(d.dead, 0), coalesce(o.done, 0), l.oldest, \
             l.stalled_since, coalesce(s.workers, 0), coalesce(l.blocked, 0), \
-            coalesce(l.blocked_by_dead, 0), l.oldest_blocked \
+            coalesce(l.blocked_by_dead, 0), l.oldest_blocked, \
+            CASE WHEN l.newest_version > s.known_version THEN l.newest_version END \
      FROM topics t \
      LEFT JOIN live l ON l.topic = t.topic \
      LEFT JOIN dead d ON d.topic = t.topic \
@@ -103,9 +108,10 @@ const HANDLERS_DONE: &str =
 /// that had released its key is marked `retried_release`, as on PostgreSQL.
 const DEAD_RETRY: &str =
     "INSERT INTO outbox_messages (id, topic, payload, idempotency_key, available_at, last_error, created_at, \
-                                  ordering_key, releases_key, retried_release, traceparent, tracestate) \
+                                  ordering_key, releases_key, retried_release, traceparent, tracestate, \
+                                  version) \
      SELECT id, topic, payload, idempotency_key, ?3, last_error, created_at, ordering_key, releases_key, \
-            ordering_key IS NOT NULL AND releases_key <> 0, traceparent, tracestate \
+            ordering_key IS NOT NULL AND releases_key <> 0, traceparent, tracestate, version \
      FROM outbox_dead \
      WHERE (?1 IS NULL OR id = ?1) AND (?2 IS NULL OR topic = ?2)";
 
@@ -175,6 +181,7 @@ pub(super) async fn stats(pool: &SqlitePool) -> Result<Vec<TopicStats>> {
         i64,
         i64,
         Option<i64>,
+        Option<i64>,
     );
     let now = now_ms();
     let rows: Vec<Row> = sqlx::query_as(STATS)
@@ -201,6 +208,7 @@ pub(super) async fn stats(pool: &SqlitePool) -> Result<Vec<TopicStats>> {
                 blocked,
                 blocked_by_dead,
                 oldest_blocked,
+                unknown_version,
             )| {
                 TopicStats {
                     topic,
@@ -216,6 +224,7 @@ pub(super) async fn stats(pool: &SqlitePool) -> Result<Vec<TopicStats>> {
                     oldest_ready_age: age(oldest),
                     oldest_stalled_age: age(stalled_since),
                     live_workers: workers,
+                    unknown_version: unknown_version.and_then(|v| i32::try_from(v).ok()),
                 }
             },
         )

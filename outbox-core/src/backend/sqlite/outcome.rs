@@ -41,9 +41,9 @@ const FAILED_RETRY: &str = "UPDATE outbox_messages \
 /// at `?4`; [`FAILED_DEAD_DELETE`] then deletes it from the live table.
 const FAILED_DEAD: &str =
     "INSERT INTO outbox_dead (id, topic, payload, idempotency_key, attempts, last_error, created_at, dead_at, \
-                              ordering_key, releases_key, traceparent, tracestate) \
+                              ordering_key, releases_key, traceparent, tracestate, version) \
      SELECT id, topic, payload, idempotency_key, attempts, ?3, created_at, ?4, ordering_key, releases_key, \
-            traceparent, tracestate \
+            traceparent, tracestate, version \
      FROM outbox_messages WHERE id = ?1 AND claim_token = ?2";
 
 /// Deletes message `?1` under claim token `?2`.

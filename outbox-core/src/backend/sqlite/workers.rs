@@ -14,12 +14,13 @@ use crate::model::WorkerInfo;
 /// workers that died without deregistering.
 const GONE: &str = "DELETE FROM outbox_workers WHERE heartbeat_at < ?1 AND id <> ?2";
 
-/// Records worker `?1` named `?2`: its topics `?3` (a JSON array), whether it waits (`?4`)
-/// and a fresh heartbeat `?5`.
+/// Records worker `?1` named `?2`: its topics `?3` (a JSON array) with the highest version it
+/// decodes of each (`?6`, a JSON array in the same order), whether it waits (`?4`) and a fresh
+/// heartbeat `?5`.
 const BEAT: &str =
-    "INSERT INTO outbox_workers (id, name, topics, waiting, started_at, heartbeat_at) \
-     VALUES (?1, ?2, ?3, ?4, ?5, ?5) \
-     ON CONFLICT (id) DO UPDATE SET topics = ?3, waiting = ?4, heartbeat_at = ?5";
+    "INSERT INTO outbox_workers (id, name, topics, versions, waiting, started_at, heartbeat_at) \
+     VALUES (?1, ?2, ?3, ?6, ?4, ?5, ?5) \
+     ON CONFLICT (id) DO UPDATE SET topics = ?3, versions = ?6, waiting = ?4, heartbeat_at = ?5";
 
 /// How many workers with a heartbeat after `?1` serve any of the topics `?2` (a JSON array).
 const PEERS: &str = "SELECT count(*) FROM outbox_workers AS w \
@@ -28,7 +29,7 @@ const PEERS: &str = "SELECT count(*) FROM outbox_workers AS w \
 
 /// Registered workers, those with a heartbeat after `?1` (the live ones) first.
 const LIST: &str =
-    "SELECT id, name, topics, waiting, started_at, heartbeat_at FROM outbox_workers \
+    "SELECT id, name, topics, versions, waiting, started_at, heartbeat_at FROM outbox_workers \
      ORDER BY heartbeat_at > ?1 DESC, name";
 
 /// Removes worker `?1`.
@@ -55,6 +56,7 @@ pub(super) async fn heartbeat(pool: &SqlitePool, b: &Beat<'_>) -> Result<i64> {
         .bind(&topics)
         .bind(b.waiting)
         .bind(now)
+        .bind(serde_json::to_string(b.versions).unwrap_or_else(|_| "[]".into()))
         .execute(&mut *tx)
         .await?;
     let peers: i64 = sqlx::query_scalar(PEERS)
@@ -68,16 +70,18 @@ pub(super) async fn heartbeat(pool: &SqlitePool, b: &Beat<'_>) -> Result<i64> {
 
 pub(super) async fn list(pool: &SqlitePool) -> Result<Vec<WorkerInfo>> {
     let now = now_ms();
-    let rows: Vec<(String, String, String, bool, i64, i64)> = sqlx::query_as(LIST)
+    type Row = (String, String, String, String, bool, i64, i64);
+    let rows: Vec<Row> = sqlx::query_as(LIST)
         .bind(now - LIVE_MS)
         .fetch_all(pool)
         .await?;
     rows.into_iter()
-        .map(|(id, name, topics, waiting, started, beat)| {
+        .map(|(id, name, topics, versions, waiting, started, beat)| {
             Ok(WorkerInfo {
                 id: parse_uuid(&id)?,
                 name,
                 topics: serde_json::from_str(&topics).unwrap_or_default(),
+                versions: serde_json::from_str(&versions).unwrap_or_default(),
                 waiting,
                 started_at: time(started),
                 heartbeat_at: time(beat),

@@ -330,10 +330,12 @@ impl Worker {
         let first = self.inner.next_topic.fetch_add(1, Ordering::Relaxed);
         let len = topics.len().max(1);
         topics.rotate_left(first % len);
+        let versions = self.versions_of(&topics);
         let start = Instant::now();
         let claimed = backend
             .outbox_claim_batch(&ClaimParams {
                 topics: &topics,
+                versions: &versions,
                 limit: i64::try_from(limit).unwrap_or(i64::MAX),
                 lease: self.inner.config.lease,
                 claim_token: Uuid::now_v7(),
