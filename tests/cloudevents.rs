@@ -79,8 +79,10 @@ async fn the_nats_relay_sends_every_attribute_as_a_ce_header() {
     assert_eq!(time, created, "the enqueue time");
     assert_eq!(nats_header(&h, "ce-datacontenttype"), "application/json");
     assert_eq!(nats_header(&h, "Content-Type"), "application/json");
-    // No version is stored with outbox messages: no extension attribute for it.
-    assert!(h.get("ce-dataversion").is_none());
+    // The version of the event type the message was stored with, as an extension attribute
+    // and as the outbox's own header.
+    assert_eq!(nats_header(&h, "ce-dataversion"), "1");
+    assert_eq!(nats_header(&h, headers::VERSION), "1");
     // Enqueued outside any traced span: no trace context.
     assert!(h.get(headers::TRACEPARENT).is_none());
     // The outbox's own headers and the dedup id, unchanged.
@@ -182,7 +184,8 @@ async fn the_rabbitmq_relay_sends_every_attribute_as_a_cloudevents_property() {
         props.content_type().as_ref().map(|s| s.to_string()),
         Some("application/json".to_string())
     );
-    assert!(table.inner().get("cloudEvents_dataversion").is_none());
+    assert_eq!(amqp_header(table, "cloudEvents_dataversion"), "1");
+    assert_eq!(amqp_header(table, headers::VERSION), "1");
     assert!(table.inner().get(headers::TRACEPARENT).is_none());
     // The dedup id and the outbox's headers, unchanged.
     assert_eq!(

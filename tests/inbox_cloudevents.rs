@@ -101,6 +101,33 @@ impl Setup {
             .expect("create the durable consumer")
     }
 
+    /// Runs `inbox` (on the durable consumer `durable`) until it has answered every message.
+    async fn drain(&self, inbox: &Inbox, durable: &str) {
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let running = tokio::spawn({
+            let inbox = inbox.clone();
+            async move {
+                inbox
+                    .run_until(async {
+                        let _ = stopped.await;
+                    })
+                    .await
+            }
+        });
+        let watch = self.consumer(durable).await;
+        wait_until(
+            Duration::from_secs(20),
+            "the inbox answers every message",
+            async || {
+                let info = watch.get_info().await.unwrap();
+                info.num_pending == 0 && info.num_ack_pending == 0
+            },
+        )
+        .await;
+        stop.send(()).unwrap();
+        running.await.unwrap().unwrap();
+    }
+
     /// Publishes `payload` with `headers` and a fresh `Nats-Msg-Id`, as a producer that is not
     /// ours would; returns the stream sequence.
     async fn publish(&self, mut headers: HeaderMap, payload: Vec<u8>) -> u64 {
@@ -232,29 +259,7 @@ async fn cloudevents_of_any_producer_reach_their_handler_once_each() {
     let said = InboxMessage::from_message(&first).unwrap_err();
     assert!(said.contains("`source`"), "{said}");
 
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let running = tokio::spawn({
-        let inbox = inbox.clone();
-        async move {
-            inbox
-                .run_until(async {
-                    let _ = stopped.await;
-                })
-                .await
-        }
-    });
-    let watch = s.consumer("inbox").await;
-    wait_until(
-        Duration::from_secs(20),
-        "the inbox answers every message",
-        async || {
-            let info = watch.get_info().await.unwrap();
-            info.num_pending == 0 && info.num_ack_pending == 0
-        },
-    )
-    .await;
-    stop.send(()).unwrap();
-    running.await.unwrap().unwrap();
+    s.drain(&inbox, "inbox").await;
 
     let mut stream = s.js.get_stream(&s.stream).await.unwrap();
     let held = stream.info().await.unwrap().state.messages;
@@ -326,6 +331,158 @@ async fn the_inbox_message_describes_the_cloudevent() {
     let ce = meta.cloudevent.expect("the CloudEvent's attributes");
     assert_eq!((ce.id.as_str(), ce.source.as_str()), ("x-9", "urn:shop"));
     assert_eq!(ce.mode, ContentMode::Structured);
+
+    s.js.delete_stream(&s.stream).await.unwrap();
+    s.db.drop_db().await;
+}
+
+/// Version 1 of a guest's registration: one name.
+#[outbox_event(topic = "ce.guest.registered")]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct GuestRegisteredV1 {
+    name: String,
+}
+
+/// Version 2: the name split in two.
+#[outbox_event(topic = "ce.guest.registered", version = 2, previous = GuestRegisteredV1)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct GuestRegistered {
+    first_name: String,
+    last_name: String,
+}
+
+impl From<GuestRegisteredV1> for GuestRegistered {
+    fn from(v1: GuestRegisteredV1) -> Self {
+        let (first, last) = v1.name.split_once(' ').unwrap_or((&v1.name, ""));
+        GuestRegistered {
+            first_name: first.into(),
+            last_name: last.into(),
+        }
+    }
+}
+
+/// Records each guest as its handler received it, with the version it was written with.
+struct RecordGuest;
+
+#[outbox::async_trait]
+impl TxHandler<sqlx::Postgres> for RecordGuest {
+    type Event = GuestRegistered;
+    const NAME: &'static str = "record-guest";
+
+    async fn handle(
+        &self,
+        e: GuestRegistered,
+        ctx: &Context,
+        tx: &mut PgConnection,
+    ) -> Result<(), HandlerError> {
+        sqlx::query("INSERT INTO guests (first_name, last_name, version) VALUES ($1, $2, $3)")
+            .bind(e.first_name)
+            .bind(e.last_name)
+            .bind(i64::from(ctx.version()))
+            .execute(&mut *tx)
+            .await?;
+        Ok(())
+    }
+}
+
+/// Events of an older version reach the inbox's handler upcast to its type: the version comes
+/// from the relay's `Outbox-Version` header or a CloudEvent's `dataversion`, 1 when absent; a
+/// `dataversion` that is no version is refused, naming the attribute.
+#[tokio::test]
+async fn older_versions_are_upcast_across_the_broker() {
+    let s = setup().await;
+    sqlx::raw_sql("CREATE TABLE guests (first_name TEXT, last_name TEXT, version BIGINT)")
+        .execute(&s.db.pool)
+        .await
+        .unwrap();
+    let subject = format!("{}.{}", s.prefix, GuestRegistered::TOPIC);
+    let publish = async |headers: &[(&str, &str)], payload: &[u8]| {
+        let mut h = binary(headers);
+        h.insert("Nats-Msg-Id", Uuid::now_v7().to_string().as_str());
+        s.js.publish_with_headers(subject.clone(), h, payload.to_vec().into())
+            .await
+            .unwrap()
+            .await
+            .unwrap()
+            .sequence
+    };
+    let ce = |id: &'static str, version: &'static str| {
+        [
+            ("ce-specversion", "1.0"),
+            ("ce-id", id),
+            ("ce-source", "/guests"),
+            ("ce-type", GuestRegistered::TOPIC),
+            ("ce-dataversion", version),
+        ]
+    };
+    publish(&ce("g-1", "1"), br#"{"name":"Ada Lovelace"}"#).await;
+    publish(
+        &ce("g-2", "2"),
+        br#"{"first_name":"Alan","last_name":"Turing"}"#,
+    )
+    .await;
+    publish(&ce("g-3", "two"), br#"{"name":"Nobody"}"#).await;
+    // Our relay, from a producer still writing version 1.
+    let ours = NatsPublisher::builder(s.js.clone())
+        .prefix(s.prefix.clone())
+        .cloudevents("/bookings")
+        .build()
+        .unwrap();
+    let ctx = Context::for_test(GuestRegistered::TOPIC, "nats-relay", Resources::new());
+    let relayed = ours
+        .publish(
+            &GuestRegisteredV1 {
+                name: "Grace Hopper".into(),
+            },
+            &ctx,
+        )
+        .await
+        .unwrap()
+        .sequence;
+    let stored =
+        s.js.get_stream(&s.stream)
+            .await
+            .unwrap()
+            .get_raw_message(relayed)
+            .await
+            .unwrap();
+    for name in ["Outbox-Version", "ce-dataversion"] {
+        assert_eq!(
+            stored.headers.get(name).map(|v| v.as_str().to_string()),
+            Some("1".to_string()),
+            "{name}"
+        );
+    }
+
+    let inbox = Inbox::builder(s.consumer("guests").await, s.db.pool.clone())
+        .handler(RecordGuest)
+        .build()
+        .unwrap();
+    let probe = s.consumer("probe").await;
+    for _ in 0..2 {
+        fetch_one(&probe).await;
+    }
+    let refused = inbox.process(&fetch_one(&probe).await).await.unwrap_err();
+    assert_eq!(refused.kind(), FailureKind::Permanent);
+    assert!(refused.to_string().contains("`dataversion`"), "{refused}");
+
+    s.drain(&inbox, "guests").await;
+
+    let rows: Vec<(String, String, i64)> =
+        sqlx::query_as("SELECT first_name, last_name, version FROM guests ORDER BY first_name")
+            .fetch_all(&s.db.pool)
+            .await
+            .unwrap();
+    let want = [
+        ("Ada", "Lovelace", 1),
+        ("Alan", "Turing", 2),
+        ("Grace", "Hopper", 1),
+    ];
+    let got: Vec<(&str, &str, i64)> = rows
+        .iter()
+        .map(|(f, l, v)| (f.as_str(), l.as_str(), *v))
+        .collect();
+    assert_eq!(got, want);
 
     s.js.delete_stream(&s.stream).await.unwrap();
     s.db.drop_db().await;

@@ -47,6 +47,7 @@ pub struct Context {
     pub(crate) attempt: u32,
     pub(crate) max_attempts: u32,
     pub(crate) created_at: DateTime<Utc>,
+    pub(crate) version: u32,
     pub(crate) idempotency_key: String,
     pub(crate) resources: Arc<Resources>,
     pub(crate) trace: Option<crate::trace::TraceContext>,
@@ -86,6 +87,14 @@ impl Context {
     /// When the message was enqueued.
     pub fn created_at(&self) -> DateTime<Utc> {
         self.created_at
+    }
+
+    /// The version of the event type the payload was stored with
+    /// ([`Event::VERSION`](crate::Event::VERSION) of the producer's build; 1 for a message
+    /// written before versions existed). A typed handler receives the event upcast to its own
+    /// type whatever this says; relays pass it on to the broker.
+    pub fn version(&self) -> u32 {
+        self.version
     }
 
     /// The key to send downstream so the effect happens once, identical on every retry.
@@ -162,6 +171,7 @@ impl Context {
             attempt: 1,
             max_attempts: 1,
             created_at: Utc::now(),
+            version: 1,
             idempotency_key: super::default_idempotency_key(message_id, handler),
             resources: Arc::new(resources),
             trace: None,
@@ -171,6 +181,13 @@ impl Context {
     /// Returns the context with the time the message was enqueued.
     pub fn with_created_at(mut self, created_at: DateTime<Utc>) -> Self {
         self.created_at = created_at;
+        self
+    }
+
+    /// Returns the context with the stored version of the event (see
+    /// [`version`](Self::version)); 1 unless set.
+    pub fn with_version(mut self, version: u32) -> Self {
+        self.version = version;
         self
     }
 

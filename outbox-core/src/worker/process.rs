@@ -296,6 +296,7 @@ async fn run_handlers(
             attempt,
             max_attempts,
             created_at: msg.created_at,
+            version: msg.version,
             idempotency_key: msg
                 .idempotency_key
                 .clone()

@@ -68,7 +68,8 @@ pub mod attributes {
     /// The media type of the data.
     pub const DATACONTENTTYPE: &str = "datacontenttype";
     /// The version of the event's schema: an extension attribute, written when the message
-    /// carries a version ([`Outgoing::version`](super::Outgoing::version)).
+    /// carries a version ([`Outgoing::version`](super::Outgoing::version)); the inbox decodes
+    /// the data by it (1 when absent).
     pub const DATAVERSION: &str = "dataversion";
     /// The W3C trace context (the distributed tracing extension).
     pub const TRACEPARENT: &str = "traceparent";
@@ -125,14 +126,15 @@ impl CloudEvents {
         &self.source
     }
 
-    /// The CloudEvent of the delivery `ctx` describes, without a version.
+    /// The CloudEvent of the delivery `ctx` describes, with the stored version of its event
+    /// ([`Context::version`]) as `dataversion`.
     pub fn event<'a>(&'a self, ctx: &'a Context) -> Outgoing<'a> {
         Outgoing {
             id: ctx.message_id(),
             source: &self.source,
             ty: ctx.topic(),
             time: ctx.created_at(),
-            version: None,
+            version: Some(ctx.version()),
         }
     }
 }
@@ -150,8 +152,8 @@ pub struct Outgoing<'a> {
     /// `time`: when the message was enqueued.
     pub time: DateTime<Utc>,
     /// The extension attribute [`dataversion`](attributes::DATAVERSION): the version of the
-    /// event's schema, when the message carries one. Outbox messages carry none, so the relays
-    /// leave it out; set it with [`with_version`](Self::with_version).
+    /// event type the data was written with ([`Context::version`] for the relays); left out
+    /// when `None`. Set it with [`with_version`](Self::with_version).
     pub version: Option<u32>,
 }
 
@@ -230,6 +232,9 @@ pub struct CloudEvent {
     pub time: Option<DateTime<Utc>>,
     /// `datacontenttype`, when present.
     pub datacontenttype: Option<String>,
+    /// The [`dataversion`](attributes::DATAVERSION) extension, when present: the version of
+    /// the event type its data was written with.
+    pub dataversion: Option<u32>,
     /// The content mode it arrived in.
     pub mode: ContentMode,
 }

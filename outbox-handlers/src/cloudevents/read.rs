@@ -161,6 +161,18 @@ fn attributes_from(
                 .to_utc(),
         ),
     };
+    let dataversion = match get(attributes::DATAVERSION)? {
+        None => None,
+        Some(v) => Some(v.parse::<u32>().ok().filter(|v| *v >= 1).ok_or_else(|| {
+            CloudEventError::InvalidAttribute {
+                attribute: attributes::DATAVERSION.to_string(),
+                reason: format!(
+                    "not a version (an integer from 1): `{}`",
+                    v.chars().take(100).collect::<String>()
+                ),
+            }
+        })?),
+    };
     Ok(CloudEvent {
         specversion,
         id,
@@ -168,6 +180,7 @@ fn attributes_from(
         ty,
         time,
         datacontenttype: get(attributes::DATACONTENTTYPE)?,
+        dataversion,
         mode,
     })
 }

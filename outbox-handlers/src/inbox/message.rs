@@ -31,6 +31,10 @@ pub struct InboxMessage {
     pub stream_sequence: u64,
     /// JetStream's delivery count for it, starting at 1: the attempt.
     pub delivered: u32,
+    /// The version of the event type the payload was written with (`Outbox-Version`, or the
+    /// CloudEvent's `dataversion`), 1 when the producer sent none: the handler's event type
+    /// decodes it through its chain of previous versions.
+    pub version: u32,
     /// The W3C trace context the relay sent (`traceparent`, `tracestate`), if any.
     pub trace: Option<outbox::trace::TraceContext>,
     /// The CloudEvent's attributes, when the message came from a producer that is not an outbox
@@ -105,6 +109,7 @@ pub(super) fn read_message(
         subject: message.subject.to_string(),
         stream_sequence: info.stream_sequence,
         delivered: u32::try_from(info.delivered.max(1)).unwrap_or(u32::MAX),
+        version: 1,
         trace: get(headers::TRACEPARENT)
             .map(|p| outbox::trace::TraceContext::new(p, get(headers::TRACESTATE))),
         cloudevent: None,
@@ -121,6 +126,15 @@ pub(super) fn read_message(
         meta.created_at = get(headers::CREATED_AT)
             .and_then(|s| DateTime::parse_from_rfc3339(&s).ok())
             .map(|t| t.to_utc());
+        if let Some(version) = get(headers::VERSION) {
+            meta.version = version.parse().ok().filter(|v| *v >= 1).ok_or_else(|| {
+                Unreadable::Message(format!(
+                    "`{}` is not a version (an integer from 1): `{}`",
+                    headers::VERSION,
+                    version.chars().take(100).collect::<String>()
+                ))
+            })?;
+        }
         return Ok((meta, None));
     }
     let Some(received) = read::from_nats(message.headers.as_ref(), &message.payload) else {
@@ -137,6 +151,7 @@ pub(super) fn read_message(
     meta.message_id = received.event.identity();
     meta.topic.clone_from(&received.event.ty);
     meta.created_at = received.event.time;
+    meta.version = received.event.dataversion.unwrap_or(1);
     if meta.trace.is_none() {
         meta.trace = received
             .traceparent

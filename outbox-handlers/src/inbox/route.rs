@@ -5,7 +5,7 @@ use std::fmt;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use outbox::{Context, FailureKind, HandlerError, Resources};
+use outbox::{Context, Event, FailureKind, HandlerError, Resources};
 use sqlx::{PgPool, Postgres};
 
 use super::InboxMessage;
@@ -52,12 +52,14 @@ impl<H: TxHandler<Postgres>> Route for Typed<H> {
         resources: &Resources,
         max_attempts: u32,
     ) -> Result<bool, HandlerError> {
-        let event: H::Event = serde_json::from_slice(payload).map_err(|e| {
+        let json = std::str::from_utf8(payload).map_err(|e| {
             HandlerError::retry(format!(
-                "payload does not deserialize into `{}`: {e}",
+                "payload of `{}` is not UTF-8: {e}",
                 std::any::type_name::<H::Event>()
             ))
         })?;
+        let event = H::Event::decode_versioned(message.version, json)
+            .map_err(|e| HandlerError::retry(e.to_string()))?;
         let mut tx = pool.begin().await?;
         if !record(&mut tx, H::NAME, message.message_id).await? {
             tx.rollback().await?;
@@ -70,6 +72,7 @@ impl<H: TxHandler<Postgres>> Route for Typed<H> {
         let trace = outbox::trace::TraceContext::current().or_else(|| message.trace.clone());
         let mut ctx = Context::for_delivery(message.message_id, &message.topic, H::NAME, resources)
             .with_attempt(message.delivered, max_attempts)
+            .with_version(message.version)
             .with_trace_context(trace);
         if let Some(created_at) = message.created_at {
             ctx = ctx.with_created_at(created_at);

@@ -78,6 +78,10 @@ pub mod headers {
     /// The idempotency key ([`Context::idempotency_key`](outbox::Context::idempotency_key));
     /// NATS also carries it as `Nats-Msg-Id`, AMQP as the `message_id` property.
     pub const IDEMPOTENCY_KEY: &str = "Outbox-Idempotency-Key";
+    /// The version of the event type the payload was written with
+    /// ([`Context::version`](outbox::Context::version)): the inbox decodes by it (1 when
+    /// absent).
+    pub const VERSION: &str = "Outbox-Version";
     /// The content type of every payload: the event as JSON.
     pub const JSON: &str = "application/json";
     /// The W3C trace context of the relay's span

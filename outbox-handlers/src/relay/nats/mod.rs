@@ -409,6 +409,7 @@ fn message_headers(ctx: &Context, cloudevents: Option<&CloudEvents>) -> HeaderMa
     h.insert(headers::ATTEMPT, ctx.attempt().to_string().as_str());
     h.insert(headers::CREATED_AT, super::created_at_header(ctx).as_str());
     h.insert(headers::IDEMPOTENCY_KEY, ctx.idempotency_key());
+    h.insert(headers::VERSION, ctx.version().to_string().as_str());
     h.insert("Content-Type", headers::JSON);
     if let Some(trace) = ctx.trace_context() {
         h.insert(headers::TRACEPARENT, trace.traceparent());

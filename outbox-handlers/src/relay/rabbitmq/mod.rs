@@ -328,6 +328,7 @@ fn properties(ctx: &Context, cloudevents: Option<&CloudEvents>) -> BasicProperti
     put(headers::ATTEMPT, ctx.attempt().to_string());
     put(headers::CREATED_AT, super::created_at_header(ctx));
     put(headers::IDEMPOTENCY_KEY, ctx.idempotency_key().to_string());
+    put(headers::VERSION, ctx.version().to_string());
     if let Some(trace) = ctx.trace_context() {
         put(headers::TRACEPARENT, trace.traceparent().to_string());
         if let Some(state) = trace.tracestate() {
