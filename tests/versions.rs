@@ -202,6 +202,34 @@ async fn topic_stats(store: &Store, topic: &str) -> outbox::TopicStats {
         .expect("the topic has stats")
 }
 
+/// Serves the operator's console for `store` on a free loopback port, without credentials
+/// (loopback only), and returns a function that GETs a path and gives the page's body.
+async fn console_page(store: outbox::Store) -> impl AsyncFn(&str) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let app = outbox::console::router(store, outbox::console::ConsoleConfig::new());
+    tokio::spawn(async move {
+        axum::serve(listener, app).await.unwrap();
+    });
+    move |path: &str| {
+        let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+        async move {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+            s.write_all(request.as_bytes()).await.unwrap();
+            let mut raw = Vec::new();
+            tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut raw))
+                .await
+                .expect("the console answers in time")
+                .unwrap();
+            let raw = String::from_utf8_lossy(&raw).into_owned();
+            let (head, body) = raw.split_once("\r\n\r\n").expect("an HTTP answer");
+            assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+            body.to_owned()
+        }
+    }
+}
+
 /// The tests given, in a module of their own per backend, each on a fresh database.
 macro_rules! on_backend {
     ($module:ident, $open:path, $(async fn $name:ident($db:ident, $store:ident, $pool:ident) $body:block)*) => {
@@ -286,6 +314,13 @@ both_backends! {
         assert_eq!(
             booking.unknown_version_note().as_deref(),
             Some("version 2 of topic ver.booking: no live worker knows it; deploy workers built with that version")
+        );
+        let page = console_page(store.clone()).await;
+        let overview = page("/").await;
+        assert!(
+            overview.contains("id=\"unknown-versions\"")
+                && overview.contains("version 2 of <strong>ver.booking</strong>"),
+            "the console's overview names the waiting version: {overview}"
         );
 
         // The new build's worker starts beside the old one; everything drains in key order.

@@ -87,6 +87,23 @@ pub(in crate::console) async fn overview(
             names.join(", ")
         );
     }
+    let waiting: Vec<String> = stats
+        .topics
+        .iter()
+        .filter_map(|t| {
+            t.unknown_version
+                .map(|v| format!("version {v} of <strong>{}</strong>", esc(&t.topic)))
+        })
+        .collect();
+    if !waiting.is_empty() {
+        let _ = write!(
+            b,
+            "<div class=\"notice warn\" id=\"unknown-versions\"><strong>No live worker knows \
+             {}.</strong> Those messages wait, never claimed nor dead-lettered, until workers \
+             built with that version start.</div>",
+            waiting.join(", ")
+        );
+    }
     if stats.total.blocked_by_dead > 0 {
         let _ = write!(
             b,
