@@ -99,7 +99,7 @@ pub(crate) fn outbox_event(args: TokenStream, input: TokenStream) -> syn::Result
 }
 
 /// The decoding of older versions through `previous`, and the constant checks that the
-/// previous type is an older version of the same topic.
+/// previous type is the version just before, of the same topic.
 ///
 /// A payload of this type's version is parsed directly; an older one is decoded by `previous`
 /// (recursively down its own chain) and converted with `From`, spanned on the `previous` the
@@ -138,11 +138,14 @@ fn previous_version(
     let checks = quote::quote_spanned! {span=>
         const _: () = {
             ::core::assert!(
-                <#ident as #krate::Event>::VERSION > <#previous as #krate::Event>::VERSION,
+                <#ident as #krate::Event>::VERSION > <#previous as #krate::Event>::VERSION
+                    && <#ident as #krate::Event>::VERSION - 1
+                        == <#previous as #krate::Event>::VERSION,
                 ::core::concat!(
                     "`version` of `", #type_names,
-                    "`: the current type's version must be above its previous type's; \
-                     raise `version` or name the right `previous`"
+                    "`: the current type's version must be one above its previous type's \
+                     (a gap leaves versions that no type decodes); set `version` to the \
+                     previous one's plus 1, or name the right `previous`"
                 ),
             );
             ::core::assert!(
