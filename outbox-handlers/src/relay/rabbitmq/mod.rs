@@ -217,7 +217,7 @@ impl RabbitPublisher {
             let open = self.connection(deadline, &mut waited).await?;
             let lease = match self.checkout(&open).await {
                 Ok(lease) => lease,
-                Err(e) if !open.conn.status().connected() => {
+                Err(e) if connection_failed(&open, &e) => {
                     self.lost(&open, &e);
                     continue;
                 }
@@ -250,7 +250,7 @@ impl RabbitPublisher {
                 // The connection went down under the publish, which may or may not have reached
                 // the broker: sent again on the next connection, as the worker would.
                 Err(e)
-                    if !open.conn.status().connected()
+                    if connection_failed(&open, &e)
                         && classify(&e, exchange, key).kind() != FailureKind::Permanent =>
                 {
                     self.lost(&open, &e);
@@ -285,6 +285,18 @@ impl RabbitPublisher {
             Err(e) => Err(classify(&e, exchange, key)),
         }
     }
+}
+
+/// Whether `error` means the connection `open` is lost. lapin may report the socket's failure
+/// to the publish before it marks the connection as closed: an IO error is a loss either way.
+fn connection_failed(open: &link::Open, error: &lapin::Error) -> bool {
+    !open.conn.status().connected()
+        || matches!(
+            error.kind(),
+            ErrorKind::IOError(_)
+                | ErrorKind::InvalidConnectionState(_)
+                | ErrorKind::MissingHeartbeatError
+        )
 }
 
 /// A failed publish: permanent when the broker refused this message for good.
