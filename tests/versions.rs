@@ -230,33 +230,7 @@ async fn console_page(store: outbox::Store) -> impl AsyncFn(&str) -> String {
     }
 }
 
-/// The tests given, in a module of their own per backend, each on a fresh database.
-macro_rules! on_backend {
-    ($module:ident, $open:path, $(async fn $name:ident($db:ident, $store:ident, $pool:ident) $body:block)*) => {
-        mod $module {
-            use super::*;
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    let $db = $open().await;
-                    let $store = Store::from(&$db.pool);
-                    let $pool = $db.pool.clone();
-                    $body
-                    $db.drop_db().await;
-                }
-            )*
-        }
-    };
-}
-
-macro_rules! both_backends {
-    ($($tests:tt)*) => {
-        on_backend!(postgres, outbox_tests::pg, $($tests)*);
-        on_backend!(sqlite, outbox_tests::sqlite, $($tests)*);
-    };
-}
-
-both_backends! {
+outbox_tests::both_backends! {
     async fn a_rolling_deploy_leaves_the_new_version_waiting_until_a_worker_knows_it(db, store, pool) {
         let calls: Calls = Arc::default();
         let old_worker = Worker::builder(store.clone())

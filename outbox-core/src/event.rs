@@ -78,6 +78,16 @@ pub trait Event: Serialize + DeserializeOwned + Send + Sync + 'static {
     /// version it knows: newer ones wait for a worker built with the newer type.
     const VERSION: u32 = 1;
 
+    /// How long delivered events of this topic stay in the event log, where they can be
+    /// listed and replayed; `None` (the default) deletes a message once delivered.
+    ///
+    /// `#[outbox_event(retain = "180d")]` sets it. Each worker records the windows of the
+    /// events it links in the database at start, and a recorded window only grows that way:
+    /// a worker of an older build, or one that does not link the type, never shortens it.
+    /// [`Store::set_retention`](crate::Store::set_retention) sets it on purpose, after which
+    /// the declarations leave it alone.
+    const RETAIN: Option<std::time::Duration> = None;
+
     /// Decodes a stored payload of version `version` into this type.
     ///
     /// The default reads version [`VERSION`](Event::VERSION) only. `#[outbox_event(previous =
@@ -205,6 +215,7 @@ pub struct EventDescriptor {
     topic: &'static str,
     version: u32,
     type_name: &'static str,
+    retain_secs: u64,
 }
 
 impl EventDescriptor {
@@ -214,6 +225,23 @@ impl EventDescriptor {
             topic,
             version,
             type_name,
+            retain_secs: 0,
+        }
+    }
+
+    #[doc(hidden)]
+    #[must_use]
+    pub const fn __retain(mut self, secs: u64) -> Self {
+        self.retain_secs = secs;
+        self
+    }
+
+    /// How long delivered events of this topic stay in the event log ([`Event::RETAIN`]).
+    pub const fn retain(&self) -> Option<std::time::Duration> {
+        if self.retain_secs == 0 {
+            None
+        } else {
+            Some(std::time::Duration::from_secs(self.retain_secs))
         }
     }
 

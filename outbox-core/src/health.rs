@@ -33,6 +33,7 @@ struct HealthInner {
     unserved: std::sync::Mutex<Vec<(String, Duration)>>,
     blocked_by_dead: std::sync::Mutex<Vec<(String, i64)>>,
     unknown_versions: std::sync::Mutex<Vec<(String, i32, Duration)>>,
+    log_runway: std::sync::Mutex<Vec<(String, Duration)>>,
     max_tick_age: Duration,
     max_oldest_ready: Duration,
 }
@@ -48,6 +49,7 @@ impl Health {
                 unserved: std::sync::Mutex::new(Vec::new()),
                 blocked_by_dead: std::sync::Mutex::new(Vec::new()),
                 unknown_versions: std::sync::Mutex::new(Vec::new()),
+                log_runway: std::sync::Mutex::new(Vec::new()),
                 max_tick_age,
                 max_oldest_ready,
             }),
@@ -114,6 +116,25 @@ impl Health {
     pub fn blocked_by_dead(&self) -> Vec<(String, i64)> {
         self.inner
             .blocked_by_dead
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    pub(crate) fn set_log_runway(&self, topics: Vec<(String, Duration)>) {
+        *self
+            .inner
+            .log_runway
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = topics;
+    }
+
+    /// Retained topics whose event log has day partitions for less than
+    /// [`RUNWAY_WARNING`](crate::RUNWAY_WARNING) ahead, with how long, as of the worker's last
+    /// upkeep of the log (PostgreSQL).
+    pub fn log_runway(&self) -> Vec<(String, Duration)> {
+        self.inner
+            .log_runway
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone()
@@ -187,6 +208,10 @@ impl Health {
         if !blocked.is_empty() {
             return Err(Unhealthy::BlockedByDead { topics: blocked });
         }
+        let short = self.log_runway();
+        if !short.is_empty() {
+            return Err(Unhealthy::EventLogRunway { topics: short });
+        }
         let stalled = self.inner.oldest_stalled_ms.load(Ordering::Relaxed);
         if stalled > limit_ms(STALLED_LIMIT) {
             return Err(Unhealthy::StalledLeases {
@@ -249,6 +274,15 @@ pub enum Unhealthy {
         /// The topics, with how many messages of each wait so.
         topics: Vec<(String, i64)>,
     },
+    /// The event log of a retained topic has day partitions for less than two days ahead:
+    /// the workers' upkeep has not created them, and once they run out the deliveries of the
+    /// topic fail.
+    #[error("the event log has partitions for less than two days ahead for {}: the workers' \
+             upkeep could not create them (see their log), or run `outbox events upkeep`", runway(.topics))]
+    EventLogRunway {
+        /// The topics, with how long their partitions last.
+        topics: Vec<(String, Duration)>,
+    },
     /// Messages held by a worker that stopped renewing their lease have not been taken over.
     #[error("messages held by a worker that stopped renewing their lease have not been taken \
              over for {} ms (limit {} ms): is any worker of their topic running?", .oldest.as_millis(), .limit.as_millis())]
@@ -297,6 +331,14 @@ fn late(topics: &[(String, Duration)]) -> String {
     topics
         .iter()
         .map(|(topic, age)| format!("`{topic}` ({} s)", age.as_secs()))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn runway(topics: &[(String, Duration)]) -> String {
+    topics
+        .iter()
+        .map(|(topic, left)| format!("`{topic}` ({:.1} h)", left.as_secs_f64() / 3600.0))
         .collect::<Vec<_>>()
         .join(", ")
 }

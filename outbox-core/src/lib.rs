@@ -89,6 +89,7 @@ pub mod duration;
 mod enqueue;
 mod error;
 mod event;
+mod event_log;
 mod handler;
 mod health;
 mod message_id;
@@ -100,6 +101,7 @@ pub mod observe;
 mod ops;
 mod registry;
 mod resources;
+mod retention;
 #[cfg(any(feature = "sqlite", feature = "sqlite-unbundled"))]
 mod sqlite_tx;
 mod store;
@@ -132,6 +134,9 @@ pub use registry::{
     assert_all_events_handled, HandlerInfo, HandlerRegistration, Registry, RegistryError,
 };
 pub use resources::{FromResources, ResourceError, Resources};
+pub use retention::{
+    EventFilter, LogUpkeep, RetainedEvent, RetainedTopic, DAYS_AHEAD, RUNWAY_WARNING,
+};
 /// The sqlx this crate is built on. Use `outbox::sqlx` (or pin the same version) so that your
 /// pools and transactions are the types [`enqueue`] and [`Worker`] take: two sqlx versions in
 /// one build give errors such as "the trait `Connection` is not implemented for `PgConnection`".

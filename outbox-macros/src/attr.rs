@@ -24,6 +24,9 @@ pub(crate) struct Args {
     pub(crate) version: Option<syn::LitInt>,
     /// `previous = Type`: the type of the version before this one.
     pub(crate) previous: Option<syn::Type>,
+    /// `retain = "180d"`: how long delivered events stay in the log, in seconds, with the
+    /// literal the user wrote.
+    pub(crate) retain: Option<(u64, LitStr)>,
 }
 
 /// Parses the tokens between the parentheses of `#[outbox_event(...)]`.
@@ -64,6 +67,10 @@ pub(crate) fn parse(args: TokenStream) -> syn::Result<Args> {
             }
             let ty = meta.value()?.parse::<syn::Type>()?;
             set_once(&meta, "previous", &mut parsed.previous, ty)
+        } else if meta.path.is_ident("retain") {
+            let lit = string_value(&meta, "retain", "180d")?;
+            let secs = retain_secs(&lit)?;
+            set_once(&meta, "retain", &mut parsed.retain, (secs, lit))
         } else if meta.path.is_ident("crate") {
             let lit = string_value(&meta, "crate", "::outbox")?;
             let path = parse_path(&lit)?;
@@ -72,7 +79,7 @@ pub(crate) fn parse(args: TokenStream) -> syn::Result<Args> {
             Err(syn::Error::new_spanned(
                 &meta.path,
                 format_args!(
-                    "unknown key `{}`; valid keys are `topic`, `idempotency_key`, `ordering_key`, `dead_releases_key`, `version`, `previous` and `crate`",
+                    "unknown key `{}`; valid keys are `topic`, `idempotency_key`, `ordering_key`, `dead_releases_key`, `version`, `previous`, `retain` and `crate`",
                     path_to_string(&meta.path),
                 ),
             ))
@@ -100,6 +107,35 @@ fn version_value(meta: &ParseNestedMeta<'_>) -> syn::Result<syn::LitInt> {
             _ => Err(syn::Error::new(lit.span(), usage)),
         },
         other => Err(syn::Error::new_spanned(other, usage)),
+    }
+}
+
+/// The seconds of a `retain` window: a whole number followed by `d` (days), `h` (hours), `m`
+/// (minutes) or `s` (seconds), e.g. `180d`; at least a minute and at most 100 years.
+fn retain_secs(lit: &LitStr) -> syn::Result<u64> {
+    let usage = || {
+        syn::Error::new(
+            lit.span(),
+            format_args!(
+                "`retain` takes a whole number and a unit, `d`, `h`, `m` or `s`, from one minute \
+                 to 100 years: write `retain = \"180d\"`; `{}` is not one",
+                lit.value()
+            ),
+        )
+    };
+    let text = lit.value();
+    let unit = text.chars().last().ok_or_else(usage)?;
+    let scale = match unit {
+        'd' => 86_400,
+        'h' => 3_600,
+        'm' => 60,
+        's' => 1,
+        _ => return Err(usage()),
+    };
+    let number: u64 = text[..text.len() - 1].parse().map_err(|_| usage())?;
+    match number.checked_mul(scale) {
+        Some(secs) if (60..=100 * 365 * 86_400).contains(&secs) => Ok(secs),
+        _ => Err(usage()),
     }
 }
 
@@ -249,6 +285,21 @@ mod tests {
     }
 
     #[test]
+    fn retention_windows_are_read_in_seconds() {
+        let args = parse(quote!(retain = "180d")).expect("valid");
+        assert_eq!(args.retain.map(|(secs, _)| secs), Some(180 * 86_400));
+        let args = parse(quote!(retain = "90m")).expect("valid");
+        assert_eq!(args.retain.map(|(secs, _)| secs), Some(5_400));
+        for wrong in ["", "d", "10", "10 d", "10w", "-1d", "30s", "101000d"] {
+            let message = error_of(quote!(retain = #wrong));
+            assert!(
+                message.starts_with("`retain` takes a whole number and a unit"),
+                "{wrong}: {message}"
+            );
+        }
+    }
+
+    #[test]
     fn a_literal_passed_through_macro_rules_is_read() {
         // What `macro_rules! m { ($t:literal) => { #[outbox_event(topic = $t)] ... } }` hands on.
         let wrapped = proc_macro2::Group::new(proc_macro2::Delimiter::None, quote!("a.b"));
@@ -266,7 +317,7 @@ mod tests {
         let cases = [
             (
                 quote!(topc = "a"),
-                "unknown key `topc`; valid keys are `topic`, `idempotency_key`, `ordering_key`, `dead_releases_key`, `version`, `previous` and `crate`",
+                "unknown key `topc`; valid keys are `topic`, `idempotency_key`, `ordering_key`, `dead_releases_key`, `version`, `previous`, `retain` and `crate`",
             ),
             (
                 quote!(topic = "a", topic = "b"),

@@ -60,6 +60,16 @@ pub(crate) fn outbox_event(args: TokenStream, input: TokenStream) -> syn::Result
             const DEAD_RELEASES_KEY: bool = true;
         }
     });
+    let (retain, retain_descriptor) = match &args.retain {
+        Some((secs, lit)) => (
+            Some(quote::quote_spanned! {lit.span()=>
+                const RETAIN: ::core::option::Option<::core::time::Duration> =
+                    ::core::option::Option::Some(::core::time::Duration::from_secs(#secs));
+            }),
+            Some(quote!(.__retain(#secs))),
+        ),
+        None => (None, None),
+    };
     let version_number = validate::version(args.version.as_ref(), args.previous.as_ref())?;
     let version = args.version.as_ref().map(|lit| {
         quote::quote_spanned! {lit.span()=>
@@ -81,6 +91,7 @@ pub(crate) fn outbox_event(args: TokenStream, input: TokenStream) -> syn::Result
             #ordering_key
             #dead_releases_key
             #version
+            #retain
             #decode
         }
 
@@ -93,6 +104,7 @@ pub(crate) fn outbox_event(args: TokenStream, input: TokenStream) -> syn::Result
                     #version_number,
                     ::core::concat!(::core::module_path!(), "::", #type_name),
                 )
+                #retain_descriptor
             }
         };
     })
@@ -249,6 +261,21 @@ mod tests {
         );
         assert!(expanded.contains("impl :: outbox :: Event for r#Type"));
         assert!(expanded.contains("\"::\" , \"Type\""));
+    }
+
+    #[test]
+    fn a_retention_window_is_declared_and_registered() {
+        let expanded = expand(
+            quote!(retain = "30d"),
+            quote!(
+                struct BookingCreated;
+            ),
+        );
+        assert!(
+            expanded.contains("const RETAIN : :: core :: option :: Option < :: core :: time :: Duration > = :: core :: option :: Option :: Some (:: core :: time :: Duration :: from_secs (2592000u64))"),
+            "{expanded}"
+        );
+        assert!(expanded.contains(". __retain (2592000u64)"), "{expanded}");
     }
 
     #[test]

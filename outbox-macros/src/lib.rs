@@ -71,6 +71,9 @@ use proc_macro::TokenStream;
 ///   (same topic, lower version). Write `impl From<Type> for ThisType`: a stored payload of an
 ///   older version is read as its own type and converted up to this one, so handlers always
 ///   receive this type. Chains go back any number of versions.
+/// - `retain = "180d"`: keep delivered events of this topic in the event log for that long
+///   (`d`, `h`, `m` or `s`), to list and replay them; without it a delivered message is
+///   deleted. The longest window any worker declares is the one the database keeps.
 /// - `crate = "..."`: the path to `outbox`, for crates that reach it through a
 ///   re-export, e.g. `crate = "::my_app_support::outbox"`. Defaults to `::outbox`.
 ///

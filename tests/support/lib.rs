@@ -1545,3 +1545,34 @@ pub mod outages {
         reports
     }
 }
+
+/// The tests given, in a module of their own per backend (`postgres`, `sqlite`), each on a
+/// fresh database: `async fn name(db, store, pool) { ... }` binds the database, a `Store` on
+/// it and its pool.
+#[macro_export]
+macro_rules! on_backend {
+    ($module:ident, $open:path, $(async fn $name:ident($db:ident, $store:ident, $pool:ident) $body:block)*) => {
+        mod $module {
+            use super::*;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    let $db = $open().await;
+                    let $store = ::outbox::Store::from(&$db.pool);
+                    let $pool = $db.pool.clone();
+                    $body
+                    $db.drop_db().await;
+                }
+            )*
+        }
+    };
+}
+
+/// [`on_backend!`] on PostgreSQL and on SQLite.
+#[macro_export]
+macro_rules! both_backends {
+    ($($tests:tt)*) => {
+        $crate::on_backend!(postgres, $crate::pg, $($tests)*);
+        $crate::on_backend!(sqlite, $crate::sqlite, $($tests)*);
+    };
+}

@@ -1,7 +1,7 @@
 //! The backend seam: every SQL statement lives in one folder per database below this one,
 //! `postgres/` and `sqlite/`, each with the same files: `mod.rs` (the backend and its
 //! [`Backend`] impl, which hands each method to the file of its part), `migrate.rs`,
-//! `enqueue.rs`, `claim.rs`, `outcome.rs`, `ops.rs`, `workers.rs` and `wake.rs`.
+//! `enqueue.rs`, `claim.rs`, `outcome.rs`, `ops.rs`, `log.rs`, `workers.rs` and `wake.rs`.
 //!
 //! The [`Backend`] trait is internal and unstable; users see [`Store`](crate::store::Store) and
 //! [`Connection`].
@@ -122,7 +122,8 @@ impl<C: Connection + ?Sized> ConnectionMut for &mut C {
 /// Internal and unstable: `pub(crate)`, not part of the public API, changed whenever the worker
 /// needs it to. Each backend implements it in a folder of its own (`postgres/`, `sqlite/`) with
 /// the same files, and its methods are grouped here in the order and under the names of those
-/// files: the pool (`mod.rs`), then migrate, enqueue, claim, outcome, ops, workers and wake.
+/// files: the pool (`mod.rs`), then migrate, enqueue, claim, outcome, ops, log, workers and
+/// wake.
 #[async_trait]
 pub(crate) trait Backend: Send + Sync + 'static {
     // ---- the pool (`mod.rs`) ----
@@ -233,6 +234,44 @@ pub(crate) trait Backend: Send + Sync + 'static {
         older_than: std::time::Duration,
         batch: i64,
     ) -> Result<u64>;
+
+    // ---- log (`log.rs`) ----
+
+    /// Records the event log's windows `windows` (topic, window), each growing a recorded one
+    /// and never shortening it, and creates their partitions `days_ahead` days ahead, in one
+    /// transaction: no delivery of a newly retained topic finds its day missing.
+    async fn log_declare(
+        &self,
+        windows: &[(&str, std::time::Duration)],
+        days_ahead: u32,
+    ) -> Result<()>;
+
+    /// Sets the window of `topic` (longer or shorter), or stops retaining it and drops its
+    /// events (`None`). Returns false when `None` found nothing retained.
+    async fn log_set(
+        &self,
+        topic: &str,
+        window: Option<std::time::Duration>,
+        days_ahead: u32,
+    ) -> Result<bool>;
+
+    /// Creates the days ahead of `at` (the database's clock when `None`) and removes the
+    /// events whose window ended, if no other process is doing it: `None` then.
+    async fn log_upkeep(
+        &self,
+        days_ahead: u32,
+        at: Option<chrono::DateTime<chrono::Utc>>,
+    ) -> Result<Option<crate::retention::LogUpkeep>>;
+
+    /// The retained topics; with `sizes`, each log's count, size and oldest event, which
+    /// read the log (without, those are 0 and `None`, and only the catalog is read).
+    async fn log_topics(&self, sizes: bool) -> Result<Vec<crate::retention::RetainedTopic>>;
+
+    /// Events of the log, in id order.
+    async fn log_events(
+        &self,
+        filter: &crate::retention::EventFilter,
+    ) -> Result<Vec<crate::retention::RetainedEvent>>;
 
     // ---- workers (`workers.rs`) ----
 

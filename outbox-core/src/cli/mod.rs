@@ -16,6 +16,7 @@
 //! codes in [`exit`].
 
 mod args;
+mod events;
 pub mod exit;
 pub mod ops;
 mod print;

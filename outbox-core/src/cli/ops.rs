@@ -8,6 +8,8 @@
 //! outbox dead retry (<ID> | --topic T | --all)
 //! outbox dead discard (<ID> | --topic T | --all)
 //! outbox purge --older-than 7d [--batch 1000] [--processed]
+//! outbox events --topic T [--since TIME] [--until TIME] [--key K] [--json]
+//! outbox events topics | retain --topic T (--for 180d | --off) | upkeep
 //! outbox console [--addr 127.0.0.1:8080] [--read-only] [--token T | --user U --password P]
 //! ```
 //!
@@ -95,6 +97,9 @@ enum Command {
         #[arg(long)]
         processed: bool,
     },
+    /// The event log: list a topic's retained events (`--topic T`), or the retained topics,
+    /// a topic's window, the log's upkeep.
+    Events(super::events::Events),
     /// Serve the operator's console in the browser.
     #[cfg(feature = "console")]
     Console(ConsoleArgs),
@@ -282,6 +287,11 @@ async fn run(command: Command, store: Store) -> crate::error::Result<u8> {
         Command::Stats { json } => {
             let stats = store.stats().await?;
             print_stats(&stats, None, json);
+            if !json {
+                for note in store.log_runway_notes().await? {
+                    println!("warning: {note}");
+                }
+            }
         }
         Command::Dead(Dead::List {
             topic,
@@ -366,6 +376,7 @@ async fn run(command: Command, store: Store) -> crate::error::Result<u8> {
                 humantime::format_duration(older_than)
             );
         }
+        Command::Events(events) => return super::events::run(events, store).await,
         #[cfg(feature = "console")]
         Command::Console(args) => return console(&args, store).await,
     }

@@ -264,6 +264,9 @@ pub(crate) trait ErasedHandler: Send + Sync + 'static {
     fn version(&self) -> Option<u32>;
     /// `(version, type name)` of the handler's event type and of its previous versions.
     fn event_versions(&self) -> Vec<(u32, &'static str)>;
+    /// How long delivered events of its topic stay in the event log ([`Event::RETAIN`]);
+    /// `None` for a raw handler, which knows no event type.
+    fn retain(&self) -> Option<Duration>;
     /// Calls the handler with `payload`, stored with version `version` of its event type.
     async fn call(&self, payload: &str, version: u32, ctx: &Context) -> Result<(), HandlerError>;
 }
@@ -297,6 +300,9 @@ impl<H: Handler> ErasedHandler for Typed<H> {
         let mut out = Vec::new();
         <H::Event as Event>::__versions(&mut out);
         out
+    }
+    fn retain(&self) -> Option<Duration> {
+        <H::Event as Event>::RETAIN
     }
     async fn call(&self, payload: &str, version: u32, ctx: &Context) -> Result<(), HandlerError> {
         let event =
@@ -346,6 +352,9 @@ impl<H: RawHandler> ErasedHandler for Raw<H> {
     }
     fn event_versions(&self) -> Vec<(u32, &'static str)> {
         Vec::new()
+    }
+    fn retain(&self) -> Option<Duration> {
+        None
     }
     async fn call(&self, payload: &str, _version: u32, ctx: &Context) -> Result<(), HandlerError> {
         self.handler.handle_raw(payload, ctx).await

@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use uuid::Uuid;
 
@@ -187,6 +188,22 @@ impl WorkerBuilder {
         }
         let versions = super::versions::known_versions(&topics)
             .map_err(|problems| Error::from(RegistryError::from_problems(problems)))?;
+        // The event log's windows this worker declares: of its handlers' events and of the
+        // events linked into it, the longest per topic.
+        let mut retention: BTreeMap<&'static str, Duration> = BTreeMap::new();
+        let declared = topics
+            .values()
+            .flatten()
+            .filter_map(|h| Some((h.topic(), h.retain()?)))
+            .chain(
+                self.registry
+                    .events()
+                    .filter_map(|e| Some((e.topic(), e.retain()?))),
+            );
+        for (topic, window) in declared {
+            let longest = retention.entry(topic).or_insert(window);
+            *longest = (*longest).max(window);
+        }
         // Declared events none of this worker's handlers serve, registered or explicit.
         let unhandled_events: Vec<(&'static str, &'static str)> = self
             .registry
@@ -216,6 +233,7 @@ impl WorkerBuilder {
                 store: self.store,
                 topics,
                 versions,
+                retention,
                 unhandled_events,
                 resources: Arc::new(self.resources),
                 health: Health::new(

@@ -169,6 +169,9 @@ pub(super) async fn run(
         epoch: Instant::now(),
     });
     shared.heartbeat().await;
+    // Before the first claim, so that the first deliveries of a newly retained topic are
+    // logged.
+    worker.declare_retention(&*backend).await;
 
     let wake = Arc::new(Wakeups::default());
     let tasks = CancellationToken::new();

@@ -43,6 +43,8 @@ pub(super) struct Inner {
     topics: BTreeMap<&'static str, Vec<Arc<dyn ErasedHandler>>>,
     /// Per topic, the highest version its handlers decode: newer messages are not claimed.
     versions: BTreeMap<&'static str, i32>,
+    /// The event log's window of each retained topic this worker declares.
+    retention: BTreeMap<&'static str, std::time::Duration>,
     unhandled_events: Vec<(&'static str, &'static str)>,
     resources: Arc<Resources>,
     config: WorkerConfig,
@@ -424,6 +426,74 @@ impl Worker {
                 self.inner.health.set_blocked_by_dead(blocked);
             }
             Err(e) => tracing::warn!(error = %e, "could not read queue statistics"),
+        }
+    }
+
+    /// Records the event log's windows of the events this worker links, at its start. A
+    /// failure (the database away, a lock wait) is logged; the next upkeep tries again.
+    pub(super) async fn declare_retention(&self, backend: &dyn Backend) -> bool {
+        if self.inner.retention.is_empty() {
+            return true;
+        }
+        let windows: Vec<(&str, Duration)> = self
+            .inner
+            .retention
+            .iter()
+            .map(|(topic, window)| (*topic, *window))
+            .collect();
+        match backend
+            .log_declare(&windows, crate::retention::DAYS_AHEAD)
+            .await
+        {
+            Ok(()) => {
+                for (topic, window) in &windows {
+                    tracing::debug!(
+                        topic,
+                        retain_secs = window.as_secs(),
+                        "event log retains the topic"
+                    );
+                }
+                true
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "could not record the event log's retention; retrying at the next upkeep");
+                false
+            }
+        }
+    }
+
+    /// The event log's upkeep (days ahead, expired days) and its runway for the health check.
+    pub(super) async fn log_upkeep(&self, backend: &dyn Backend) {
+        match backend.log_upkeep(crate::retention::DAYS_AHEAD, None).await {
+            Ok(Some(done)) => {
+                if done.created > 0 || done.dropped > 0 || done.deleted > 0 {
+                    tracing::info!(
+                        created = done.created,
+                        dropped = done.dropped,
+                        deleted = done.deleted,
+                        "event log upkeep: days ahead created, expired events removed"
+                    );
+                }
+            }
+            Ok(None) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "event log upkeep failed; retrying at the next one")
+            }
+        }
+        match backend.log_topics(false).await {
+            Ok(topics) => {
+                let now = chrono::Utc::now();
+                let short: Vec<(String, Duration)> = topics
+                    .iter()
+                    .filter_map(|t| {
+                        let note = t.runway_note(now)?;
+                        tracing::warn!(topic = %t.topic, "{note}");
+                        Some((t.topic.clone(), t.runway(now)?))
+                    })
+                    .collect();
+                self.inner.health.set_log_runway(short);
+            }
+            Err(e) => tracing::warn!(error = %e, "could not read the event log's topics"),
         }
     }
 

@@ -20,9 +20,14 @@ use super::{secs, PgBackend};
 use crate::backend::{ClaimParams, ClaimedMessage, Done, Failure, Fence};
 use crate::error::Result;
 
-/// Deletes the done messages `$1`, each only under its claim token in `$2`, counts them for the
-/// statistics under worker `$3`, and deletes the per-handler progress of `$4` (the ids with
-/// earlier attempts). Returns how many were deleted.
+/// Deletes the done messages `$1`, each only under its claim token in `$2`, keeps those of
+/// retained topics in the event log (`log.rs`), counts them for the statistics under worker
+/// `$3`, and deletes the per-handler progress of `$4` (the ids with earlier attempts). Returns
+/// how many were deleted.
+///
+/// Whether a topic is retained is read here, from `outbox_retention`, not from what this
+/// worker was built with: every worker logs what any declared, and a topic without retention
+/// costs the join of the deleted rows with that small table.
 ///
 /// A worker's writes in flight at once add to the same count rows, so they lock them in one
 /// order (by topic): the later waits for the earlier's commit, and they never deadlock.
@@ -30,7 +35,14 @@ const DONE: &str = "WITH del AS ( \
         DELETE FROM outbox_messages m \
         USING UNNEST((SELECT $1::uuid[]), (SELECT $2::uuid[])) AS d(id, claim_token) \
         WHERE m.id = d.id AND m.claim_token = d.claim_token \
-        RETURNING m.id, m.topic, m.ordering_key \
+        RETURNING m.id, m.topic, m.ordering_key, m.payload, m.version, m.idempotency_key, \
+                  m.created_at, m.traceparent, m.tracestate \
+     ), kept AS ( \
+        INSERT INTO outbox_events (topic_id, delivered_at, id, topic, payload, version, \
+                                   idempotency_key, ordering_key, created_at, traceparent, tracestate) \
+        SELECT r.id, now(), d.id, d.topic, d.payload, d.version, d.idempotency_key, d.ordering_key, \
+               d.created_at, d.traceparent, d.tracestate \
+        FROM del d JOIN outbox_retention r ON r.topic = d.topic \
      ), counted AS ( \
         INSERT INTO outbox_done_counts (topic, minute, worker, done) \
         SELECT topic, date_trunc('minute', now()), $3, count(*) FROM del GROUP BY topic ORDER BY topic \
@@ -61,7 +73,14 @@ const DONE_AND_CLAIM: &str = "WITH del AS ( \
         DELETE FROM outbox_messages m \
         USING UNNEST((SELECT $1::uuid[]), (SELECT $2::uuid[])) AS d(id, claim_token) \
         WHERE m.id = d.id AND m.claim_token = d.claim_token \
-        RETURNING m.id, m.topic, m.ordering_key \
+        RETURNING m.id, m.topic, m.ordering_key, m.payload, m.version, m.idempotency_key, \
+                  m.created_at, m.traceparent, m.tracestate \
+     ), kept AS ( \
+        INSERT INTO outbox_events (topic_id, delivered_at, id, topic, payload, version, \
+                                   idempotency_key, ordering_key, created_at, traceparent, tracestate) \
+        SELECT r.id, now(), d.id, d.topic, d.payload, d.version, d.idempotency_key, d.ordering_key, \
+               d.created_at, d.traceparent, d.tracestate \
+        FROM del d JOIN outbox_retention r ON r.topic = d.topic \
      ), counted AS ( \
         INSERT INTO outbox_done_counts (topic, minute, worker, done) \
         SELECT topic, date_trunc('minute', now()), $3, count(*) FROM del GROUP BY topic ORDER BY topic \

@@ -53,6 +53,11 @@ const MIGRATIONS: &[Migration] = &[
         description: "event versions of messages and dead letters, and the versions workers know",
         sql: include_str!("../../../migrations/sqlite/0009_event_versions.sql"),
     },
+    Migration {
+        version: 10,
+        description: "the event log: retention per topic and the delivered events it keeps",
+        sql: include_str!("../../../migrations/sqlite/0010_event_log.sql"),
+    },
 ];
 
 const CREATE_MIGRATIONS_TABLE: &str = "CREATE TABLE IF NOT EXISTS outbox_migrations ( \

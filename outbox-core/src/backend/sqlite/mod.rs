@@ -8,6 +8,7 @@
 //!   handlers a claimed message already passed.
 //! - `outcome.rs`: what became of claimed messages: done, failed, handed back, lease renewed.
 //! - `ops.rs`: statistics, dead letters and purges, for the operations tools.
+//! - `log.rs`: the event log: retention per topic, its upkeep and its reads.
 //! - `workers.rs`: the workers table: heartbeat, list, deregistration.
 //! - `wake.rs`: the wake-ups of waiting workers, without LISTEN.
 //!
@@ -40,6 +41,7 @@ use crate::model::{DeadLetterFilter, DeadSelection, MessageInfo, TopicStats, Wor
 
 mod claim;
 mod enqueue;
+mod log;
 mod migrate;
 mod ops;
 mod outcome;
@@ -221,6 +223,44 @@ impl Backend for SqliteBackend {
 
     async fn outbox_purge_processed(&self, older_than: Duration, batch: i64) -> Result<u64> {
         ops::purge_processed(&self.pool, older_than, batch).await
+    }
+
+    // ---- log (`log.rs`) ----
+
+    async fn log_declare(
+        &self,
+        windows: &[(&str, std::time::Duration)],
+        days_ahead: u32,
+    ) -> Result<()> {
+        log::declare(&self.pool, windows, days_ahead).await
+    }
+
+    async fn log_set(
+        &self,
+        topic: &str,
+        window: Option<std::time::Duration>,
+        days_ahead: u32,
+    ) -> Result<bool> {
+        log::set(&self.pool, topic, window, days_ahead).await
+    }
+
+    async fn log_upkeep(
+        &self,
+        days_ahead: u32,
+        at: Option<chrono::DateTime<chrono::Utc>>,
+    ) -> Result<Option<crate::retention::LogUpkeep>> {
+        log::upkeep(&self.pool, days_ahead, at).await
+    }
+
+    async fn log_topics(&self, sizes: bool) -> Result<Vec<crate::retention::RetainedTopic>> {
+        log::topics(&self.pool, sizes).await
+    }
+
+    async fn log_events(
+        &self,
+        filter: &crate::retention::EventFilter,
+    ) -> Result<Vec<crate::retention::RetainedEvent>> {
+        log::events(&self.pool, filter).await
     }
 
     // ---- workers (`workers.rs`) ----

@@ -23,6 +23,18 @@ const DONE: &str = "DELETE FROM outbox_messages WHERE id IN ( \
          JOIN outbox_messages AS m ON m.id = d.value ->> 0 AND m.claim_token = d.value ->> 1) \
      RETURNING topic";
 
+/// Copies the done messages of `?1` (as [`DONE`] takes them) of retained topics into the
+/// event log, delivered at `?2`. Whether a topic is retained is read from `outbox_retention`,
+/// as every worker recorded it, not from what this worker was built with.
+const DONE_KEEP: &str = "INSERT INTO outbox_events (id, topic, payload, version, idempotency_key, \
+         ordering_key, created_at, delivered_at, traceparent, tracestate) \
+     SELECT m.id, m.topic, m.payload, m.version, m.idempotency_key, m.ordering_key, m.created_at, \
+            ?2, m.traceparent, m.tracestate \
+     FROM json_each(?1) AS d \
+     JOIN outbox_messages AS m ON m.id = d.value ->> 0 AND m.claim_token = d.value ->> 1 \
+     JOIN outbox_retention AS r ON r.topic = m.topic \
+     ON CONFLICT (id) DO NOTHING";
+
 /// Adds `?4` done messages of topic `?1` to the count of minute `?2` and worker `?3`.
 const DONE_COUNT: &str =
     "INSERT INTO outbox_done_counts (topic, minute, worker, done) VALUES (?1, ?2, ?3, ?4) \
@@ -69,7 +81,8 @@ const RENEW: &str = "UPDATE outbox_messages SET locked_until = ?2 \
          SELECT m.id FROM json_each(?1) AS d \
          JOIN outbox_messages AS m ON m.id = d.value ->> 0 AND m.claim_token = d.value ->> 1)";
 
-/// Deletes done messages ([`DONE`]), counts them per topic ([`DONE_COUNT`]) and deletes their
+/// Keeps the done messages of retained topics ([`DONE_KEEP`]), deletes them ([`DONE`]),
+/// counts them per topic ([`DONE_COUNT`]) and deletes their
 /// progress ([`DONE_PROGRESS`]); returns how many were deleted.
 pub(super) async fn mark_done(pool: &SqlitePool, worker: Uuid, done: &[Done]) -> Result<u64> {
     let now = now_ms();
@@ -81,10 +94,13 @@ pub(super) async fn mark_done(pool: &SqlitePool, worker: Uuid, done: &[Done]) ->
         .collect();
     let mut conn = pool.acquire().await?;
     let mut tx = sqlx::Connection::begin_with(&mut *conn, "BEGIN IMMEDIATE").await?;
-    let topics: Vec<(String,)> = sqlx::query_as(DONE)
-        .bind(fence_pairs(&fences))
-        .fetch_all(&mut *tx)
+    let pairs = fence_pairs(&fences);
+    sqlx::query(DONE_KEEP)
+        .bind(&pairs)
+        .bind(now)
+        .execute(&mut *tx)
         .await?;
+    let topics: Vec<(String,)> = sqlx::query_as(DONE).bind(pairs).fetch_all(&mut *tx).await?;
     let mut counts: BTreeMap<String, i64> = BTreeMap::new();
     for (t,) in &topics {
         *counts.entry(t.clone()).or_default() += 1;

@@ -1,6 +1,6 @@
 //! The engine's periodic chores: deadlines, the blocking watch, lease renewal and the
-//! heartbeat every [`CHORE_TICK`]; statistics, the unhandled-topics report and the purge on
-//! their own intervals.
+//! heartbeat every [`CHORE_TICK`]; statistics, the unhandled-topics report, the event log's
+//! upkeep and the purge on their own intervals.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -11,6 +11,9 @@ use super::super::lock;
 use super::super::process::timed_out;
 use super::super::protocol;
 use super::{Flight, Shared, BLOCKING_AFTER, CHORE_TICK};
+
+/// How often a worker runs the event log's upkeep: days ahead, expired days.
+const LOG_UPKEEP: Duration = Duration::from_secs(600);
 
 /// How long after its start a worker first counts its queue (statistics, unhandled topics).
 const STARTUP_QUIET: Duration = Duration::from_secs(1);
@@ -114,7 +117,8 @@ pub(super) async fn chores(shared: Arc<Shared>, stop: CancellationToken) {
     }
 }
 
-/// Statistics, the unhandled-topics report and the purge, each on its own interval.
+/// Statistics, the unhandled-topics report, the event log's upkeep and the purge, each on its
+/// own interval.
 pub(super) async fn periodic(shared: Arc<Shared>, stop: CancellationToken) {
     let w = &shared.worker;
     let cfg = &w.inner.config;
@@ -125,8 +129,21 @@ pub(super) async fn periodic(shared: Arc<Shared>, stop: CancellationToken) {
     let mut next_stats = Instant::now() + STARTUP_QUIET;
     let mut next_report = Instant::now() + STARTUP_QUIET;
     let mut next_purge = Instant::now() + cfg.purge_interval;
+    // The event log's upkeep at start and every LOG_UPKEEP; the windows were recorded before
+    // the first claim, and are again each time (which changes nothing unless a declaration
+    // failed or an operator shortened a window since).
+    let mut next_upkeep = Instant::now();
+    let mut first = true;
     loop {
         let now = Instant::now();
+        if now >= next_upkeep {
+            next_upkeep = now + LOG_UPKEEP;
+            if !first {
+                w.declare_retention(backend).await;
+            }
+            first = false;
+            w.log_upkeep(backend).await;
+        }
         if now >= next_stats {
             next_stats = now + cfg.stats_interval;
             w.refresh_stats(backend).await;
@@ -142,6 +159,7 @@ pub(super) async fn periodic(shared: Arc<Shared>, stop: CancellationToken) {
             }
         }
         let next = [
+            Some(next_upkeep),
             Some(next_stats),
             Some(next_report),
             cfg.purge_retention.map(|_| next_purge),
