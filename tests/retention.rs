@@ -125,33 +125,7 @@ async fn window(store: &Store, topic: &str) -> Option<Duration> {
         .map(|t| t.retain)
 }
 
-/// The tests given, in a module of their own per backend, each on a fresh database.
-macro_rules! on_backend {
-    ($module:ident, $open:path, $(async fn $name:ident($db:ident, $store:ident, $pool:ident) $body:block)*) => {
-        mod $module {
-            use super::*;
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    let $db = $open().await;
-                    let $store = Store::from(&$db.pool);
-                    let $pool = $db.pool.clone();
-                    $body
-                    $db.drop_db().await;
-                }
-            )*
-        }
-    };
-}
-
-macro_rules! both_backends {
-    ($($tests:tt)*) => {
-        on_backend!(postgres, outbox_tests::pg, $($tests)*);
-        on_backend!(sqlite, outbox_tests::sqlite, $($tests)*);
-    };
-}
-
-both_backends! {
+outbox_tests::both_backends! {
     async fn delivered_events_of_a_retained_topic_are_kept_and_no_others(db, store, pool) {
         let running = start(vec![worker(&store)]);
         produce!(pool, 60, 20);

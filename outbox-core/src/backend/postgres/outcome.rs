@@ -20,18 +20,10 @@ use super::{secs, PgBackend};
 use crate::backend::{ClaimParams, ClaimedMessage, Done, Failure, Fence};
 use crate::error::Result;
 
-/// Deletes the done messages `$1`, each only under its claim token in `$2`, keeps those of
-/// retained topics in the event log (`log.rs`), counts them for the statistics under worker
-/// `$3`, and deletes the per-handler progress of `$4` (the ids with earlier attempts). Returns
-/// how many were deleted.
-///
-/// Whether a topic is retained is read here, from `outbox_retention`, not from what this
-/// worker was built with: every worker logs what any declared, and a topic without retention
-/// costs the join of the deleted rows with that small table.
-///
-/// A worker's writes in flight at once add to the same count rows, so they lock them in one
-/// order (by topic): the later waits for the earlier's commit, and they never deadlock.
-const DONE: &str = "WITH del AS ( \
+/// The common expressions of [`DONE`] and [`DONE_AND_CLAIM`], as one string literal.
+macro_rules! done_ctes {
+    () => {
+        "WITH del AS ( \
         DELETE FROM outbox_messages m \
         USING UNNEST((SELECT $1::uuid[]), (SELECT $2::uuid[])) AS d(id, claim_token) \
         WHERE m.id = d.id AND m.claim_token = d.claim_token \
@@ -49,8 +41,22 @@ const DONE: &str = "WITH del AS ( \
         ON CONFLICT (topic, minute, worker) DO UPDATE SET done = outbox_done_counts.done + excluded.done \
      ), progress AS ( \
         DELETE FROM outbox_deliveries WHERE message_id = ANY($4::uuid[]) \
-     ) \
-     SELECT count(*) FROM del";
+     ) "
+    };
+}
+
+/// Deletes the done messages `$1`, each only under its claim token in `$2`, keeps those of
+/// retained topics in the event log (`log.rs`), counts them for the statistics under worker
+/// `$3`, and deletes the per-handler progress of `$4` (the ids with earlier attempts). Returns
+/// how many were deleted.
+///
+/// Whether a topic is retained is read here, from `outbox_retention`, not from what this
+/// worker was built with: every worker logs what any declared, and a topic without retention
+/// costs the join of the deleted rows with that small table.
+///
+/// A worker's writes in flight at once add to the same count rows, so they lock them in one
+/// order (by topic): the later waits for the earlier's commit, and they never deadlock.
+const DONE: &str = concat!(done_ctes!(), "SELECT count(*) FROM del");
 
 /// [`DONE`] (`$1` to `$4`), and in the same statement claims, under claim token `$6` for a
 /// lease of `$7` seconds, the messages that became the heads of the keys it released, if of
@@ -69,25 +75,9 @@ const DONE: &str = "WITH del AS ( \
 /// may start), and a row updated meanwhile has moved from that TID, so the recheck leaves
 /// it out. That saves each key step a primary-key probe and a row lock. The claim commits
 /// durably with the done rows (no `synchronous_commit` off here).
-const DONE_AND_CLAIM: &str = "WITH del AS ( \
-        DELETE FROM outbox_messages m \
-        USING UNNEST((SELECT $1::uuid[]), (SELECT $2::uuid[])) AS d(id, claim_token) \
-        WHERE m.id = d.id AND m.claim_token = d.claim_token \
-        RETURNING m.id, m.topic, m.ordering_key, m.payload, m.version, m.idempotency_key, \
-                  m.created_at, m.traceparent, m.tracestate \
-     ), kept AS ( \
-        INSERT INTO outbox_events (topic_id, delivered_at, id, topic, payload, version, \
-                                   idempotency_key, ordering_key, created_at, traceparent, tracestate) \
-        SELECT r.id, now(), d.id, d.topic, d.payload, d.version, d.idempotency_key, d.ordering_key, \
-               d.created_at, d.traceparent, d.tracestate \
-        FROM del d JOIN outbox_retention r ON r.topic = d.topic \
-     ), counted AS ( \
-        INSERT INTO outbox_done_counts (topic, minute, worker, done) \
-        SELECT topic, date_trunc('minute', now()), $3, count(*) FROM del GROUP BY topic ORDER BY topic \
-        ON CONFLICT (topic, minute, worker) DO UPDATE SET done = outbox_done_counts.done + excluded.done \
-     ), progress AS ( \
-        DELETE FROM outbox_deliveries WHERE message_id = ANY($4::uuid[]) \
-     ) , heads AS ( \
+const DONE_AND_CLAIM: &str = concat!(
+    done_ctes!(),
+    ", heads AS ( \
         SELECT h.ctid FROM del d CROSS JOIN LATERAL ( \
             SELECT ctid FROM outbox_messages \
             WHERE ordering_key = d.ordering_key AND id <> d.id \
@@ -115,7 +105,8 @@ const DONE_AND_CLAIM: &str = "WITH del AS ( \
                   m.attempts, m.created_at, m.last_error, m.ordering_key, m.traceparent, m.tracestate \
      ) \
      SELECT (SELECT count(*) FROM del) AS done, c.* \
-     FROM (SELECT 1) one LEFT JOIN claimed c ON true";
+     FROM (SELECT 1) one LEFT JOIN claimed c ON true"
+);
 
 /// A failed attempt of message `$1` under claim token `$2`, back to pending after `$3`
 /// seconds with its error `$4`, recording the handlers `$5` that succeeded. Returns 1, or 0
