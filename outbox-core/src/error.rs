@@ -113,6 +113,12 @@ pub enum Error {
     #[error("invalid configuration: {0}")]
     Config(String),
 
+    /// A replay of the event log was refused: the topic retains nothing, the handler never ran
+    /// on it, the window holds no event, or the replay is not in a state to pause, resume or
+    /// cancel. The message says which, and what to do.
+    #[error("replay refused: {0}")]
+    ReplayRefused(String),
+
     /// The worker could not start its own thread or runtime. Restart the process.
     #[error("the worker failed: {0}")]
     Worker(String),

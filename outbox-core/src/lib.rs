@@ -100,6 +100,7 @@ mod model;
 pub mod observe;
 mod ops;
 mod registry;
+mod replay;
 mod resources;
 mod retention;
 #[cfg(any(feature = "sqlite", feature = "sqlite-unbundled"))]
@@ -135,7 +136,9 @@ pub use registry::{
 };
 pub use resources::{FromResources, ResourceError, Resources};
 pub use retention::{
-    EventFilter, LogUpkeep, RetainedEvent, RetainedTopic, DAYS_AHEAD, RUNWAY_WARNING,
+    EventFilter, LogUpkeep, ReplayFailure, ReplayInfo, ReplayPlan, ReplayRequest,
+    ReplayRequestInfo, ReplayState, RetainedEvent, RetainedTopic, Start, DAYS_AHEAD,
+    RUNWAY_WARNING,
 };
 /// The sqlx this crate is built on. Use `outbox::sqlx` (or pin the same version) so that your
 /// pools and transactions are the types [`enqueue`] and [`Worker`] take: two sqlx versions in

@@ -47,6 +47,13 @@ pub const UNSERVED: &str = "outbox_unserved_ready_messages";
 /// Gauge: pending messages of topics without a handler here, by `topic`.
 pub const UNHANDLED: &str = "outbox_unhandled_pending_messages";
 
+/// Counter: events a replay delivered to its handler, by `topic`, `handler` and `outcome`
+/// (`done` or `failed`).
+pub const REPLAYED: &str = "outbox_replayed_events_total";
+/// Gauge: events a running replay has left, by `topic` and `handler`, set by the worker
+/// running it after each batch.
+pub const REPLAY_LEFT: &str = "outbox_replay_events_left";
+
 /// Registers the descriptions of every metric with the installed recorder.
 pub fn describe() {
     use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
@@ -69,6 +76,14 @@ pub fn describe() {
         "Handler calls that held their thread without yielding for 500 ms or more"
     );
     describe_gauge!(PENDING, "Pending messages by topic and state");
+    describe_counter!(
+        REPLAYED,
+        "Events a replay delivered to its handler, by topic, handler and outcome"
+    );
+    describe_gauge!(
+        REPLAY_LEFT,
+        "Events a running replay has left, by topic and handler"
+    );
     describe_gauge!(
         OLDEST_READY_AGE,
         Unit::Seconds,

@@ -1,6 +1,6 @@
-//! The records of the event log: the retained topics, their events, and what an upkeep did.
-//! The storage backends build them; [`Store`](crate::store::Store)'s event-log methods
-//! return them.
+//! The records of the event log: the retained topics, their events, what an upkeep did, and
+//! the replays of the log to one handler. The storage backends build them;
+//! [`Store`](crate::store::Store)'s event-log methods return them.
 
 use std::time::Duration;
 
@@ -173,6 +173,267 @@ pub struct LogUpkeep {
     pub dropped: u32,
     /// Expired events deleted (SQLite, in batches).
     pub deleted: u64,
+}
+
+/// Where a handler starts when it is first deployed: [`Handler::START`](crate::Handler::START).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Start {
+    /// With the messages delivered from now on (the default): no backfill.
+    #[default]
+    Present,
+    /// With the retained events enqueued this long before its first start, then on.
+    Since(Duration),
+    /// With every retained event of its topic, then on.
+    Beginning,
+}
+
+/// What to replay: a window of one retained topic's events, to one handler of that topic.
+///
+/// ```
+/// use outbox::ReplayRequest;
+/// use chrono::{Duration, Utc};
+///
+/// let replay = ReplayRequest::new("booking.created", "search-index")
+///     .since(Utc::now() - Duration::days(7))
+///     .rate(500);
+/// assert_eq!(replay.rate, Some(500));
+/// ```
+#[derive(Debug, Clone, Default)]
+#[non_exhaustive]
+pub struct ReplayRequest {
+    /// The topic, which must retain its events.
+    pub topic: String,
+    /// The handler, which must have run on this topic (a worker with it has started).
+    pub handler: String,
+    /// Events enqueued at or after this time; all retained ones when `None`.
+    pub since: Option<DateTime<Utc>>,
+    /// Events enqueued before this time; up to the replay's creation when `None`.
+    pub until: Option<DateTime<Utc>>,
+    /// Only the events of this ordering key.
+    pub key: Option<String>,
+    /// At most this many events per second.
+    pub rate: Option<u32>,
+    /// Deliver with new message ids, and so new derived idempotency keys: a re-run that a
+    /// dedup-wrapped handler does not skip. By default each event keeps its id and keys.
+    pub fresh: bool,
+}
+
+impl ReplayRequest {
+    /// The retained events of `topic`, to its handler `handler`.
+    pub fn new(topic: impl Into<String>, handler: impl Into<String>) -> Self {
+        Self {
+            topic: topic.into(),
+            handler: handler.into(),
+            ..Self::default()
+        }
+    }
+
+    /// Only events enqueued at or after `since`.
+    #[must_use]
+    pub fn since(mut self, since: DateTime<Utc>) -> Self {
+        self.since = Some(since);
+        self
+    }
+
+    /// Only events enqueued before `until`.
+    #[must_use]
+    pub fn until(mut self, until: DateTime<Utc>) -> Self {
+        self.until = Some(until);
+        self
+    }
+
+    /// Only the events of ordering key `key`.
+    #[must_use]
+    pub fn key(mut self, key: impl Into<String>) -> Self {
+        self.key = Some(key.into());
+        self
+    }
+
+    /// At most `per_second` events per second.
+    #[must_use]
+    pub fn rate(mut self, per_second: u32) -> Self {
+        self.rate = Some(per_second);
+        self
+    }
+
+    /// New message ids and idempotency keys (see [`fresh`](Self::fresh)).
+    #[must_use]
+    pub fn fresh(mut self) -> Self {
+        self.fresh = true;
+        self
+    }
+}
+
+/// What a replay would deliver: how many events, enqueued when.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ReplayPlan {
+    /// Events in the window.
+    pub events: i64,
+    /// When the first of them was enqueued.
+    pub first: Option<DateTime<Utc>>,
+    /// When the last of them was enqueued.
+    pub last: Option<DateTime<Utc>>,
+}
+
+/// Where a replay stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ReplayState {
+    /// Delivering, or waiting for a worker with its handler.
+    Running,
+    /// Paused by an operator: resumed from its cursor.
+    Paused,
+    /// Cancelled by an operator: it delivers nothing more.
+    Cancelled,
+    /// Every event of its window was handled.
+    Done,
+}
+
+impl ReplayState {
+    /// The state's name as stored: `running`, `paused`, `cancelled`, `done`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReplayState::Running => "running",
+            ReplayState::Paused => "paused",
+            ReplayState::Cancelled => "cancelled",
+            ReplayState::Done => "done",
+        }
+    }
+
+    pub(crate) fn parse(s: &str) -> Self {
+        match s {
+            "paused" => ReplayState::Paused,
+            "cancelled" => ReplayState::Cancelled,
+            "done" => ReplayState::Done,
+            _ => ReplayState::Running,
+        }
+    }
+}
+
+impl std::fmt::Display for ReplayState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A replay and its progress.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ReplayInfo {
+    /// Its id.
+    pub id: Uuid,
+    /// What it replays.
+    pub request: ReplayRequestInfo,
+    /// Made for a handler's [`Start`] rather than by an operator.
+    pub backfill: bool,
+    /// Where it stands.
+    pub state: ReplayState,
+    /// Events in its window when it was made.
+    pub total: i64,
+    /// Events handled (including those that failed for good).
+    pub delivered: i64,
+    /// Events its handler failed for good: recorded with their errors, and the replay went on.
+    pub failed: i64,
+    /// The last event handled: where it resumes.
+    pub cursor: Option<Uuid>,
+    /// When it was made.
+    pub created_at: DateTime<Utc>,
+    /// When a worker first took it up.
+    pub started_at: Option<DateTime<Utc>>,
+    /// When it last moved.
+    pub updated_at: DateTime<Utc>,
+    /// When it was done or cancelled.
+    pub finished_at: Option<DateTime<Utc>>,
+    /// Whether a worker is running it now (its lease is live).
+    pub leased: bool,
+}
+
+/// The window and handler of a stored replay.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ReplayRequestInfo {
+    /// The topic.
+    pub topic: String,
+    /// The handler.
+    pub handler: String,
+    /// Events enqueued from.
+    pub since: Option<DateTime<Utc>>,
+    /// Events enqueued before.
+    pub until: DateTime<Utc>,
+    /// Only this ordering key.
+    pub key: Option<String>,
+    /// Events per second at most.
+    pub rate: Option<u32>,
+    /// New message ids.
+    pub fresh: bool,
+}
+
+impl ReplayInfo {
+    /// Handled over total, from 0 to 1 (1 for an empty window).
+    pub fn progress(&self) -> f64 {
+        if self.total <= 0 {
+            1.0
+        } else {
+            (self.delivered as f64 / self.total as f64).min(1.0)
+        }
+    }
+
+    /// Events handled per second since it started.
+    pub fn rate(&self) -> Option<f64> {
+        let started = self.started_at?;
+        let end = self.finished_at.unwrap_or(self.updated_at);
+        let secs = (end - started).num_milliseconds() as f64 / 1000.0;
+        (secs > 0.0).then(|| self.delivered as f64 / secs)
+    }
+
+    /// The time left at [`rate`](Self::rate), while it runs.
+    pub fn time_left(&self) -> Option<Duration> {
+        if self.state != ReplayState::Running {
+            return None;
+        }
+        let rate = self.rate()?;
+        let left = (self.total - self.delivered).max(0) as f64;
+        (rate > 0.0).then(|| Duration::from_secs_f64(left / rate))
+    }
+
+    /// One line: `[#########-----------]  45%  4,500/10,000  310/s  ~18s left  running`.
+    pub fn progress_line(&self) -> String {
+        const WIDTH: usize = 20;
+        let filled = ((self.progress() * WIDTH as f64).round() as usize).min(WIDTH);
+        let mut line = format!(
+            "[{}{}] {:>3.0}%  {}/{}",
+            "#".repeat(filled),
+            "-".repeat(WIDTH - filled),
+            self.progress() * 100.0,
+            self.delivered,
+            self.total
+        );
+        if let Some(rate) = self.rate() {
+            line.push_str(&format!("  {rate:.0}/s"));
+        }
+        if let Some(left) = self.time_left() {
+            line.push_str(&format!("  ~{}s left", left.as_secs()));
+        }
+        if self.failed > 0 {
+            line.push_str(&format!("  {} failed", self.failed));
+        }
+        line.push_str(&format!("  {}", self.state));
+        line
+    }
+}
+
+/// An event a replay's handler failed for good.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ReplayFailure {
+    /// The event's id.
+    pub event_id: Uuid,
+    /// Attempts made.
+    pub attempts: i32,
+    /// The last error.
+    pub error: String,
+    /// When it failed for good.
+    pub failed_at: DateTime<Utc>,
 }
 
 #[cfg(test)]

@@ -1,7 +1,8 @@
 //! The backend seam: every SQL statement lives in one folder per database below this one,
 //! `postgres/` and `sqlite/`, each with the same files: `mod.rs` (the backend and its
 //! [`Backend`] impl, which hands each method to the file of its part), `migrate.rs`,
-//! `enqueue.rs`, `claim.rs`, `outcome.rs`, `ops.rs`, `log.rs`, `workers.rs` and `wake.rs`.
+//! `enqueue.rs`, `claim.rs`, `outcome.rs`, `ops.rs`, `log.rs`, `replay.rs`, `workers.rs` and
+//! `wake.rs`.
 //!
 //! The [`Backend`] trait is internal and unstable; users see [`Store`](crate::store::Store) and
 //! [`Connection`].
@@ -122,8 +123,8 @@ impl<C: Connection + ?Sized> ConnectionMut for &mut C {
 /// Internal and unstable: `pub(crate)`, not part of the public API, changed whenever the worker
 /// needs it to. Each backend implements it in a folder of its own (`postgres/`, `sqlite/`) with
 /// the same files, and its methods are grouped here in the order and under the names of those
-/// files: the pool (`mod.rs`), then migrate, enqueue, claim, outcome, ops, log, workers and
-/// wake.
+/// files: the pool (`mod.rs`), then migrate, enqueue, claim, outcome, ops, log, replay,
+/// workers and wake.
 #[async_trait]
 pub(crate) trait Backend: Send + Sync + 'static {
     // ---- the pool (`mod.rs`) ----
@@ -272,6 +273,67 @@ pub(crate) trait Backend: Send + Sync + 'static {
         &self,
         filter: &crate::retention::EventFilter,
     ) -> Result<Vec<crate::retention::RetainedEvent>>;
+
+    // ---- replay (`replay.rs`) ----
+
+    /// The events a replay would deliver, enqueued before `until`.
+    async fn replay_plan(
+        &self,
+        request: &crate::retention::ReplayRequest,
+        until: chrono::DateTime<chrono::Utc>,
+    ) -> Result<crate::retention::ReplayPlan>;
+
+    /// Makes replay `id` (checked by the caller) of `total` events before `until`; false when
+    /// it is a `backfill` of a handler that has one already.
+    async fn replay_create(
+        &self,
+        id: uuid::Uuid,
+        request: &crate::retention::ReplayRequest,
+        until: chrono::DateTime<chrono::Utc>,
+        total: i64,
+        backfill: bool,
+    ) -> Result<bool>;
+
+    /// Every replay, newest first.
+    async fn replay_list(&self) -> Result<Vec<crate::retention::ReplayInfo>>;
+
+    /// One replay.
+    async fn replay_get(&self, id: uuid::Uuid) -> Result<Option<crate::retention::ReplayInfo>>;
+
+    /// The events a replay's handler failed for good.
+    async fn replay_failures(&self, id: uuid::Uuid)
+        -> Result<Vec<crate::retention::ReplayFailure>>;
+
+    /// Pauses, resumes or cancels a replay; false when it was not in a state to.
+    async fn replay_set_state(
+        &self,
+        id: uuid::Uuid,
+        to: crate::retention::ReplayState,
+    ) -> Result<bool>;
+
+    /// Leases to `worker` under `token` the oldest running replay, with a free lease, of one of
+    /// the (topic, handler) pairs it runs.
+    async fn replay_lease(
+        &self,
+        worker: uuid::Uuid,
+        token: uuid::Uuid,
+        handlers: &[(&str, &str)],
+        lease: std::time::Duration,
+    ) -> Result<Option<crate::retention::ReplayInfo>>;
+
+    /// Writes one step of a replay under its lease; `None` when the lease was taken over.
+    async fn replay_advance(
+        &self,
+        id: uuid::Uuid,
+        token: uuid::Uuid,
+        step: &ReplayStep,
+    ) -> Result<Option<crate::retention::ReplayState>>;
+
+    /// Records (topic, handler) pairs as run; returns those seen for the first time.
+    async fn handlers_seen(&self, handlers: &[(&str, &str)]) -> Result<Vec<(String, String)>>;
+
+    /// Whether a handler has run on a topic.
+    async fn handler_known(&self, topic: &str, handler: &str) -> Result<bool>;
 
     // ---- workers (`workers.rs`) ----
 

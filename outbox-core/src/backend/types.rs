@@ -106,3 +106,20 @@ pub struct NewMessage {
     pub(crate) releases_key: bool,
     pub(crate) trace: Option<crate::trace::TraceContext>,
 }
+
+/// What one step of a replay's runner writes.
+#[derive(Debug, Clone)]
+pub(crate) struct ReplayStep {
+    /// The last event handled, if the step handled any.
+    pub(crate) cursor: Option<Uuid>,
+    /// Events handled (failures included).
+    pub(crate) delivered: i64,
+    /// Events failed for good: (event id, attempts, error).
+    pub(crate) failures: Vec<(Uuid, i32, String)>,
+    /// The window has no more events: the replay is done.
+    pub(crate) finished: bool,
+    /// The lease renewed for this long.
+    pub(crate) lease: std::time::Duration,
+    /// The runner gives the replay up (the worker stops).
+    pub(crate) release: bool,
+}

@@ -82,7 +82,7 @@ struct List {
 }
 
 /// An RFC 3339 instant, or a duration before now.
-fn instant(s: &str) -> Result<DateTime<Utc>, String> {
+pub(super) fn instant(s: &str) -> Result<DateTime<Utc>, String> {
     if let Ok(t) = DateTime::parse_from_rfc3339(s) {
         return Ok(t.with_timezone(&Utc));
     }

@@ -20,6 +20,7 @@ mod events;
 pub mod exit;
 pub mod ops;
 mod print;
+mod replay;
 mod run;
 
 pub(crate) use self::args::duration;

@@ -10,6 +10,8 @@
 //! outbox purge --older-than 7d [--batch 1000] [--processed]
 //! outbox events --topic T [--since TIME] [--until TIME] [--key K] [--json]
 //! outbox events topics | retain --topic T (--for 180d | --off) | upkeep
+//! outbox replay --topic T --handler H [--since TIME] [--until TIME] [--key K] [--rate N] [--fresh] [--dry-run] [--follow]
+//! outbox replay status [ID] | pause ID | resume ID | cancel ID
 //! outbox console [--addr 127.0.0.1:8080] [--read-only] [--token T | --user U --password P]
 //! ```
 //!
@@ -100,6 +102,9 @@ enum Command {
     /// The event log: list a topic's retained events (`--topic T`), or the retained topics,
     /// a topic's window, the log's upkeep.
     Events(super::events::Events),
+    /// Deliver a window of a retained topic's events again to one handler
+    /// (`--topic T --handler H`), or follow, pause, resume or cancel a replay.
+    Replay(super::replay::Replay),
     /// Serve the operator's console in the browser.
     #[cfg(feature = "console")]
     Console(ConsoleArgs),
@@ -377,6 +382,7 @@ async fn run(command: Command, store: Store) -> crate::error::Result<u8> {
             );
         }
         Command::Events(events) => return super::events::run(events, store).await,
+        Command::Replay(replay) => return super::replay::run(replay, store).await,
         #[cfg(feature = "console")]
         Command::Console(args) => return console(&args, store).await,
     }

@@ -72,6 +72,14 @@ pub trait Handler: Send + Sync + 'static {
     /// The handler's stable name, unique among the handlers of its topic.
     const NAME: &'static str;
 
+    /// Where the handler starts when a worker first runs it: with the messages delivered
+    /// from then on ([`Start::Present`], the default), or also with the retained events of
+    /// its topic ([`Start::Beginning`], or [`Start::Since`] a time before): the first worker
+    /// that runs a handler of this name makes one backfill replay for the whole deployment,
+    /// however many start at once. Only a topic that retains its events
+    /// (`#[outbox_event(retain = "...")]`) has a past to start from.
+    const START: crate::retention::Start = crate::retention::Start::Present;
+
     /// Handles one delivery. Return `Ok(())` when the effect is done.
     ///
     /// `?` on any error gives a retryable failure; use [`HandlerError::permanent`] for failures
@@ -267,6 +275,8 @@ pub(crate) trait ErasedHandler: Send + Sync + 'static {
     /// How long delivered events of its topic stay in the event log ([`Event::RETAIN`]);
     /// `None` for a raw handler, which knows no event type.
     fn retain(&self) -> Option<Duration>;
+    /// Where it starts when first deployed ([`Handler::START`]).
+    fn start(&self) -> crate::retention::Start;
     /// Calls the handler with `payload`, stored with version `version` of its event type.
     async fn call(&self, payload: &str, version: u32, ctx: &Context) -> Result<(), HandlerError>;
 }
@@ -303,6 +313,9 @@ impl<H: Handler> ErasedHandler for Typed<H> {
     }
     fn retain(&self) -> Option<Duration> {
         <H::Event as Event>::RETAIN
+    }
+    fn start(&self) -> crate::retention::Start {
+        H::START
     }
     async fn call(&self, payload: &str, version: u32, ctx: &Context) -> Result<(), HandlerError> {
         let event =
@@ -355,6 +368,9 @@ impl<H: RawHandler> ErasedHandler for Raw<H> {
     }
     fn retain(&self) -> Option<Duration> {
         None
+    }
+    fn start(&self) -> crate::retention::Start {
+        crate::retention::Start::Present
     }
     async fn call(&self, payload: &str, _version: u32, ctx: &Context) -> Result<(), HandlerError> {
         self.handler.handle_raw(payload, ctx).await

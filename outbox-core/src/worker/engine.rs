@@ -26,6 +26,7 @@ use uuid::Uuid;
 mod chores;
 mod claims;
 mod dispatch;
+mod replays;
 
 use claims::{claim_loop, start_claimed};
 
@@ -172,6 +173,7 @@ pub(super) async fn run(
     // Before the first claim, so that the first deliveries of a newly retained topic are
     // logged.
     worker.declare_retention(&*backend).await;
+    replays::record_handlers(&worker, &*backend).await;
 
     let wake = Arc::new(Wakeups::default());
     let tasks = CancellationToken::new();
@@ -210,6 +212,7 @@ pub(super) async fn run(
     let collector = tokio::spawn(dispatch::collect(shared.clone(), finished_rx));
     tokio::spawn(chores::chores(shared.clone(), tasks.clone()));
     tokio::spawn(chores::periodic(shared.clone(), tasks.clone()));
+    tokio::spawn(replays::run(shared.clone(), stop.clone()));
 
     // Until the stop request. The claim loop is polled on after it, within the deadline: a
     // statement it has in flight then may still land, and what it claimed is handed back.

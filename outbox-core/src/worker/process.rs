@@ -379,7 +379,7 @@ async fn run_handlers(
 pub(crate) const MAX_RETRY_AFTER: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// Calls one handler with its timeout, turning a panic or a timeout into a failed attempt.
-async fn call_handler(
+pub(super) async fn call_handler(
     h: &dyn ErasedHandler,
     payload: &str,
     version: u32,

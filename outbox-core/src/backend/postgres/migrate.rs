@@ -58,6 +58,11 @@ const MIGRATIONS: &[Migration] = &[
         description: "the event log: retention per topic and the delivered events it keeps",
         sql: include_str!("../../../migrations/postgres/0010_event_log.sql"),
     },
+    Migration {
+        version: 11,
+        description: "replays of the event log to one handler, and the handlers seen",
+        sql: include_str!("../../../migrations/postgres/0011_replays.sql"),
+    },
 ];
 
 /// The advisory lock key that serialises migrations ("outbox" in ASCII).

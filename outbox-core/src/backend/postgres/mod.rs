@@ -9,6 +9,7 @@
 //! - `outcome.rs`: what became of claimed messages: done, failed, handed back, lease renewed.
 //! - `ops.rs`: statistics, dead letters and purges, for the operations tools.
 //! - `log.rs`: the event log: retention per topic, its upkeep and its reads.
+//! - `replay.rs`: replays of the log to one handler, and the handlers the deployment has run.
 //! - `workers.rs`: the workers table: heartbeat, list, deregistration.
 //! - `wake.rs`: the LISTEN side of the wake-ups that producers send with NOTIFY.
 //!
@@ -37,6 +38,7 @@ mod log;
 mod migrate;
 mod ops;
 mod outcome;
+mod replay;
 mod wake;
 mod workers;
 
@@ -216,6 +218,70 @@ impl Backend for PgBackend {
         filter: &crate::retention::EventFilter,
     ) -> Result<Vec<crate::retention::RetainedEvent>> {
         log::events(&self.pool, filter).await
+    }
+
+    // ---- replay (`replay.rs`) ----
+
+    async fn replay_plan(
+        &self,
+        request: &crate::retention::ReplayRequest,
+        until: chrono::DateTime<chrono::Utc>,
+    ) -> Result<crate::retention::ReplayPlan> {
+        replay::plan(&self.pool, request, until).await
+    }
+
+    async fn replay_create(
+        &self,
+        id: Uuid,
+        request: &crate::retention::ReplayRequest,
+        until: chrono::DateTime<chrono::Utc>,
+        total: i64,
+        backfill: bool,
+    ) -> Result<bool> {
+        replay::create(&self.pool, id, request, until, total, backfill).await
+    }
+
+    async fn replay_list(&self) -> Result<Vec<crate::retention::ReplayInfo>> {
+        replay::list(&self.pool).await
+    }
+
+    async fn replay_get(&self, id: Uuid) -> Result<Option<crate::retention::ReplayInfo>> {
+        replay::get(&self.pool, id).await
+    }
+
+    async fn replay_failures(&self, id: Uuid) -> Result<Vec<crate::retention::ReplayFailure>> {
+        replay::failures(&self.pool, id).await
+    }
+
+    async fn replay_set_state(&self, id: Uuid, to: crate::retention::ReplayState) -> Result<bool> {
+        replay::set_state(&self.pool, id, to).await
+    }
+
+    async fn replay_lease(
+        &self,
+        worker: Uuid,
+        token: Uuid,
+        handlers: &[(&str, &str)],
+        lease: std::time::Duration,
+    ) -> Result<Option<crate::retention::ReplayInfo>> {
+        replay::lease(&self.pool, worker, token, handlers, lease).await
+    }
+
+    async fn replay_advance(
+        &self,
+        id: Uuid,
+        token: Uuid,
+        step: &crate::backend::ReplayStep,
+    ) -> Result<Option<crate::retention::ReplayState>> {
+        replay::advance(&self.pool, id, token, step).await
+    }
+
+    async fn handlers_seen(&self, handlers: &[(&str, &str)]) -> Result<Vec<(String, String)>> {
+        replay::seen(&self.pool, handlers).await
+    }
+
+    async fn handler_known(&self, topic: &str, handler: &str) -> Result<bool> {
+        replay::known(&self.pool, topic, handler).await
     }
 
     // ---- workers (`workers.rs`) ----

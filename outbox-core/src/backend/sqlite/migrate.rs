@@ -58,6 +58,11 @@ const MIGRATIONS: &[Migration] = &[
         description: "the event log: retention per topic and the delivered events it keeps",
         sql: include_str!("../../../migrations/sqlite/0010_event_log.sql"),
     },
+    Migration {
+        version: 11,
+        description: "replays of the event log to one handler, and the handlers seen",
+        sql: include_str!("../../../migrations/sqlite/0011_replays.sql"),
+    },
 ];
 
 const CREATE_MIGRATIONS_TABLE: &str = "CREATE TABLE IF NOT EXISTS outbox_migrations ( \

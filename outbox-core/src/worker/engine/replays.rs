@@ -1,0 +1,386 @@
+//! The replays this worker runs: at start it records its handlers (and makes the backfill a
+//! new handler's [`Start`] asks for); then, while it runs, it takes up a replay of one of its
+//! handlers, one at a time under a lease, and delivers its events batch by batch.
+//!
+//! A batch's events go to the handler concurrently across ordering keys and one after another
+//! within a key, each with the handler's retries; one that still fails is recorded as the
+//! replay's failure and the replay goes on. Only then does the cursor move, in the write that
+//! renews the lease: a worker killed mid-batch leaves the batch to be handled again by the next
+//! worker that takes the replay up. Replays never starve live messages: they use at most a
+//! quarter of the worker's handler slots, and take those slots as live messages do.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use chrono::Utc;
+use futures_util::future::join_all;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+use uuid::Uuid;
+
+use super::super::process::call_handler;
+use super::Shared;
+use crate::backend::{Backend, ReplayStep};
+use crate::handler::{Context, ErasedHandler, FailureKind};
+use crate::retention::{EventFilter, ReplayInfo, ReplayRequest, ReplayState, RetainedEvent, Start};
+use crate::worker::Worker;
+
+/// How often an idle worker looks for a replay to take up.
+const LOOK_EVERY: Duration = Duration::from_millis(500);
+/// A replay's lease: renewed with every batch and every [`RENEW_EVERY`] within one.
+const LEASE: Duration = Duration::from_secs(30);
+const RENEW_EVERY: Duration = Duration::from_secs(10);
+/// Events read per batch.
+const BATCH: u32 = 200;
+/// The longest pause between two attempts of one event.
+const MAX_PAUSE: Duration = Duration::from_secs(5);
+
+/// Records this worker's handlers as run, and makes the backfill of each one seen for the first
+/// time whose [`Start`] reaches into the past of a retained topic. Failures are logged: a
+/// worker runs without them.
+pub(in crate::worker) async fn record_handlers(worker: &Worker, backend: &dyn Backend) {
+    let pairs: Vec<(&str, &str)> = worker
+        .inner
+        .topics
+        .iter()
+        .flat_map(|(topic, hs)| hs.iter().map(move |h| (*topic, h.name())))
+        .collect();
+    let new = match backend.handlers_seen(&pairs).await {
+        Ok(new) => new,
+        Err(e) => {
+            tracing::warn!(error = %e, "could not record this worker's handlers; backfills of new handlers wait for the next start");
+            return;
+        }
+    };
+    for (topic, name) in new {
+        let Some(h) = worker
+            .inner
+            .topics
+            .get(topic.as_str())
+            .and_then(|hs| hs.iter().find(|h| h.name() == name))
+        else {
+            continue;
+        };
+        let since = match h.start() {
+            Start::Present => continue,
+            Start::Beginning => None,
+            Start::Since(ago) => {
+                Some(Utc::now() - chrono::Duration::from_std(ago).unwrap_or(chrono::Duration::MAX))
+            }
+        };
+        let mut request = ReplayRequest::new(topic.clone(), name.clone());
+        request.since = since;
+        if let Err(e) = backfill(backend, &request).await {
+            tracing::warn!(topic = %topic, handler = %name, error = %e, "could not make the backfill of a new handler");
+        }
+    }
+}
+
+/// Makes the backfill replay of `request`'s handler, once for the deployment.
+async fn backfill(backend: &dyn Backend, request: &ReplayRequest) -> crate::error::Result<()> {
+    let retained = backend.log_topics(false).await?;
+    if !retained.iter().any(|t| t.topic == request.topic) {
+        tracing::warn!(topic = %request.topic, handler = %request.handler, "the handler starts in the past, but its topic retains no events: nothing to backfill");
+        return Ok(());
+    }
+    let until = Utc::now();
+    let plan = backend.replay_plan(request, until).await?;
+    if plan.events == 0 {
+        tracing::info!(topic = %request.topic, handler = %request.handler, "new handler: no retained events to backfill");
+        return Ok(());
+    }
+    let id = crate::message_id::new_message_id();
+    if backend
+        .replay_create(id, request, until, plan.events, true)
+        .await?
+    {
+        tracing::info!(replay = %id, topic = %request.topic, handler = %request.handler, events = plan.events, "new handler: backfill of the retained events made");
+    }
+    Ok(())
+}
+
+/// Takes up replays of this worker's handlers until `stop`.
+pub(super) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
+    let worker = &shared.worker;
+    let pairs: Vec<(&str, &str)> = worker
+        .inner
+        .topics
+        .iter()
+        .flat_map(|(topic, hs)| hs.iter().map(move |h| (*topic, h.name())))
+        .collect();
+    let slots = Arc::new(Semaphore::new((worker.inner.config.concurrency / 4).max(1)));
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(LOOK_EVERY) => {}
+        }
+        let token = Uuid::now_v7();
+        match shared
+            .backend
+            .replay_lease(worker.inner.id, token, &pairs, LEASE)
+            .await
+        {
+            Ok(Some(replay)) => {
+                let span = tracing::info_span!("replay", replay = %replay.id, topic = %replay.request.topic, handler = %replay.request.handler);
+                run_one(&shared, &replay, token, &slots, &stop)
+                    .instrument(span)
+                    .await;
+            }
+            Ok(None) => {}
+            Err(e) => tracing::warn!(error = %e, "could not look for replays to run"),
+        }
+    }
+}
+
+/// Runs one leased replay until it is done, paused, cancelled or taken over, or the worker
+/// stops (which gives it up for another worker to resume).
+async fn run_one(
+    shared: &Shared,
+    replay: &ReplayInfo,
+    token: Uuid,
+    slots: &Arc<Semaphore>,
+    stop: &CancellationToken,
+) {
+    let r = &replay.request;
+    let Some(handler) = shared
+        .worker
+        .inner
+        .topics
+        .get(r.topic.as_str())
+        .and_then(|hs| hs.iter().find(|h| h.name() == r.handler))
+        .cloned()
+    else {
+        return;
+    };
+    tracing::info!(replay = %replay.id, topic = %r.topic, handler = %r.handler, delivered = replay.delivered, total = replay.total, "taking up a replay");
+    let mut cursor = replay.cursor;
+    let mut delivered = replay.delivered;
+    let batch = r.rate.map_or(BATCH, |rate| rate.clamp(1, BATCH));
+    loop {
+        let mut step = ReplayStep {
+            cursor: None,
+            delivered: 0,
+            failures: Vec::new(),
+            finished: false,
+            lease: LEASE,
+            release: false,
+        };
+        if stop.is_cancelled() {
+            step.release = true;
+            let _ = shared.backend.replay_advance(replay.id, token, &step).await;
+            return;
+        }
+        let filter = EventFilter {
+            topic: r.topic.clone(),
+            since: r.since,
+            until: Some(r.until),
+            key: r.key.clone(),
+            after: cursor,
+            limit: Some(batch),
+        };
+        let events = match shared.backend.log_events(&filter).await {
+            Ok(events) => events,
+            Err(e) => {
+                tracing::warn!(replay = %replay.id, error = %e, "could not read the replay's events; trying again");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+        };
+        let started = Instant::now();
+        if events.is_empty() {
+            step.finished = true;
+        } else {
+            step.cursor = events.last().map(|e| e.id);
+            step.delivered = i64::try_from(events.len()).unwrap_or(i64::MAX);
+            step.failures = deliver(shared, replay, &handler, events, slots, token).await;
+        }
+        let state = loop {
+            match shared.backend.replay_advance(replay.id, token, &step).await {
+                Ok(state) => break state,
+                Err(e) => {
+                    tracing::warn!(replay = %replay.id, error = %e, "could not record the replay's progress; trying again");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+            }
+        };
+        let topic = r.topic.clone();
+        let name = r.handler.clone();
+        let failed = step.failures.len() as u64;
+        let done = u64::try_from(step.delivered)
+            .unwrap_or(0)
+            .saturating_sub(failed);
+        metrics::counter!(crate::metrics::REPLAYED, "topic" => topic.clone(), "handler" => name.clone(), "outcome" => "done").increment(done);
+        metrics::counter!(crate::metrics::REPLAYED, "topic" => topic.clone(), "handler" => name.clone(), "outcome" => "failed").increment(failed);
+        delivered += step.delivered;
+        metrics::gauge!(crate::metrics::REPLAY_LEFT, "topic" => topic, "handler" => name)
+            .set((replay.total - delivered).max(0) as f64);
+        match state {
+            None => {
+                tracing::warn!(replay = %replay.id, "another worker took the replay over");
+                return;
+            }
+            Some(ReplayState::Running) if !step.finished => {}
+            Some(state) => {
+                tracing::info!(replay = %replay.id, state = %state, delivered, total = replay.total, "replay left");
+                return;
+            }
+        }
+        cursor = step.cursor.or(cursor);
+        // At most `rate` events a second: a batch of `rate` events takes a second at least.
+        if let Some(rate) = r.rate {
+            let least = Duration::from_secs_f64(step.delivered as f64 / f64::from(rate.max(1)));
+            if let Some(rest) = least.checked_sub(started.elapsed()) {
+                tokio::select! {
+                    () = stop.cancelled() => {}
+                    () = tokio::time::sleep(rest) => {}
+                }
+            }
+        }
+    }
+}
+
+/// Delivers one batch: keys concurrently, each key's events in order; the lease renewed
+/// meanwhile. Returns the events that failed for good.
+async fn deliver(
+    shared: &Shared,
+    replay: &ReplayInfo,
+    handler: &Arc<dyn ErasedHandler>,
+    events: Vec<RetainedEvent>,
+    slots: &Arc<Semaphore>,
+    token: Uuid,
+) -> Vec<(Uuid, i32, String)> {
+    let mut chains: BTreeMap<Option<String>, Vec<RetainedEvent>> = BTreeMap::new();
+    let mut unordered = Vec::new();
+    for e in events {
+        match e.ordering_key.clone() {
+            Some(k) => chains.entry(Some(k)).or_default().push(e),
+            None => unordered.push(vec![e]),
+        }
+    }
+    let all = chains
+        .into_values()
+        .chain(unordered)
+        .map(|chain| async move {
+            let mut failed = Vec::new();
+            for e in chain {
+                if let Some(f) = deliver_one(shared, replay, handler, &e, slots).await {
+                    failed.push(f);
+                }
+            }
+            failed
+        });
+    let work = join_all(all);
+    tokio::pin!(work);
+    loop {
+        tokio::select! {
+            out = &mut work => return out.into_iter().flatten().collect(),
+            () = tokio::time::sleep(RENEW_EVERY) => {
+                let renew = ReplayStep {
+                    cursor: None,
+                    delivered: 0,
+                    failures: Vec::new(),
+                    finished: false,
+                    lease: LEASE,
+                    release: false,
+                };
+                if let Err(e) = shared.backend.replay_advance(replay.id, token, &renew).await {
+                    tracing::warn!(replay = %replay.id, error = %e, "could not renew the replay's lease");
+                }
+            }
+        }
+    }
+}
+
+/// Delivers one event to the handler, with its retries; the failure when it still fails.
+async fn deliver_one(
+    shared: &Shared,
+    replay: &ReplayInfo,
+    handler: &Arc<dyn ErasedHandler>,
+    e: &RetainedEvent,
+    slots: &Arc<Semaphore>,
+) -> Option<(Uuid, i32, String)> {
+    let config = &shared.worker.inner.config;
+    let max_attempts = handler
+        .max_attempts()
+        .unwrap_or(config.retry.attempt_limit())
+        .max(1);
+    let timeout = handler.timeout().unwrap_or(config.handler_timeout);
+    let message_id = if replay.request.fresh {
+        crate::message_id::new_message_id()
+    } else {
+        e.id
+    };
+    let idempotency_key = match (&e.idempotency_key, replay.request.fresh) {
+        (Some(k), false) => k.clone(),
+        _ => crate::handler::default_idempotency_key(message_id, handler.name()),
+    };
+    let version = u32::try_from(e.version).unwrap_or(1);
+    let mut attempt = 0u32;
+    loop {
+        attempt += 1;
+        let ctx = Context {
+            message_id,
+            topic: Arc::from(e.topic.as_str()),
+            handler: handler.name(),
+            attempt,
+            max_attempts,
+            created_at: e.created_at,
+            version,
+            idempotency_key: idempotency_key.clone(),
+            resources: shared.worker.inner.resources.clone(),
+            trace: e
+                .traceparent
+                .clone()
+                .map(|p| crate::trace::TraceContext::new(p, None)),
+        };
+        let result = {
+            let (Ok(_slot), Ok(_permit)) = (
+                slots.clone().acquire_owned().await,
+                shared.permits.clone().acquire_owned().await,
+            ) else {
+                return Some((e.id, attempt as i32, "the worker stopped".into()));
+            };
+            let h = handler.clone();
+            let payload = e.payload.clone();
+            let call = shared
+                .handlers_rt
+                .spawn(async move { call_handler(&*h, &payload, version, &ctx, timeout).await });
+            match call.await {
+                Ok(result) => result,
+                Err(join) => Err(crate::handler::HandlerError::retry(format!(
+                    "the handler's task ended: {join}"
+                ))),
+            }
+        };
+        match result {
+            Ok(()) => return None,
+            Err(err) => {
+                let chain = err.chain_string();
+                let pause = match err.kind() {
+                    FailureKind::Permanent => None,
+                    _ if attempt >= max_attempts => None,
+                    FailureKind::RetryAfter(d) => Some(d.min(MAX_PAUSE)),
+                    _ => Some(
+                        handler
+                            .backoff(attempt)
+                            .unwrap_or_else(|| config.retry.backoff(attempt))
+                            .min(MAX_PAUSE),
+                    ),
+                };
+                match pause {
+                    Some(pause) => {
+                        tracing::warn!(replay = %replay.id, message_id = %e.id, topic = %e.topic, handler = handler.name(), error = %chain, retry_in = ?pause, "replayed event failed; will retry");
+                        tokio::time::sleep(pause).await;
+                    }
+                    None => {
+                        tracing::error!(replay = %replay.id, message_id = %e.id, topic = %e.topic, handler = handler.name(), error = %chain, "replayed event failed for good; recorded, and the replay goes on");
+                        let error = crate::diagnostics::bound_error(&chain, config.max_error_bytes);
+                        return Some((e.id, i32::try_from(attempt).unwrap_or(i32::MAX), error));
+                    }
+                }
+            }
+        }
+    }
+}
