@@ -915,6 +915,68 @@ outbox_tests::both_backends! {
     }
 }
 
+/// PostgreSQL: when a retained topic's day partitions run short (dropped by hand here), the
+/// overview says so and links to the event log, which says which topic; an upkeep ends it.
+#[tokio::test]
+async fn the_overview_warns_when_the_event_log_runs_short_of_partitions() {
+    let db = pg().await;
+    let store = Store::from(&db.pool);
+    store
+        .declare_retention(&[("console.log", LOG_WINDOW)])
+        .await
+        .unwrap();
+    let addr = serve(&db, ConsoleConfig::new()).await;
+    let a = http(addr, "GET", "/", &[], "").await;
+    assert!(!a.body.contains("event-log-runway"), "{}", a.body);
+
+    let future: Vec<String> = sqlx::query_scalar(
+        "SELECT c.relname::text FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid \
+         WHERE i.inhparent = 'outbox_events_t1'::regclass AND c.relname > 'outbox_events_t1_' || \
+               to_char((now() AT TIME ZONE 'UTC')::date, 'YYYYMMDD')",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(future.len(), 7, "seven days ahead: {future:?}");
+    for table in &future {
+        sqlx::query(sqlx::AssertSqlSafe(format!("DROP TABLE {table}")))
+            .execute(&db.pool)
+            .await
+            .unwrap();
+    }
+
+    let a = http(addr, "GET", "/", &[], "").await;
+    assert_eq!(a.status, 200, "{}", a.body);
+    let notice = element_text(
+        &a.body,
+        "<div class=\"notice warn\" id=\"event-log-runway\"",
+        "div",
+    )
+    .unwrap_or_else(|| panic!("no runway notice: {}", a.body));
+    assert!(
+        notice.contains("console.log") && notice.contains("more hours"),
+        "{notice}"
+    );
+    let at = a.body.find("id=\"event-log-runway\"").unwrap();
+    assert!(
+        a.body[at..].contains("<a href=\"/events\">See the event log</a>"),
+        "{}",
+        a.body
+    );
+    let a = http(addr, "GET", "/events", &[], "").await;
+    assert!(a.body.contains("id=\"runway\""), "{}", a.body);
+    assert!(a.body.contains("partitions run short"), "{}", a.body);
+    let a = http(addr, "GET", "/events?topic=console.log", &[], "").await;
+    assert!(a.body.contains("id=\"runway\""), "{}", a.body);
+
+    store.log_upkeep().await.unwrap().expect("the lock is free");
+    let a = http(addr, "GET", "/", &[], "").await;
+    assert!(!a.body.contains("event-log-runway"), "{}", a.body);
+    let a = http(addr, "GET", "/events", &[], "").await;
+    assert!(!a.body.contains("id=\"runway\""), "{}", a.body);
+    db.drop_db().await;
+}
+
 // ---------------------------------------------------------------------------------------------
 // In a browser
 
