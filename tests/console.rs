@@ -146,7 +146,12 @@ async fn status(db: &TestDb, id: Uuid) -> Option<String> {
 
 /// Serves the console (at `mount`, `""` for the root) on a free loopback port.
 async fn serve_at(db: &TestDb, config: ConsoleConfig, mount: &str) -> SocketAddr {
-    let router = console::router(&db.pool, config);
+    serve_store(Store::from(&db.pool), config, mount).await
+}
+
+/// Serves the console of `store`, of either backend, (at `mount`) on a free loopback port.
+async fn serve_store(store: Store, config: ConsoleConfig, mount: &str) -> SocketAddr {
+    let router = console::router(store, config);
     let app = if mount.is_empty() {
         router
     } else {
@@ -407,7 +412,15 @@ async fn a_token_guards_every_page_and_signs_in_once() {
 #[tokio::test]
 async fn basic_auth_and_a_nested_mount() {
     let db = pg().await;
+    Store::from(&db.pool)
+        .declare_retention(&[("console.log", LOG_WINDOW)])
+        .await
+        .unwrap();
     let addr = serve_at(&db, ConsoleConfig::new().basic("ops", "pa:ss"), "/ops").await;
+    for path in ["/ops/dead", "/ops/events", "/ops/events?topic=console.log"] {
+        let a = http(addr, "GET", path, &[], "").await;
+        assert_eq!(a.status, 401, "{path}");
+    }
     let a = http(addr, "GET", "/ops/dead", &[], "").await;
     assert_eq!(a.status, 401);
     assert!(a.header("www-authenticate").unwrap().starts_with("Basic"));
@@ -422,8 +435,23 @@ async fn basic_auth_and_a_nested_mount() {
         "links follow the mount"
     );
     assert!(a.body.contains("href=\"/ops/assets/console.css\""));
+    assert!(
+        a.body.contains("href=\"/ops/events\""),
+        "the event log in the nav"
+    );
     let a = http(addr, "GET", "/ops/dead", &right, "").await;
     assert_eq!(a.status, 200);
+    let a = http(addr, "GET", "/ops/events", &right, "").await;
+    assert_eq!(a.status, 200, "{}", a.body);
+    assert!(
+        a.body.contains("href=\"/ops/events?topic=console.log\""),
+        "a topic's link follows the mount: {}",
+        a.body
+    );
+    let a = http(addr, "GET", "/ops/events?topic=console.log", &right, "").await;
+    assert_eq!(a.status, 200, "{}", a.body);
+    assert!(a.body.contains("action=\"/ops/events\""), "{}", a.body);
+    assert!(a.body.contains("href=\"/ops/events\" id=\"all-topics\""));
     assert_eq!(
         http(addr, "GET", "/ops/assets/console.css", &right, "")
             .await
@@ -693,6 +721,259 @@ async fn the_overview_counts_what_outbox_stats_counts() {
     assert_eq!(cli["total"]["blocked_by_dead"], 1);
     let _ = stop.send(());
     running.await.unwrap().unwrap();
+    db.drop_db().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The event log
+
+/// How long `console.log` keeps its delivered events.
+const LOG_WINDOW: Duration = Duration::from_secs(30 * 86_400);
+
+/// An event of a topic that keeps its delivered events.
+#[outbox_event(topic = "console.log", ordering_key = "key", retain = "30d")]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Logged {
+    key: String,
+    note: String,
+}
+
+/// Delivers every `Logged`.
+struct Accept;
+
+#[outbox::async_trait]
+impl Handler for Accept {
+    type Event = Logged;
+    const NAME: &'static str = "accept";
+    async fn handle(&self, _: Logged, _: &Context) -> Result<(), HandlerError> {
+        Ok(())
+    }
+}
+
+/// Runs a worker of `Logged` on `store` until nothing is pending.
+async fn deliver_all(store: &Store) {
+    let worker = Worker::builder(store.clone())
+        .handler(Accept)
+        .build()
+        .unwrap();
+    wait_until(
+        Duration::from_secs(30),
+        "every event delivered",
+        async || {
+            worker.run_once().await.unwrap();
+            store.stats().await.unwrap().total.pending() == 0
+        },
+    )
+    .await;
+}
+
+/// The address of the link `id` on a page, as a browser would follow it.
+fn link_of(body: &str, id: &str) -> Option<String> {
+    let at = body.find(&format!("id=\"{id}\""))?;
+    let href = body[..at].rfind("href=\"")? + 6;
+    Some(body[href..].split('"').next()?.replace("&amp;", "&"))
+}
+
+/// The ids of a page's rows, in order.
+fn row_ids(body: &str) -> Vec<String> {
+    body.split("<tr data-id=\"")
+        .skip(1)
+        .map(|r| r.split('"').next().unwrap().to_owned())
+        .collect()
+}
+
+/// The text of the cell of class `class` in the event log's row of `topic`.
+fn log_cell(page: &str, topic: &str, class: &str) -> Option<String> {
+    let start = page.find(&format!("<tr data-topic=\"{topic}\""))?;
+    let row = &page[start..];
+    let row = &row[..row.find("</tr>")?];
+    element_text(row, &format!("<td class=\"{class}\""), "td")
+}
+
+outbox_tests::both_backends! {
+    async fn the_event_log_lists_the_retained_topics_and_pages_through_one(db, store, pool) {
+        let addr = serve_store(store.clone(), ConsoleConfig::new().page_size(3), "").await;
+        // Nothing retained yet: one sentence saying how to retain.
+        let a = http(addr, "GET", "/events", &[], "").await;
+        assert_eq!(a.status, 200, "{}", a.body);
+        assert!(a.body.contains("id=\"no-retained\""), "{}", a.body);
+        assert!(a.body.contains("retain = \"180d\""), "{}", a.body);
+        assert!(
+            a.body.contains("<a href=\"/events\" aria-current=\"page\">Event log</a>"),
+            "the nav entry, current: {}",
+            a.body
+        );
+        let home = http(addr, "GET", "/", &[], "").await;
+        assert!(home.body.contains("<a href=\"/events\">Event log</a>"), "{}", home.body);
+        assert!(!home.body.contains("event-log-runway"), "{}", home.body);
+
+        store.declare_retention(&[("console.log", LOG_WINDOW)]).await.unwrap();
+        let events: Vec<Logged> = (0..7)
+            .map(|n| Logged {
+                key: format!("k{}", n % 3),
+                note: if n == 4 {
+                    "<script>alert('pwned')</script>".into()
+                } else {
+                    format!("note {n}")
+                },
+            })
+            .collect();
+        let mut tx = pool.begin().await.unwrap();
+        let ids = enqueue_many(&mut *tx, &events).await.unwrap();
+        tx.commit().await.unwrap();
+        deliver_all(&store).await;
+
+        // The list: window, count, size (PostgreSQL), oldest event, partitions (PostgreSQL).
+        let a = http(addr, "GET", "/events", &[], "").await;
+        assert_eq!(a.status, 200, "{}", a.body);
+        assert!(a.body.contains("1 topic keeps its delivered events"), "{}", a.body);
+        assert_eq!(log_cell(&a.body, "console.log", "window").as_deref(), Some("30d"));
+        assert_eq!(log_cell(&a.body, "console.log", "n events").as_deref(), Some("7"));
+        let oldest = log_cell(&a.body, "console.log", "oldest").unwrap();
+        assert!(oldest.contains(" UTC"), "{oldest}");
+        let (size, until) = (
+            log_cell(&a.body, "console.log", "n size").unwrap(),
+            log_cell(&a.body, "console.log", "until").unwrap(),
+        );
+        if store.kind() == "postgres" {
+            assert!(size.ends_with('B') && size != "0 B", "{size}");
+            assert!(until.contains("(in "), "partitions ahead: {until}");
+        } else {
+            assert_eq!((size.as_str(), until.as_str()), ("-", "-"));
+        }
+        assert!(!a.body.contains("id=\"runway\""), "{}", a.body);
+        assert!(a.body.contains("href=\"/events?topic=console.log\""), "{}", a.body);
+
+        // The topic's events, oldest first, three a page, on through `after`.
+        let mut page = http(addr, "GET", "/events?topic=console.log", &[], "").await;
+        let mut seen = Vec::new();
+        let mut pages = 0;
+        loop {
+            assert_eq!(page.status, 200, "{}", page.body);
+            assert!(!page.body.contains("method=\"post\""), "read only: {}", page.body);
+            pages += 1;
+            seen.extend(row_ids(&page.body));
+            if pages > 1 {
+                assert!(page.body.contains("id=\"first\""), "{}", page.body);
+            }
+            let Some(next) = link_of(&page.body, "next") else { break };
+            assert!(next.starts_with("/events?topic=console.log&after="), "{next}");
+            page = http(addr, "GET", &next, &[], "").await;
+        }
+        let expected: Vec<String> = ids.iter().map(Uuid::to_string).collect();
+        assert_eq!(seen, expected, "every event once, in enqueue order");
+        assert_eq!(pages, 3);
+        let last = format!("/events?topic=console.log&after={}", ids[6]);
+        let a = http(addr, "GET", &last, &[], "").await;
+        assert!(a.body.contains("No more events."), "{}", a.body);
+
+        // A payload holding a script shows as text; each row has its key and version.
+        let a = http(addr, "GET", &format!("/events?topic=console.log&after={}", ids[2]), &[], "").await;
+        assert!(!a.body.contains("<script>alert"), "{}", a.body);
+        assert!(a.body.contains("&lt;script&gt;alert(&#39;pwned&#39;)&lt;/script&gt;"), "{}", a.body);
+        let row = &a.body[a.body.find(&format!("<tr data-id=\"{}\"", ids[4])).unwrap()..];
+        let row = &row[..row.find("</tr>").unwrap()];
+        assert!(row.contains(">k1</td>") && row.contains("<td class=\"n\">1</td>"), "{row}");
+
+        // One ordering key, and one that has none.
+        let a = http(addr, "GET", "/events?topic=console.log&key=k1", &[], "").await;
+        assert_eq!(row_ids(&a.body), [ids[1].to_string(), ids[4].to_string()]);
+        assert!(a.body.contains("value=\"k1\""), "the form keeps the key: {}", a.body);
+        let a = http(addr, "GET", "/events?topic=console.log&key=%3Ci%3E", &[], "").await;
+        assert!(a.body.contains("No event of ordering key <strong>&lt;i&gt;</strong>"), "{}", a.body);
+
+        // A topic that keeps nothing says how to keep it.
+        for (topic, shown) in [("console.mail", "console.mail"), ("%3Cb%3Ex", "&lt;b&gt;x")] {
+            let a = http(addr, "GET", &format!("/events?topic={topic}"), &[], "").await;
+            assert_eq!(a.status, 200, "{}", a.body);
+            assert!(a.body.contains("id=\"not-retained\""), "{}", a.body);
+            assert!(
+                a.body.contains(&format!("outbox events retain --topic {shown} --for 180d")),
+                "{}",
+                a.body
+            );
+            assert!(!a.body.contains("<b>x"), "{}", a.body);
+        }
+
+        // Addresses it cannot read: a 400 page saying why, escaped.
+        let long = "t".repeat(65);
+        for (path, says) in [
+            ("/events?topic=console.log&after=nope".to_string(), "not an event id"),
+            ("/events?topic=console.log&after=%3Cscript%3E".to_string(), "&lt;script&gt;"),
+            (format!("/events?topic={long}"), "not a topic"),
+            ("/events?topic=a%00b".to_string(), "not a topic"),
+            ("/events?topic=console.log&key=a%00".to_string(), "NUL"),
+            (format!("/events?after={}", ids[0]), "need a topic"),
+            ("/events?key=k1".to_string(), "need a topic"),
+            ("/events?topic=a&topic=b".to_string(), "at most once"),
+        ] {
+            let a = http(addr, "GET", &path, &[], "").await;
+            assert_eq!(a.status, 400, "{path}: {}", a.body);
+            assert!(a.body.contains("id=\"bad-request\"") && a.body.contains(says), "{path}: {}", a.body);
+            assert!(!a.body.contains("<script>"), "{path}: {}", a.body);
+        }
+    }
+}
+
+/// PostgreSQL: when a retained topic's day partitions run short (dropped by hand here), the
+/// overview says so and links to the event log, which says which topic; an upkeep ends it.
+#[tokio::test]
+async fn the_overview_warns_when_the_event_log_runs_short_of_partitions() {
+    let db = pg().await;
+    let store = Store::from(&db.pool);
+    store
+        .declare_retention(&[("console.log", LOG_WINDOW)])
+        .await
+        .unwrap();
+    let addr = serve(&db, ConsoleConfig::new()).await;
+    let a = http(addr, "GET", "/", &[], "").await;
+    assert!(!a.body.contains("event-log-runway"), "{}", a.body);
+
+    let future: Vec<String> = sqlx::query_scalar(
+        "SELECT c.relname::text FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid \
+         WHERE i.inhparent = 'outbox_events_t1'::regclass AND c.relname > 'outbox_events_t1_' || \
+               to_char((now() AT TIME ZONE 'UTC')::date, 'YYYYMMDD')",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(future.len(), 7, "seven days ahead: {future:?}");
+    for table in &future {
+        sqlx::query(sqlx::AssertSqlSafe(format!("DROP TABLE {table}")))
+            .execute(&db.pool)
+            .await
+            .unwrap();
+    }
+
+    let a = http(addr, "GET", "/", &[], "").await;
+    assert_eq!(a.status, 200, "{}", a.body);
+    let notice = element_text(
+        &a.body,
+        "<div class=\"notice warn\" id=\"event-log-runway\"",
+        "div",
+    )
+    .unwrap_or_else(|| panic!("no runway notice: {}", a.body));
+    assert!(
+        notice.contains("console.log") && notice.contains("more hours"),
+        "{notice}"
+    );
+    let at = a.body.find("id=\"event-log-runway\"").unwrap();
+    assert!(
+        a.body[at..].contains("<a href=\"/events\">See the event log</a>"),
+        "{}",
+        a.body
+    );
+    let a = http(addr, "GET", "/events", &[], "").await;
+    assert!(a.body.contains("id=\"runway\""), "{}", a.body);
+    assert!(a.body.contains("partitions run short"), "{}", a.body);
+    let a = http(addr, "GET", "/events?topic=console.log", &[], "").await;
+    assert!(a.body.contains("id=\"runway\""), "{}", a.body);
+
+    store.log_upkeep().await.unwrap().expect("the lock is free");
+    let a = http(addr, "GET", "/", &[], "").await;
+    assert!(!a.body.contains("event-log-runway"), "{}", a.body);
+    let a = http(addr, "GET", "/events", &[], "").await;
+    assert!(!a.body.contains("id=\"runway\""), "{}", a.body);
     db.drop_db().await;
 }
 
@@ -1079,6 +1360,10 @@ async fn a_script_in_a_payload_shows_as_text() {
 async fn read_only_shows_no_buttons() {
     let db = pg().await;
     let ids = dead_mails(&db, &[mail("a@example.com", "x")]).await;
+    Store::from(&db.pool)
+        .declare_retention(&[("console.log", LOG_WINDOW)])
+        .await
+        .unwrap();
     let addr = serve(&db, ConsoleConfig::new().read_only(true)).await;
     let Some(b) = Browser::start().await else {
         return;
@@ -1088,6 +1373,8 @@ async fn read_only_shows_no_buttons() {
         "/dead".to_string(),
         format!("/messages/{}", ids[0]),
         "/workers".to_string(),
+        "/events".to_string(),
+        "/events?topic=console.log".to_string(),
     ] {
         b.client
             .goto(&format!("http://{addr}{page}"))

@@ -133,6 +133,14 @@ impl Store {
         Ok(topics.iter().filter_map(|t| t.runway_note(now)).collect())
     }
 
+    /// The retained topics from the catalog only: windows and (on PostgreSQL) how far ahead
+    /// the partitions go, with no count, size nor oldest event (0, `Some(0)` and `None`).
+    /// What a page that refreshes itself, or pages through one log, can afford to ask.
+    #[cfg(feature = "console")]
+    pub(crate) async fn retained_topics_brief(&self) -> Result<Vec<RetainedTopic>> {
+        self.backend().log_topics(false).await
+    }
+
     /// [`log_upkeep`](Self::log_upkeep) as if the time were `at`: what the tests of the
     /// retention windows use instead of waiting for days.
     #[doc(hidden)]

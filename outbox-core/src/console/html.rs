@@ -50,6 +50,30 @@ pub(super) fn age(d: Duration) -> String {
     }
 }
 
+/// A retention window in its largest whole unit: `30d`, `36h`, `90m`, `45s`.
+pub(super) fn window(d: Duration) -> String {
+    let s = d.as_secs();
+    match s {
+        0 => format!("{}ms", d.as_millis()),
+        s if s % 86_400 == 0 => format!("{}d", s / 86_400),
+        s if s % 3600 == 0 => format!("{}h", s / 3600),
+        s if s % 60 == 0 => format!("{}m", s / 60),
+        s => format!("{s}s"),
+    }
+}
+
+/// A size on disk in bytes, in the largest unit that keeps it at least 1: `512 B`, `48.2 kB`,
+/// `1.5 MB`, `3.1 GB` (powers of 1,000).
+pub(super) fn size(bytes: i64) -> String {
+    let b = bytes.max(0) as f64;
+    match bytes {
+        ..1_000 => format!("{} B", bytes.max(0)),
+        1_000..1_000_000 => format!("{:.1} kB", b / 1e3),
+        1_000_000..1_000_000_000 => format!("{:.1} MB", b / 1e6),
+        _ => format!("{:.1} GB", b / 1e9),
+    }
+}
+
 /// A moment in UTC, with how long ago it was.
 pub(super) fn when(t: DateTime<Utc>, now: DateTime<Utc>) -> String {
     let stamp = t.format("%Y-%m-%d %H:%M:%S UTC");
@@ -99,6 +123,7 @@ pub(super) enum Nav {
     Overview,
     Dead,
     Workers,
+    Events,
     None,
 }
 
@@ -164,6 +189,7 @@ impl Frame<'_> {
         item(&mut h, Nav::Overview, self.home(), "Overview");
         item(&mut h, Nav::Dead, self.link("/dead"), "Dead letters");
         item(&mut h, Nav::Workers, self.link("/workers"), "Workers");
+        item(&mut h, Nav::Events, self.link("/events"), "Event log");
         h.push_str("</nav><div class=\"mode\">");
         if self.read_only {
             h.push_str("<span class=\"badge ro\" id=\"read-only\">read-only</span>");
@@ -209,6 +235,17 @@ mod tests {
         assert_eq!(age(Duration::from_secs(3 * 86400 + 4 * 3600)), "3d 4h");
         assert_eq!(plural(1, "letter", "letters"), "1 letter");
         assert_eq!(plural(2000, "letter", "letters"), "2,000 letters");
+        assert_eq!(window(Duration::from_secs(30 * 86_400)), "30d");
+        assert_eq!(window(Duration::from_secs(36 * 3600)), "36h");
+        assert_eq!(window(Duration::from_secs(90 * 60)), "90m");
+        assert_eq!(window(Duration::from_secs(61)), "61s");
+        assert_eq!(window(Duration::from_millis(1500)), "1s");
+        assert_eq!(window(Duration::ZERO), "0ms");
+        assert_eq!(size(-1), "0 B");
+        assert_eq!(size(512), "512 B");
+        assert_eq!(size(48_213), "48.2 kB");
+        assert_eq!(size(1_500_000), "1.5 MB");
+        assert_eq!(size(3_100_000_000), "3.1 GB");
         assert_eq!(excerpt("abcdef", 3), "abc…");
         assert_eq!(excerpt("abc", 3), "abc");
         assert_eq!(

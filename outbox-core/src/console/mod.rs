@@ -1,5 +1,6 @@
 //! An operator's console in the browser: the queue's numbers per topic, the dead letters
-//! (look, retry, discard), one message at a time, and the live workers.
+//! (look, retry, discard), one message at a time, the live workers, and the event log (the
+//! retained topics and their delivered events, read only).
 //!
 //! Server-rendered HTML with its stylesheet and a few lines of script embedded: no build step,
 //! nothing fetched from elsewhere, so it works offline. Mount [`router`] in your own axum app,
@@ -84,7 +85,7 @@ impl fmt::Debug for Credentials {
 /// How the console behaves: credentials, read-only mode, refresh, page size.
 ///
 /// The default is safe for loopback: no credentials (so only loopback requests are answered),
-/// changes allowed, the overview refreshing every 5 seconds, 50 dead letters a page.
+/// changes allowed, the overview refreshing every 5 seconds, 50 rows a page.
 #[derive(Debug, Clone)]
 pub struct ConsoleConfig {
     credentials: Option<Credentials>,
@@ -158,7 +159,7 @@ impl ConsoleConfig {
         self
     }
 
-    /// Dead letters per page (1 to 500).
+    /// Rows per page of the dead letters and of a topic's event log (1 to 500).
     #[must_use]
     pub fn page_size(mut self, n: u32) -> Self {
         self.page_size = n.clamp(1, 500);
@@ -240,6 +241,7 @@ pub fn router(store: impl Into<Store>, config: ConsoleConfig) -> Router {
         .route("/dead/apply", post(pages::apply))
         .route("/messages/{id}", get(pages::message))
         .route("/workers", get(pages::workers))
+        .route("/events", get(pages::event_log))
         .route("/login", get(pages::login_page).post(pages::login))
         .route("/logout", post(pages::logout))
         .route(

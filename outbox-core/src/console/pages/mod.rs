@@ -1,9 +1,10 @@
 //! The console's pages, one file each: the overview, the dead letters, retrying or discarding
-//! them (the confirmation page and the change it confirms), one message, the workers, and the
-//! sign-in. What every page shares is here: its frame, the error page and the 404.
+//! them (the confirmation page and the change it confirms), one message, the workers, the
+//! event log, and the sign-in. What every page shares is here: its frame, the error page and the 404.
 
 mod dead_actions;
 mod dead_letters;
+mod event_log;
 mod message;
 mod overview;
 mod sign_in;
@@ -16,6 +17,7 @@ use axum::Extension;
 
 pub(super) use self::dead_actions::{apply, confirm};
 pub(super) use self::dead_letters::dead_letters;
+pub(super) use self::event_log::event_log;
 pub(super) use self::message::message;
 pub(super) use self::overview::overview;
 pub(super) use self::sign_in::{login, login_page, logout};

@@ -1,6 +1,6 @@
 //! The overview: the queue's numbers per topic and in total, the warnings that need an
-//! operator (topics nobody serves, messages blocked behind a dead letter, stalled leases), and
-//! the throughput of the last hour.
+//! operator (topics nobody serves, messages blocked behind a dead letter, stalled leases, an
+//! event log running short of partitions), and the throughput of the last hour.
 
 use std::fmt::Write as _;
 use std::time::Duration;
@@ -35,11 +35,15 @@ pub(in crate::console) async fn overview(
     Query(q): Query<OverviewQuery>,
 ) -> Response {
     let f = frame(&c, &base);
-    let (stats, per_minute) =
-        match tokio::try_join!(c.store.stats(), c.store.done_per_minute(CHART_MINUTES)) {
-            Ok(r) => r,
-            Err(e) => return failure(&f, &e),
-        };
+    // The event log's catalog only (no count of any log): the page reloads every few seconds.
+    let (stats, per_minute, retained) = match tokio::try_join!(
+        c.store.stats(),
+        c.store.done_per_minute(CHART_MINUTES),
+        c.store.retained_topics_brief()
+    ) {
+        Ok(r) => r,
+        Err(e) => return failure(&f, &e),
+    };
     let paused = q.refresh.as_deref() == Some("off");
     let refresh = c
         .config
@@ -124,6 +128,21 @@ pub(in crate::console) async fn overview(
              stopped renewing their lease (oldest {}); they are ready again for a live worker.</div>",
             plural(u64::try_from(stats.total.stalled).unwrap_or(0), "message is", "messages are"),
             opt_age(stats.total.oldest_stalled_age)
+        );
+    }
+    let now = Utc::now();
+    let runway: Vec<String> = retained
+        .iter()
+        .filter_map(|t| t.runway_note(now))
+        .map(|n| esc(&n))
+        .collect();
+    if !runway.is_empty() {
+        let _ = write!(
+            b,
+            "<div class=\"notice warn\" id=\"event-log-runway\"><strong>The event log runs \
+             short of day partitions:</strong> {}. <a href=\"{}\">See the event log</a>.</div>",
+            runway.join("; "),
+            f.link("/events")
         );
     }
 
