@@ -21,6 +21,7 @@
 //! | W9B | W9 beside 1,000 keys that dead letters hold, each with a message of the drained topic waiting behind its dead letter; ratio to W1 as for W9 (no target: it shows what blocked keys cost the others) |
 //! | W10 | PostgreSQL: 8 producers, 2,000 transactions each (business `INSERT` + `enqueue`), against 1, 4 and 8 default workers (a pool each) and against 4 beside an idle worker of another topic; `Wakeup::Listen` alternating with `Wakeup::Poll` (`--repeat` pairs, at most 3): producer tx/s, the ratio listen/poll and the share of transactions that sent a NOTIFY (counted by a LISTENer on the wake-up channel) |
 //! | W11 | W1 (best setting) where every message is stored as version 1 and the handler takes version 3 (each payload decoded as version 1 and converted `From` v1 -> v2 -> v3); ratio to W1 (no versions) as the median of at least 5 pairs' ratios, each pair's order alternating |
+//! | W12 | W1 (best setting) with the topic retained (`retain`: every done write also copies its messages into the event log, on PostgreSQL into the topic's day partition); ratio to W1 (not retained) as the median of at least 5 pairs' ratios, each pair's order alternating |
 //! | RSS | peak RSS (VmHWM) of a worker process draining a 100,000-message backlog |
 //! | W2T | with `--features opentelemetry` only: W2's enqueue transactions (1 and 8 producers, a worker running), in at least 9 rounds of three variants, each round starting with the next: OpenTelemetry recording nothing; each transaction's business statements in a recorded request span, `enqueue` outside it (no context stored, as without the feature); the whole transaction in the span, its context stored and continued by the worker (spans and events at INFO and above, batch-exported to a sink that drops them); the ratios of the last to the other two, each the median of the rounds' ratios; then the target's figure: as many rounds in which each producer's transactions alternate between the context stored and not, every one timed, and the median over runs of 50 such pairs of the time without to the time with (pairs of neighbouring transactions meet the same disk and server, which separate runs do not), beside the ratio of all pairs' time summed |
 //!
@@ -308,7 +309,7 @@ fn ratio(a: &Result<Sample>, b: &Result<Sample>) -> Result<f64> {
 }
 
 /// What a W1 run is paired with: W4's database holding done rows, W5's unhandled messages due
-/// earlier, W9's ordering keys, W11's upcasts.
+/// earlier, W9's ordering keys, W11's upcasts, W12's retained topic.
 #[derive(Clone, Copy)]
 enum Against<'a> {
     /// W4: the same drain on this database, which holds many done rows.
@@ -321,6 +322,8 @@ enum Against<'a> {
     BlockedKeys { keys: u64, blocked: u64 },
     /// W11: the drain of version 1 messages by a handler of version 3.
     Upcast,
+    /// W12: the drain of a topic that retains its delivered events.
+    Retained,
 }
 
 /// The fewest rounds behind W2T's ratios: the effect it looks for (3 %) is smaller than the
@@ -382,6 +385,13 @@ async fn paired(
                 Against::Upcast => {
                     db.reset().await?;
                     versions::w11(db, n, setting.config()).await
+                }
+                Against::Retained => {
+                    db.reset().await?;
+                    db.store()
+                        .declare_retention(&[(workloads::TOPIC, Duration::from_secs(30 * 86_400))])
+                        .await?;
+                    workloads::w1(db, n, setting.config()).await
                 }
             });
         }
@@ -1203,6 +1213,21 @@ async fn run(args: &Args, db: &mut Db, report: &mut Report) -> Result<()> {
             pairs,
             best_setting,
             Target::at_least(0.95),
+        );
+    }
+
+    // W12: the drained topic retains its events (paired with W1, which does not).
+    if args.wants("w12") {
+        let pairs = paired(db, n1, best_setting, repeat, Against::Retained).await;
+        push_paired(
+            report,
+            "W12",
+            &format!(
+                "drain of a topic that retains its events ({best_setting}), median of {pairs_n} pairs"
+            ),
+            pairs,
+            best_setting,
+            Target::at_least(0.8),
         );
     }
 

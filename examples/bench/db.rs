@@ -202,6 +202,9 @@ impl Db {
                      outbox_workers, outbox_processed, bench_orders RESTART IDENTITY",
                 )
                 .await?;
+                // W12 retains the drained topic; every other workload does not.
+                self.exec("SELECT outbox_event_log_forget(topic) FROM outbox_retention")
+                    .await?;
             }
             Kind::Sqlite => {
                 // A new file each time: a connection of the last workload still closing (a
