@@ -388,7 +388,8 @@ async fn paired(
                 }
                 Against::Retained => {
                     db.reset().await?;
-                    db.store()
+                    db.pool
+                        .store()
                         .declare_retention(&[(workloads::TOPIC, Duration::from_secs(30 * 86_400))])
                         .await?;
                     workloads::w1(db, n, setting.config()).await
