@@ -177,6 +177,9 @@ impl Db {
                      DELETE FROM outbox_messages WHERE topic IN ('booking.created', 'property.changed');
                      DELETE FROM outbox_dead WHERE topic IN ('booking.created', 'property.changed');
                      DELETE FROM outbox_done_counts WHERE topic IN ('booking.created', 'property.changed');
+                     SELECT outbox_event_log_forget('booking.created');
+                     DELETE FROM outbox_replays WHERE topic = 'booking.created';
+                     DELETE FROM outbox_handlers WHERE topic = 'booking.created';
                      CREATE TABLE stayhub_properties (
                         id BIGSERIAL PRIMARY KEY, name TEXT NOT NULL, city TEXT NOT NULL,
                         nightly_price BIGINT NOT NULL, version BIGINT NOT NULL DEFAULT 1);

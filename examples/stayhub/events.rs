@@ -5,8 +5,9 @@ use outbox::outbox_event;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-/// A booking was made; topic `booking.created`.
-#[outbox_event]
+/// A booking was made; topic `booking.created`. Its delivered events stay in the event log for
+/// 180 days: a handler added later catches up on them, and derived data can be rebuilt.
+#[outbox_event(retain = "180d")]
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) struct BookingCreated {
     pub(crate) booking_id: Uuid,

@@ -22,12 +22,16 @@ mod db;
 mod events;
 mod search_standin;
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use chrono::NaiveDate;
-use outbox::{Context, HandlerError, RetryPolicy, Worker, WorkerConfig};
+use outbox::{
+    Context, Handler, HandlerError, ReplayState, RetryPolicy, Start, Worker, WorkerConfig,
+};
 use outbox_handlers::async_nats::{self, jetstream};
 use outbox_handlers::email::{Email, EmailHandler, EmailMapping, FileTransport};
 use outbox_handlers::relay::nats::NatsPublisher;
@@ -74,6 +78,28 @@ impl EmailMapping for ConfirmationEmail {
 }
 
 /// Keeps the `properties` index up to date from `property.changed`.
+/// Nights booked per property: derived data that a later release adds. It starts at the
+/// beginning of `booking.created`'s event log, so it counts the bookings made before it existed.
+#[derive(Clone, Default)]
+struct NightsPerProperty(Arc<Mutex<BTreeMap<i64, i64>>>);
+
+#[outbox::async_trait]
+impl Handler for NightsPerProperty {
+    type Event = BookingCreated;
+    const NAME: &'static str = "nights-per-property";
+    const START: Start = Start::Beginning;
+
+    async fn handle(&self, b: BookingCreated, _ctx: &Context) -> Result<(), HandlerError> {
+        let nights = (b.check_out - b.check_in).num_days();
+        let mut all = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        *all.entry(b.property_id).or_default() += nights;
+        Ok(())
+    }
+}
+
 struct PropertyIndexer;
 
 impl SearchMapping for PropertyIndexer {
@@ -285,6 +311,56 @@ async fn main() -> anyhow::Result<()> {
     let _ = stop.send(());
     running.await??;
     let through_outbox = written_by_worker(&index, &properties[1]).await;
+
+    // The next release adds a handler that starts at the beginning of the event log: its
+    // first worker backfills it with the bookings made before it existed.
+    println!("\nlater release:");
+    let nights = NightsPerProperty::default();
+    let late = Worker::builder(db.store())
+        .handler(nights.clone())
+        .config(WorkerConfig::default().poll_interval(Duration::from_millis(50)))
+        .build()?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let ended = Arc::new(Mutex::new(None));
+    let store = db.store();
+    late.run_until({
+        let ended = ended.clone();
+        async move {
+            while Instant::now() < deadline {
+                let replays = store.replays().await.unwrap_or_default();
+                if let Some(r) = replays
+                    .into_iter()
+                    .find(|r| r.state != ReplayState::Running)
+                {
+                    *ended
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(r);
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    })
+    .await?;
+    let replay = ended
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .take()
+        .ok_or_else(|| anyhow::anyhow!("the backfill did not end in 30 s"))?;
+    let counted = nights
+        .0
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone();
+    println!(
+        "  nights-per-property, deployed after the bookings, caught up on {} of them through its backfill replay {}",
+        replay.delivered, replay.id
+    );
+    for p in &properties {
+        if let Some(n) = counted.get(&p.id) {
+            println!("    {:<22} {n} nights booked", p.name);
+        }
+    }
 
     // The summary.
     let stats = db.store().stats().await?;
