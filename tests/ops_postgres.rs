@@ -450,3 +450,84 @@ async fn the_outbox_command_line() {
     assert_eq!(err.lines().count(), 1, "{err}");
     db.drop_db().await;
 }
+
+/// `outbox events` and `outbox replay`: the retained events of a topic, its window set by hand,
+/// a dry run and a replay followed to its end, and what is refused, with its exit code.
+#[tokio::test]
+async fn the_event_log_and_replays_from_the_command_line() {
+    let db = pg().await;
+    let store = Store::from(&db.pool);
+    let (code, _, err) = text(&ops(&db, &["events", "--topic", "ops.task"]));
+    assert_eq!(code, 1);
+    assert!(err.contains("topic ops.task keeps no events"), "{err}");
+    let (code, out, _) = text(&ops(
+        &db,
+        &["events", "retain", "--topic", "ops.task", "--for", "30d"],
+    ));
+    assert_eq!(
+        (code, out.trim()),
+        (0, "topic ops.task keeps its delivered events for 30days")
+    );
+    let ids = put(&db, &[task(false), task(false), task(false)]).await;
+    Worker::builder(&db.pool)
+        .handler(TaskHandler)
+        .build()
+        .unwrap()
+        .run_once()
+        .await
+        .unwrap();
+
+    let (code, out, _) = text(&ops(&db, &["events", "--topic", "ops.task", "--json"]));
+    assert_eq!(code, 0);
+    let listed: Vec<String> = out
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["id"].to_string())
+        .collect();
+    let expected: Vec<String> = ids.iter().map(|id| format!("\"{id}\"")).collect();
+    assert_eq!(listed, expected, "{out}");
+    let (code, out, _) = text(&ops(&db, &["events", "topics"]));
+    assert_eq!(code, 0);
+    assert!(
+        out.lines().any(|l| l.starts_with("ops.task") && l.contains(" 3 ")),
+        "{out}"
+    );
+
+    let (code, out, _) = text(&ops(
+        &db,
+        &["replay", "--topic", "ops.task", "--handler", "task", "--dry-run"],
+    ));
+    assert_eq!(code, 0);
+    assert!(out.starts_with("would replay 3 event(s) of topic ops.task to handler task"), "{out}");
+    let (code, _, err) = text(&ops(
+        &db,
+        &["replay", "--topic", "ops.task", "--handler", "tsak"],
+    ));
+    assert_eq!(code, 1);
+    assert!(err.contains("no worker has run a handler named `tsak`"), "{err}");
+    let (code, out, _) = text(&ops(
+        &db,
+        &["replay", "--topic", "ops.task", "--handler", "task"],
+    ));
+    assert_eq!(code, 0, "{out}");
+    let replay = store.replays().await.unwrap()[0].id;
+    let running = outbox_tests::start(vec![Worker::builder(&db.pool)
+        .handler(TaskHandler)
+        .build()
+        .unwrap()]);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (code, out, _) = text(&ops(&db, &["replay", "status", &replay.to_string()]));
+        assert_eq!(code, 0);
+        if out.contains("done") {
+            assert!(out.contains("100%  3/3"), "{out}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "the replay did not end: {out}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    outbox_tests::stop(running).await;
+    let (code, _, err) = text(&ops(&db, &["replay", "pause", &replay.to_string()]));
+    assert_eq!(code, 1);
+    assert!(err.contains("is done; it cannot be paused"), "{err}");
+    db.drop_db().await;
+}
