@@ -488,22 +488,36 @@ async fn the_event_log_and_replays_from_the_command_line() {
     let (code, out, _) = text(&ops(&db, &["events", "topics"]));
     assert_eq!(code, 0);
     assert!(
-        out.lines().any(|l| l.starts_with("ops.task") && l.contains(" 3 ")),
+        out.lines()
+            .any(|l| l.starts_with("ops.task") && l.contains(" 3 ")),
         "{out}"
     );
 
     let (code, out, _) = text(&ops(
         &db,
-        &["replay", "--topic", "ops.task", "--handler", "task", "--dry-run"],
+        &[
+            "replay",
+            "--topic",
+            "ops.task",
+            "--handler",
+            "task",
+            "--dry-run",
+        ],
     ));
     assert_eq!(code, 0);
-    assert!(out.starts_with("would replay 3 event(s) of topic ops.task to handler task"), "{out}");
+    assert!(
+        out.starts_with("would replay 3 event(s) of topic ops.task to handler task"),
+        "{out}"
+    );
     let (code, _, err) = text(&ops(
         &db,
         &["replay", "--topic", "ops.task", "--handler", "tsak"],
     ));
     assert_eq!(code, 1);
-    assert!(err.contains("no worker has run a handler named `tsak`"), "{err}");
+    assert!(
+        err.contains("no worker has run a handler named `tsak`"),
+        "{err}"
+    );
     let (code, out, _) = text(&ops(
         &db,
         &["replay", "--topic", "ops.task", "--handler", "task"],

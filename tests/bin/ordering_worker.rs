@@ -3,7 +3,7 @@
 //!
 //! Topics and handlers:
 //!
-//! - `chaos.a` (ordered by `key`): two handlers, `audit` and `mail`;
+//! - `chaos.a` (ordered by `key`, retained for replays): two handlers, `audit` and `mail`;
 //! - `chaos.b` (ordered by `key`): one handler, `index`;
 //! - `chaos.plain` (unordered): one handler, `plain`.
 //!
@@ -22,7 +22,7 @@ use outbox::{
 use serde::{Deserialize, Serialize};
 use sqlx::{PgPool, SqlitePool};
 
-#[outbox_event(topic = "chaos.a", ordering_key = "key")]
+#[outbox_event(topic = "chaos.a", ordering_key = "key", retain = "1d")]
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct StepA {
     key: String,

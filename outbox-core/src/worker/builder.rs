@@ -234,6 +234,7 @@ impl WorkerBuilder {
                 topics,
                 versions,
                 retention,
+                recorded: std::sync::atomic::AtomicBool::new(false),
                 unhandled_events,
                 resources: Arc::new(self.resources),
                 health: Health::new(

@@ -26,7 +26,7 @@ use uuid::Uuid;
 mod chores;
 mod claims;
 mod dispatch;
-mod replays;
+pub(super) mod replays;
 
 use claims::{claim_loop, start_claimed};
 

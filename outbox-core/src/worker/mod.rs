@@ -45,6 +45,8 @@ pub(super) struct Inner {
     versions: BTreeMap<&'static str, i32>,
     /// The event log's window of each retained topic this worker declares.
     retention: BTreeMap<&'static str, std::time::Duration>,
+    /// [`Worker::run_once`] has recorded the windows and the handlers.
+    recorded: std::sync::atomic::AtomicBool,
     unhandled_events: Vec<(&'static str, &'static str)>,
     resources: Arc<Resources>,
     config: WorkerConfig,
@@ -193,6 +195,11 @@ impl Worker {
     /// Not cancellation safe: dropping the future leaves claimed messages to lease expiry.
     pub async fn run_once(&self) -> Result<BatchReport> {
         let backend = self.inner.store.backend();
+        // As a running worker does at start: once per `Worker`.
+        if !self.inner.recorded.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            self.declare_retention(backend).await;
+            engine::replays::record_handlers(self, backend).await;
+        }
         let claimed = self
             .claim(backend, self.inner.config.batch_size, &[])
             .await?;

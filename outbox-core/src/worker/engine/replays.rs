@@ -6,7 +6,8 @@
 //! within a key, each with the handler's retries; one that still fails is recorded as the
 //! replay's failure and the replay goes on. Only then does the cursor move, in the write that
 //! renews the lease: a worker killed mid-batch leaves the batch to be handled again by the next
-//! worker that takes the replay up. Replays never starve live messages: they use at most a
+//! worker that takes the replay up, once the lease (the worker's message lease,
+//! [`WorkerConfig::lease`](crate::WorkerConfig::lease)) of the killed one has run out. Replays never starve live messages: they use at most a
 //! quarter of the worker's handler slots, and take those slots as live messages do.
 
 use std::collections::BTreeMap;
@@ -29,9 +30,6 @@ use crate::worker::Worker;
 
 /// How often an idle worker looks for a replay to take up.
 const LOOK_EVERY: Duration = Duration::from_millis(500);
-/// A replay's lease: renewed with every batch and every [`RENEW_EVERY`] within one.
-const LEASE: Duration = Duration::from_secs(30);
-const RENEW_EVERY: Duration = Duration::from_secs(10);
 /// Events read per batch.
 const BATCH: u32 = 200;
 /// The longest pause between two attempts of one event.
@@ -119,7 +117,7 @@ pub(super) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
         let token = Uuid::now_v7();
         match shared
             .backend
-            .replay_lease(worker.inner.id, token, &pairs, LEASE)
+            .replay_lease(worker.inner.id, token, &pairs, worker.inner.config.lease)
             .await
         {
             Ok(Some(replay)) => {
@@ -164,7 +162,7 @@ async fn run_one(
             delivered: 0,
             failures: Vec::new(),
             finished: false,
-            lease: LEASE,
+            lease: shared.worker.inner.config.lease,
             release: false,
         };
         if stop.is_cancelled() {
@@ -276,13 +274,13 @@ async fn deliver(
     loop {
         tokio::select! {
             out = &mut work => return out.into_iter().flatten().collect(),
-            () = tokio::time::sleep(RENEW_EVERY) => {
+            () = tokio::time::sleep(shared.worker.inner.config.renew_interval()) => {
                 let renew = ReplayStep {
                     cursor: None,
                     delivered: 0,
                     failures: Vec::new(),
                     finished: false,
-                    lease: LEASE,
+                    lease: shared.worker.inner.config.lease,
                     release: false,
                 };
                 if let Err(e) = shared.backend.replay_advance(replay.id, token, &renew).await {
