@@ -188,6 +188,31 @@ outbox_tests::both_backends! {
         stop(running).await;
     }
 
+    async fn an_event_that_no_longer_decodes_is_recorded_and_the_replay_goes_on(db, store, pool) {
+        let calls: Calls = Arc::default();
+        let running = start(vec![worker(&store, &calls, 0)]);
+        produce!(pool, 10);
+        drained(&store).await;
+        take(&calls, "index");
+        let broken = store.events(&outbox::EventFilter::topic("rp.booking").limit(4)).await.unwrap()[3].id;
+        // An event stored by a build whose type has since changed without a new version.
+        let changed = sqlx::query("UPDATE outbox_events SET payload = '{\"key\": 7}' WHERE CAST(id AS TEXT) = $1")
+            .bind(broken.to_string())
+            .execute(&pool)
+            .await
+            .unwrap();
+        assert_eq!(changed.rows_affected(), 1);
+        let replay = store.start_replay(&ReplayRequest::new("rp.booking", "index")).await.unwrap();
+        let ended = replay_ends(&store, replay.id).await;
+        assert_eq!((ended.state, ended.delivered, ended.failed), (ReplayState::Done, 10, 1), "{ended:?}");
+        let failures = store.replay_failures(replay.id).await.unwrap();
+        assert_eq!(failures.len(), 1);
+        assert_eq!(failures[0].event_id, broken);
+        assert!(failures[0].error.contains("does not decode"), "{:?}", failures[0]);
+        assert_eq!(take(&calls, "index").len(), 9, "the others were delivered");
+        stop(running).await;
+    }
+
     async fn bad_replays_are_refused_saying_why(db, store, pool) {
         let calls: Calls = Arc::default();
         let running = start(vec![worker(&store, &calls, 0)]);

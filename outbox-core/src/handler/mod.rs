@@ -277,6 +277,8 @@ pub(crate) trait ErasedHandler: Send + Sync + 'static {
     fn retain(&self) -> Option<Duration>;
     /// Where it starts when first deployed ([`Handler::START`]).
     fn start(&self) -> crate::retention::Start;
+    /// Whether `payload` of `version` decodes into its event type; the error when it does not.
+    fn decodes(&self, payload: &str, version: u32) -> Result<(), String>;
     /// Calls the handler with `payload`, stored with version `version` of its event type.
     async fn call(&self, payload: &str, version: u32, ctx: &Context) -> Result<(), HandlerError>;
 }
@@ -316,6 +318,11 @@ impl<H: Handler> ErasedHandler for Typed<H> {
     }
     fn start(&self) -> crate::retention::Start {
         H::START
+    }
+    fn decodes(&self, payload: &str, version: u32) -> Result<(), String> {
+        <H::Event as Event>::decode_versioned(version, payload)
+            .map(drop)
+            .map_err(|e| e.to_string())
     }
     async fn call(&self, payload: &str, version: u32, ctx: &Context) -> Result<(), HandlerError> {
         let event =
@@ -371,6 +378,9 @@ impl<H: RawHandler> ErasedHandler for Raw<H> {
     }
     fn start(&self) -> crate::retention::Start {
         crate::retention::Start::Present
+    }
+    fn decodes(&self, _payload: &str, _version: u32) -> Result<(), String> {
+        Ok(())
     }
     async fn call(&self, payload: &str, _version: u32, ctx: &Context) -> Result<(), HandlerError> {
         self.handler.handle_raw(payload, ctx).await

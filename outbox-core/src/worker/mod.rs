@@ -196,7 +196,11 @@ impl Worker {
     pub async fn run_once(&self) -> Result<BatchReport> {
         let backend = self.inner.store.backend();
         // As a running worker does at start: once per `Worker`.
-        if !self.inner.recorded.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        if !self
+            .inner
+            .recorded
+            .swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
             self.declare_retention(backend).await;
             engine::replays::record_handlers(self, backend).await;
         }

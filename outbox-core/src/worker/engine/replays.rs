@@ -315,6 +315,12 @@ async fn deliver_one(
         _ => crate::handler::default_idempotency_key(message_id, handler.name()),
     };
     let version = u32::try_from(e.version).unwrap_or(1);
+    // An event that no longer decodes into today's type fails for good at once: no retry
+    // changes what was stored.
+    if let Err(decode) = handler.decodes(&e.payload, version) {
+        tracing::error!(replay = %replay.id, message_id = %e.id, topic = %e.topic, handler = handler.name(), error = %decode, "replayed event does not decode; recorded, and the replay goes on");
+        return Some((e.id, 1, format!("the event does not decode: {decode}")));
+    }
     let mut attempt = 0u32;
     loop {
         attempt += 1;
