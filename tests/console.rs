@@ -912,6 +912,22 @@ outbox_tests::both_backends! {
             assert!(a.body.contains("id=\"bad-request\"") && a.body.contains(says), "{path}: {}", a.body);
             assert!(!a.body.contains("<script>"), "{path}: {}", a.body);
         }
+
+        // The replays, with their progress: none, then one that no worker runs yet, cancelled.
+        let a = http(addr, "GET", "/events", &[], "").await;
+        assert!(a.body.contains("id=\"no-replays\""), "{}", a.body);
+        let replay = store
+            .start_replay(&outbox::ReplayRequest::new("console.log", "accept"))
+            .await
+            .unwrap();
+        let a = http(addr, "GET", "/events", &[], "").await;
+        let row = &a.body[a.body.find(&format!("<tr data-replay=\"{}\"", replay.id)).unwrap()..];
+        let row = &row[..row.find("</tr>").unwrap()];
+        assert!(row.contains("<td>console.log</td><td>accept</td>"), "{row}");
+        assert!(row.contains("<td class=\"state\">running</td>") && row.contains("0/7"), "{row}");
+        store.cancel_replay(replay.id).await.unwrap();
+        let a = http(addr, "GET", "/events", &[], "").await;
+        assert!(a.body.contains("<td class=\"state\">cancelled</td>"), "{}", a.body);
     }
 }
 

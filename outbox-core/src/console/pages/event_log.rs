@@ -17,7 +17,7 @@ use uuid::Uuid;
 use super::{failure, frame, html};
 use crate::console::html::{esc, excerpt, num, plural, query, size, when, window, Frame, Nav};
 use crate::console::{Base, Console, Shared};
-use crate::retention::{EventFilter, RetainedEvent, RetainedTopic};
+use crate::retention::{EventFilter, ReplayInfo, RetainedEvent, RetainedTopic};
 
 /// How many characters of a payload a row shows.
 const PAYLOAD_CHARS: usize = 160;
@@ -124,10 +124,10 @@ fn how_to_retain(topic: &str) -> String {
     )
 }
 
-/// The table of the retained topics.
+/// The table of the retained topics, and the replays.
 async fn topics(c: &Console, f: &Frame<'_>) -> Response {
-    let topics = match c.store.retained_topics().await {
-        Ok(t) => t,
+    let (topics, replays) = match tokio::try_join!(c.store.retained_topics(), c.store.replays()) {
+        Ok(both) => both,
         Err(e) => return failure(f, &e),
     };
     let mut b = String::from("<div class=\"title\"><h1>Event log</h1>");
@@ -139,6 +139,7 @@ async fn topics(c: &Console, f: &Frame<'_>) -> Response {
              a topic's, {}.</p>",
             how_to_retain("T")
         );
+        replays_table(&mut b, &replays);
         return html(StatusCode::OK, f.page("Event log", Nav::Events, None, &b));
     }
     let _ = write!(
@@ -152,7 +153,56 @@ async fn topics(c: &Console, f: &Frame<'_>) -> Response {
     );
     let now = Utc::now();
     topics_table(&mut b, f, &topics, now);
+    replays_table(&mut b, &replays);
     html(StatusCode::OK, f.page("Event log", Nav::Events, None, &b))
+}
+
+/// The replays, newest first, with their progress (`id="replays"`).
+fn replays_table(b: &mut String, replays: &[ReplayInfo]) {
+    b.push_str("<h2>Replays</h2>");
+    if replays.is_empty() {
+        b.push_str(
+            "<p class=\"empty\" id=\"no-replays\">No replays: start one with <code>outbox replay \
+             --topic T --handler H</code>.</p>",
+        );
+        return;
+    }
+    b.push_str(
+        "<table class=\"grid\" id=\"replays\"><thead><tr><th>Replay</th><th>Topic</th>\
+         <th>Handler</th><th>State</th><th>Progress</th><th class=\"n\">Failed</th></tr></thead>\
+         <tbody>",
+    );
+    for r in replays {
+        let _ = write!(
+            b,
+            "<tr data-replay=\"{id}\"><td><code>{id}</code>{backfill}</td><td>{topic}</td>\
+             <td>{handler}</td><td class=\"state\">{state}{running}</td>\
+             <td class=\"progress\"><progress max=\"1\" value=\"{value:.3}\"></progress> {line}</td>\
+             <td class=\"n failed\">{failed}</td></tr>",
+            id = r.id,
+            backfill = if r.backfill {
+                " <span class=\"badge\">backfill</span>"
+            } else {
+                ""
+            },
+            topic = esc(&r.request.topic),
+            handler = esc(&r.request.handler),
+            state = r.state,
+            running = if r.leased { " (a worker runs it)" } else { "" },
+            value = r.progress(),
+            line = esc(&format!(
+                "{}/{}{}{}",
+                num(r.delivered),
+                num(r.total),
+                r.rate().map(|x| format!(", {x:.0}/s")).unwrap_or_default(),
+                r.time_left()
+                    .map(|d| format!(", ~{}s left", d.as_secs()))
+                    .unwrap_or_default()
+            )),
+            failed = num(r.failed),
+        );
+    }
+    b.push_str("</tbody></table>");
 }
 
 /// The retained topics' warnings (`id="runway"`) and their table (`id="retained"`).
