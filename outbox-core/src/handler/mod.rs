@@ -73,8 +73,8 @@ pub trait Handler: Send + Sync + 'static {
     const NAME: &'static str;
 
     /// Where the handler starts when a worker first runs it: with the messages delivered
-    /// from then on ([`Start::Present`], the default), or also with the retained events of
-    /// its topic ([`Start::Beginning`], or [`Start::Since`] a time before): the first worker
+    /// from then on ([`Start::Present`](crate::Start::Present), the default), or also with the retained events of
+    /// its topic ([`Start::Beginning`](crate::Start::Beginning), or [`Start::Since`](crate::Start::Since) a time before): the first worker
     /// that runs a handler of this name makes one backfill replay for the whole deployment,
     /// however many start at once. Only a topic that retains its events
     /// (`#[outbox_event(retain = "...")]`) has a past to start from.
