@@ -1391,6 +1391,10 @@ pub mod outages {
         });
         let started = Instant::now();
         let mut made = 0;
+        // What was left at the last cut: the next cut waits until the relay has moved 200
+        // messages since, which it cannot do without a new connection, so that each cut meets
+        // an established connection (one that drops only attempts to connect is no loss).
+        let mut left_at_cut = total;
         loop {
             let left = db.count().await;
             if left == 0 {
@@ -1401,7 +1405,8 @@ pub mod outages {
                 "{left} of {total} events left after 120 s"
             );
             let due = (total - left) * (cuts as i64 + 1) / total;
-            if made < cuts && due > made as i64 {
+            if made < cuts && due > made as i64 && left <= left_at_cut - 200 {
+                left_at_cut = left;
                 let mut cut = proxy.drop_all();
                 if made == cuts - 1 {
                     let outage = Instant::now() + Duration::from_secs(1);
