@@ -145,7 +145,7 @@ impl ProbeState {
     }
 
     /// Waits until `target` calls were made, or `limit` passed (then `false`).
-    async fn wait_all(&self, limit: Duration) -> bool {
+    pub(crate) async fn wait_all(&self, limit: Duration) -> bool {
         if self.handled() >= self.target {
             return true;
         }
@@ -252,7 +252,7 @@ pub(crate) const DEFAULT_SETTING: Setting = Setting {
 };
 
 /// A generous bound for a drain of `n` messages, so a stuck run ends with an error.
-fn limit_for(n: u64) -> Duration {
+pub(crate) fn limit_for(n: u64) -> Duration {
     Duration::from_secs(60 + n / 200)
 }
 
@@ -417,7 +417,7 @@ pub(crate) async fn timed_drain(
 }
 
 /// The size of the pools the bench opens cold: `outbox::cli::connect`'s.
-const COLD_POOL_SIZE: u32 = 10;
+pub(crate) const COLD_POOL_SIZE: u32 = 10;
 
 /// The peer's W1: `node bench.js drain N CONCURRENCY batched` in `dir` (a graphile-worker
 /// bench folder prepared with `npm ci`), against the database at `url`. Returns jobs/s from
