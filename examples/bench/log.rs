@@ -1,21 +1,28 @@
 //! The event log's workloads, PostgreSQL only. W13 replays a drained topic's events to W1's
-//! probe, paired with W1's drain.
+//! probe, paired with W1's drain; W14 measures W3's pickup latency while a replay of a large
+//! backlog runs on the same worker, beside W3 on an idle worker in the same run.
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, bail, Result};
+use anyhow::{anyhow, bail, Context as _, Result};
 use chrono::{DateTime, Utc};
-use outbox::{Handler, ReplayRequest, ReplayState, Worker, WorkerConfig};
-use sqlx::PgPool;
+use outbox::{
+    Context, Handler, HandlerError, ReplayInfo, ReplayRequest, ReplayState, Store, Worker,
+    WorkerConfig,
+};
+use sqlx::{AssertSqlSafe, PgPool};
 
 use crate::cpu::CpuMeter;
 use crate::db::{Db, Pool};
 use crate::report::{Report, Target};
 use crate::workloads::{
-    self, limit_for, messages, Probe, ProbeState, Sample, Setting, COLD_POOL_SIZE, TOPIC,
+    self, limit_for, messages, BenchMessage, Latency, Pickup, Probe, ProbeState, Sample, Setting,
+    COLD_POOL_SIZE, TOPIC,
 };
 use crate::{median, push_paired, Args, MIN_PAIRS};
 
-/// How long W13's topic keeps its events: W12's window.
+/// How long W13's and W14's topic keeps its events: W12's window.
 const RETAIN: Duration = Duration::from_secs(30 * 86_400);
 
 /// The PostgreSQL pool of `db` (the event log's workloads run there only).
@@ -39,6 +46,61 @@ async fn retain(db: &Db, window: Duration) -> Result<i32> {
             .fetch_one(pg(db)?)
             .await?,
     )
+}
+
+/// Inserts `n` delivered events of W1's topic (`topic_id`) into `table` (`outbox_events` or
+/// one of its day partitions) in one statement, as the done write would have logged them: W1's
+/// payloads with `seq` from `first_seq`, UUID v7-shaped ids, delivered from `from` (now when
+/// `None`) over `spread_secs`, each enqueued a second before its delivery.
+async fn insert_events(
+    db: &Db,
+    table: &str,
+    topic_id: i32,
+    n: u64,
+    first_seq: u64,
+    from: Option<DateTime<Utc>>,
+    spread_secs: f64,
+) -> Result<()> {
+    let sql = format!(
+        "INSERT INTO {table} (topic_id, delivered_at, id, topic, payload, version, created_at) \
+         SELECT $2, t.at, \
+                (lpad(to_hex((extract(epoch FROM t.at) * 1000)::bigint - 1000), 12, '0') || '7' \
+                 || substr(t.h, 1, 3) || '8' || substr(t.h, 4, 15))::uuid, \
+                $3, json_build_object('seq', $4 + t.g, 'order_id', 'ord-' || lpad(($4 + t.g)::text, 12, '0'), \
+                    'customer', 'customer-' || (($4 + t.g) % 1000) || '@example.com', \
+                    'amount_cents', ($4 + t.g) % 100000, 'currency', 'EUR', 'note', repeat('x', 64)), \
+                1, t.at - interval '1 second' \
+         FROM (SELECT g - 1 AS g, md5(g::text) AS h, \
+                      coalesce($5, now()) + ((g - 1)::float8 / $1 * $6) * interval '1 second' AS at \
+               FROM generate_series(1, $1) AS g) AS t"
+    );
+    sqlx::query(AssertSqlSafe(sql))
+        .bind(i64::try_from(n)?)
+        .bind(topic_id)
+        .bind(TOPIC)
+        .bind(i64::try_from(first_seq)?)
+        .bind(from)
+        .bind(spread_secs)
+        .execute(pg(db)?)
+        .await
+        .with_context(|| format!("inserting {n} events into {table}"))?;
+    Ok(())
+}
+
+/// Starts a replay of `request`, trying again for a while when it is refused because the
+/// worker that was just started has not recorded its handler yet.
+async fn start_replay(store: &Store, request: &ReplayRequest) -> Result<ReplayInfo> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        match store.start_replay(request).await {
+            Ok(info) => return Ok(info),
+            Err(outbox::Error::ReplayRefused(why)) if Instant::now() < deadline => {
+                tracing::debug!(%why, "replay refused; trying again");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
 }
 
 /// How often an idle worker looks for a replay to take up (the library's `LOOK_EVERY`).
@@ -255,6 +317,239 @@ pub(crate) async fn w13(
         "the same, ratio to W1, median of the pairs",
         or_failure(taken_up_ratios),
         "x",
+        None,
+    );
+    Ok(())
+}
+
+/// The `seq` from which W14's replayed events are numbered: above any live message's, so the
+/// probe tells them apart.
+const REPLAYED_FROM: u64 = 1_000_000_000;
+
+/// W3's probe, counting the replayed events apart from the live messages it times.
+struct PickupProbe {
+    live: Arc<ProbeState>,
+    replayed: Arc<AtomicU64>,
+}
+
+#[outbox::async_trait]
+impl Handler for PickupProbe {
+    type Event = BenchMessage;
+    const NAME: &'static str = Probe::NAME;
+
+    async fn handle(&self, event: BenchMessage, _ctx: &Context) -> Result<(), HandlerError> {
+        if event.seq >= REPLAYED_FROM {
+            self.replayed.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.live.record(event.seq);
+        }
+        Ok(())
+    }
+}
+
+/// One W14 run with a replay: the pickup latencies, and the replay's pace meanwhile.
+pub(crate) struct DuringReplay {
+    /// W3's figures.
+    pub(crate) latency: Latency,
+    /// Replayed events per second while the live messages were committed and handled.
+    pub(crate) replay_rate: f64,
+}
+
+/// W14's run: `backlog` events of the retained topic in the log; W3's fresh default worker
+/// started, a replay of the backlog to its probe (at most `rate` events a second) made and
+/// taken up, then W3's messages committed one every 10 ms. The replay must still be running
+/// when the last live message was handled.
+pub(crate) async fn during_replay(
+    db: &Db,
+    duration: Duration,
+    backlog: u64,
+    rate: Option<u32>,
+) -> Result<DuringReplay> {
+    let store = db.pool.store();
+    let topic_id = retain(db, RETAIN).await?;
+    insert_events(
+        db,
+        "outbox_events",
+        topic_id,
+        backlog,
+        REPLAYED_FROM,
+        None,
+        0.0,
+    )
+    .await?;
+    db.exec("ANALYZE outbox_events").await?;
+    db.checkpoint().await?;
+    let replayed = Arc::new(AtomicU64::new(0));
+    let pickup = {
+        let replayed = replayed.clone();
+        Pickup::start(db, duration, move |pool, live| {
+            Ok(Worker::builder(pool.store())
+                .handler(PickupProbe {
+                    live: live.clone(),
+                    replayed,
+                })
+                .config(WorkerConfig::default())
+                .build()?)
+        })
+        .await?
+    };
+    let mut request = ReplayRequest::new(TOPIC, Probe::NAME);
+    request.rate = rate;
+    let made = start_replay(&store, &request).await?;
+    // The live messages start once the replay's events flow.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while replayed.load(Ordering::Relaxed) == 0 {
+        if Instant::now() >= deadline {
+            bail!("no worker took the replay up within 10 s");
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let (before, start) = (replayed.load(Ordering::Relaxed), Instant::now());
+    let latency = pickup.measure().await?;
+    let replay_rate =
+        (replayed.load(Ordering::Relaxed) - before) as f64 / start.elapsed().as_secs_f64();
+    let info = store
+        .replay(made.id)
+        .await?
+        .ok_or_else(|| anyhow!("replay {} vanished", made.id))?;
+    if info.state != ReplayState::Running {
+        bail!(
+            "the replay was {} ({} of {} events) before the live messages were all handled: give \
+             it more events or a lower rate",
+            info.state,
+            info.delivered,
+            info.total
+        );
+    }
+    let _ = store.cancel_replay(made.id).await;
+    Ok(DuringReplay {
+        latency,
+        replay_rate,
+    })
+}
+
+/// W14: W3 on an idle worker and W3 with a replay of `backlog` events running on the same
+/// worker, alternating, `--repeat` pairs up to 3 (one below scale 0.1); each side's p50 and p99
+/// over the pooled messages of its runs, and the ratio of the p99s.
+pub(crate) async fn w14(args: &Args, db: &mut Db, report: &mut Report) -> Result<()> {
+    let duration = Duration::from_secs_f64((5.0 * args.scale).max(0.01));
+    let backlog = args.scaled(100_000);
+    // Unpaced, a default worker replays the backlog faster than W3's messages come (10,000
+    // events within W3's half second at scale 0.1): paced to last twice W3's window and 2 s more.
+    let rate = Some(
+        u32::try_from((backlog as f64 / (2.0 * duration.as_secs_f64() + 2.0)).ceil() as u64)?
+            .max(1),
+    );
+    let rounds = if args.scale < 0.1 {
+        1
+    } else {
+        args.repeat.min(3)
+    };
+    let (mut idle, mut busy, mut rates) = (Vec::new(), Vec::new(), Vec::new());
+    let mut failure = None;
+    for i in 0..rounds {
+        let order = if i % 2 == 0 {
+            [false, true]
+        } else {
+            [true, false]
+        };
+        for replaying in order {
+            db.reset().await?;
+            if replaying {
+                match during_replay(db, duration, backlog, rate).await {
+                    Ok(r) => {
+                        eprintln!(
+                            "  W14 round {}, replay running ({:.0} events/s): p50 {:.2} ms, p99 {:.2} ms",
+                            i + 1,
+                            r.replay_rate,
+                            r.latency.p50_ms,
+                            r.latency.p99_ms
+                        );
+                        busy.extend(r.latency.all_ms);
+                        rates.push(Ok(r.replay_rate));
+                    }
+                    Err(e) => failure = Some(e),
+                }
+            } else {
+                match workloads::w3(db, duration).await {
+                    Ok(l) => {
+                        eprintln!(
+                            "  W14 round {}, idle: p50 {:.2} ms, p99 {:.2} ms",
+                            i + 1,
+                            l.p50_ms,
+                            l.p99_ms
+                        );
+                        idle.extend(l.all_ms);
+                    }
+                    Err(e) => failure = Some(e),
+                }
+            }
+        }
+    }
+    db.reset().await?;
+    if let Some(e) = failure {
+        report.push("W14", "pickup while a replay runs", Err(e), "ms", None);
+        return Ok(());
+    }
+    let (idle, busy) = (Latency::of(idle), Latency::of(busy));
+    let paced = match rate {
+        Some(r) => format!(" at most {r}/s"),
+        None => String::new(),
+    };
+    let of = |l: &Latency| format!("{} msgs over {rounds} runs", l.count);
+    report.push(
+        "W14",
+        format!("W3 pickup p50, idle worker, {}", of(&idle)),
+        Ok(idle.p50_ms),
+        "ms",
+        None,
+    );
+    report.push(
+        "W14",
+        format!("W3 pickup p99, idle worker, {}", of(&idle)),
+        Ok(idle.p99_ms),
+        "ms",
+        None,
+    );
+    report.push(
+        "W14",
+        format!(
+            "pickup p50, a replay of {backlog} events{paced} running on the worker, {}",
+            of(&busy)
+        ),
+        Ok(busy.p50_ms),
+        "ms",
+        None,
+    );
+    report.push(
+        "W14",
+        format!(
+            "pickup p99, a replay of {backlog} events{paced} running on the worker, {}",
+            of(&busy)
+        ),
+        Ok(busy.p99_ms),
+        "ms",
+        Target::at_most(5.0),
+    );
+    report.push(
+        "W14",
+        format!("pickup max, replay running (idle: {:.2} ms)", idle.max_ms),
+        Ok(busy.max_ms),
+        "ms",
+        None,
+    );
+    report.push(
+        "W14",
+        "ratio of the p99s, replay running / idle",
+        Ok(busy.p99_ms / idle.p99_ms),
+        "x",
+        Target::at_most(2.0),
+    );
+    report.push(
+        "W14",
+        "replayed meanwhile, median of the runs",
+        median(rates),
+        "msgs/s",
         None,
     );
     Ok(())
