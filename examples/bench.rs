@@ -24,6 +24,7 @@
 //! | W12 | W1 (best setting) with the topic retained (`retain`: every done write also copies its messages into the event log, on PostgreSQL into the topic's day partition); ratio to W1 (not retained) as the median of at least 5 pairs' ratios, each pair's order alternating |
 //! | W13 | PostgreSQL: W1's 20,000 messages of a retained topic drained by W1's worker (best setting; without W1 in the run, the largest of `--settings`), then, on that worker, a replay of all of them to the probe, timed from `start_replay` until the probe has had every call and the replay is done; ratio to W1 as the median of at least 5 pairs' ratios, each pair's order alternating; beside it, how long the worker took to take the replay up (it looks every 500 ms) and the rate from then on (database clock) |
 //! | W14 | PostgreSQL: W3 with a replay of 100,000 retained events running on the same worker (paced to outlast the measured messages), alternating with W3 on an idle worker (`--repeat` pairs, at most 3); p50 and p99 of each side's pooled messages, and the ratio of the p99s |
+//! | W15 | PostgreSQL: 1,000,000 events in today's partition of a topic retained for a day, dropped by the log's upkeep run as if three days later (`__log_upkeep_at`), against a `DELETE` of the same rows in a second identical setup (and the `VACUUM` it leaves owed) |
 //! | RSS | peak RSS (VmHWM) of a worker process draining a 100,000-message backlog |
 //! | W2T | with `--features opentelemetry` only: W2's enqueue transactions (1 and 8 producers, a worker running), in at least 9 rounds of three variants, each round starting with the next: OpenTelemetry recording nothing; each transaction's business statements in a recorded request span, `enqueue` outside it (no context stored, as without the feature); the whole transaction in the span, its context stored and continued by the worker (spans and events at INFO and above, batch-exported to a sink that drops them); the ratios of the last to the other two, each the median of the rounds' ratios; then the target's figure: as many rounds in which each producer's transactions alternate between the context stored and not, every one timed, and the median over runs of 50 such pairs of the time without to the time with (pairs of neighbouring transactions meet the same disk and server, which separate runs do not), beside the ratio of all pairs' time summed |
 //!
@@ -140,7 +141,7 @@ struct Args {
         default_value = "32x100,64x100,128x200,256x500,512x500,1000x1000"
     )]
     settings: Vec<Setting>,
-    /// Only these workloads (w1..w14, w2t, w7r, rss); all by default.
+    /// Only these workloads (w1..w15, w2t, w7r, rss); all by default.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// A graphile-worker 0.17 bench folder prepared with `npm ci`: its W1 drain runs (with
@@ -1236,8 +1237,8 @@ async fn run(args: &Args, db: &mut Db, report: &mut Report) -> Result<()> {
         );
     }
 
-    // W13 and W14, PostgreSQL: the event log's replay rate (paired with W1), and pickup
-    // latency while a replay runs (beside W3 idle).
+    // W13-W15, PostgreSQL: the event log's replay rate (paired with W1), pickup latency while
+    // a replay runs (beside W3 idle), and the drop of a day's partition against a DELETE.
     if args.wants("w13") && db.kind == Kind::Postgres {
         // W1's best setting; without W1 in this run, the largest of `--settings` (1,000 x
         // 1,000 by default, W1's best setting in every recorded run).
@@ -1254,6 +1255,9 @@ async fn run(args: &Args, db: &mut Db, report: &mut Report) -> Result<()> {
     }
     if args.wants("w14") && db.kind == Kind::Postgres {
         log::w14(args, db, report).await?;
+    }
+    if args.wants("w15") && db.kind == Kind::Postgres {
+        log::w15(args, db, report).await?;
     }
 
     // W10: producers at full speed against workers in listen and in poll mode, alternating.

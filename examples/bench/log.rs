@@ -1,6 +1,9 @@
-//! The event log's workloads, PostgreSQL only. W13 replays a drained topic's events to W1's
-//! probe, paired with W1's drain; W14 measures W3's pickup latency while a replay of a large
-//! backlog runs on the same worker, beside W3 on an idle worker in the same run.
+//! W13, W14 and W15, PostgreSQL only: the event log's replays and its upkeep. W13 replays a
+//! drained topic's events to W1's probe (paired with W1's drain); W14 measures W3's pickup
+//! latency while a replay of a large backlog runs on the same worker (beside W3, idle, in the
+//! same run); W15 drops one day's partition of a million events through the log's upkeep,
+//! against a `DELETE` of the same rows.
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -8,8 +11,8 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context as _, Result};
 use chrono::{DateTime, Utc};
 use outbox::{
-    Context, Handler, HandlerError, ReplayInfo, ReplayRequest, ReplayState, Store, Worker,
-    WorkerConfig,
+    Context, Handler, HandlerError, LogUpkeep, ReplayInfo, ReplayRequest, ReplayState, Store,
+    Worker, WorkerConfig,
 };
 use sqlx::{AssertSqlSafe, PgPool};
 
@@ -25,7 +28,7 @@ use crate::{median, push_paired, Args, MIN_PAIRS};
 /// How long W13's and W14's topic keeps its events: W12's window.
 const RETAIN: Duration = Duration::from_secs(30 * 86_400);
 
-/// The PostgreSQL pool of `db` (the event log's workloads run there only).
+/// The PostgreSQL pool of `db` (W13-W15 run there only).
 fn pg(db: &Db) -> Result<&PgPool> {
     match &db.pool {
         Pool::Pg(p) => Ok(p),
@@ -552,5 +555,164 @@ pub(crate) async fn w14(args: &Args, db: &mut Db, report: &mut Report) -> Result
         "msgs/s",
         None,
     );
+    Ok(())
+}
+
+/// One side of W15: how long the removal of one day's events took (ms), and what it did.
+struct Removal {
+    ms: f64,
+    what: String,
+}
+
+/// W1's topic retained for one day, its partition for today (UTC) filled with `events`
+/// events delivered over the day; returns the topic's number, the partition's name and the
+/// end of the day.
+async fn one_full_day(db: &Db, events: u64) -> Result<(i32, String, DateTime<Utc>)> {
+    let topic_id = retain(db, Duration::from_secs(86_400)).await?;
+    let (day, start): (String, DateTime<Utc>) = sqlx::query_as(
+        "SELECT to_char((now() AT TIME ZONE 'UTC')::date, 'YYYYMMDD'), \
+                ((now() AT TIME ZONE 'UTC')::date)::timestamp AT TIME ZONE 'UTC'",
+    )
+    .fetch_one(pg(db)?)
+    .await?;
+    let partition = format!("outbox_events_t{topic_id}_{day}");
+    let exists: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
+        .bind(&partition)
+        .fetch_one(pg(db)?)
+        .await?;
+    if !exists {
+        bail!("the library made no partition {partition} for today");
+    }
+    // Spread over 22 of the day's 24 hours.
+    insert_events(
+        db,
+        &partition,
+        topic_id,
+        events,
+        0,
+        Some(start),
+        22.0 * 3600.0,
+    )
+    .await?;
+    db.exec(&format!("ANALYZE {partition}")).await?;
+    db.checkpoint().await?;
+    Ok((topic_id, partition, start + chrono::Duration::days(1)))
+}
+
+/// The events of topic `topic_id` in the log.
+async fn logged(db: &Db, topic_id: i32) -> Result<i64> {
+    Ok(
+        sqlx::query_scalar("SELECT count(*) FROM outbox_events WHERE topic_id = $1")
+            .bind(topic_id)
+            .fetch_one(pg(db)?)
+            .await?,
+    )
+}
+
+/// W15's drop: the log's upkeep as a worker runs it, three days on (the one-day window of
+/// today's events has ended), after the days it would create were made beforehand, so that
+/// it only drops.
+async fn by_upkeep(db: &Db, events: u64) -> Result<Removal> {
+    let store = db.pool.store();
+    let (topic_id, partition, _) = one_full_day(db, events).await?;
+    let now = Utc::now();
+    let at = now + chrono::Duration::days(3);
+    store.__log_upkeep_at(now, 10).await?;
+    db.checkpoint().await?;
+    let start = Instant::now();
+    let done: Option<LogUpkeep> = store.__log_upkeep_at(at, 7).await?;
+    let ms = start.elapsed().as_secs_f64() * 1e3;
+    let done = done.ok_or_else(|| anyhow!("another process held the log's lock"))?;
+    let left = logged(db, topic_id).await?;
+    let gone: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NULL")
+        .bind(&partition)
+        .fetch_one(pg(db)?)
+        .await?;
+    if left != 0 || !gone {
+        bail!("the upkeep left {left} events and {partition} (dropped: {gone})");
+    }
+    Ok(Removal {
+        ms,
+        what: format!(
+            "{} day partitions dropped, {} created",
+            done.dropped, done.created
+        ),
+    })
+}
+
+/// W15's `DELETE` of the same rows, in a second identical setup; then the `VACUUM` it leaves
+/// owed, timed apart.
+async fn by_delete(db: &Db, events: u64) -> Result<(Removal, f64)> {
+    let (topic_id, partition, end) = one_full_day(db, events).await?;
+    let start = Instant::now();
+    let deleted =
+        sqlx::query("DELETE FROM outbox_events WHERE topic_id = $1 AND delivered_at < $2")
+            .bind(topic_id)
+            .bind(end)
+            .execute(pg(db)?)
+            .await?
+            .rows_affected();
+    let ms = start.elapsed().as_secs_f64() * 1e3;
+    if deleted != events {
+        bail!("the DELETE removed {deleted} events of {events}");
+    }
+    let start = Instant::now();
+    db.exec(&format!("VACUUM {partition}")).await?;
+    let vacuum_ms = start.elapsed().as_secs_f64() * 1e3;
+    Ok((
+        Removal {
+            ms,
+            what: format!("{deleted} rows deleted"),
+        },
+        vacuum_ms,
+    ))
+}
+
+/// W15: one day's partition of `events` events dropped by the log's upkeep, against a
+/// `DELETE` of the same rows in a second identical setup (then its `VACUUM`).
+pub(crate) async fn w15(args: &Args, db: &mut Db, report: &mut Report) -> Result<()> {
+    let events = args.scaled(1_000_000);
+    db.reset().await?;
+    eprintln!("  W15 filling a day partition with {events} events");
+    let dropped = by_upkeep(db, events).await;
+    db.reset().await?;
+    eprintln!("  W15 filling a second one");
+    let deleted = by_delete(db, events).await;
+    db.reset().await?;
+    let (deleted, vacuum) = match deleted {
+        Ok((d, v)) => (Ok(d), Ok(v)),
+        Err(e) => (Err(anyhow!("{e:#}")), Err(e)),
+    };
+    for (side, r) in [("upkeep", &dropped), ("DELETE", &deleted)] {
+        if let Ok(r) = r {
+            eprintln!("  W15 {side}: {}", r.what);
+        }
+    }
+    let ratio = match (&dropped, &deleted) {
+        (Ok(a), Ok(b)) => Ok(b.ms / a.ms),
+        (Err(e), _) | (_, Err(e)) => Err(anyhow!("{e:#}")),
+    };
+    report.push(
+        "W15",
+        format!("drop of one day's partition of {events} events by the log's upkeep"),
+        dropped.map(|r| r.ms),
+        "ms",
+        Target::at_most(1000.0),
+    );
+    report.push(
+        "W15",
+        format!("DELETE of the same {events} events (second identical setup)"),
+        deleted.map(|r| r.ms),
+        "ms",
+        None,
+    );
+    report.push(
+        "W15",
+        "VACUUM of the partition after the DELETE",
+        vacuum,
+        "ms",
+        None,
+    );
+    report.push("W15", "ratio DELETE / drop", ratio, "x", None);
     Ok(())
 }
