@@ -22,6 +22,9 @@
 //! | W10 | PostgreSQL: 8 producers, 2,000 transactions each (business `INSERT` + `enqueue`), against 1, 4 and 8 default workers (a pool each) and against 4 beside an idle worker of another topic; `Wakeup::Listen` alternating with `Wakeup::Poll` (`--repeat` pairs, at most 3): producer tx/s, the ratio listen/poll and the share of transactions that sent a NOTIFY (counted by a LISTENer on the wake-up channel) |
 //! | W11 | W1 (best setting) where every message is stored as version 1 and the handler takes version 3 (each payload decoded as version 1 and converted `From` v1 -> v2 -> v3); ratio to W1 (no versions) as the median of at least 5 pairs' ratios, each pair's order alternating |
 //! | W12 | W1 (best setting) with the topic retained (`retain`: every done write also copies its messages into the event log, on PostgreSQL into the topic's day partition); ratio to W1 (not retained) as the median of at least 5 pairs' ratios, each pair's order alternating |
+//! | W13 | PostgreSQL: W1's 20,000 messages of a retained topic drained by W1's worker (best setting; without W1 in the run, the largest of `--settings`), then, on that worker, a replay of all of them to the probe, timed from `start_replay` until the probe has had every call and the replay is done; ratio to W1 as the median of at least 5 pairs' ratios, each pair's order alternating; beside it, how long the worker took to take the replay up (it looks every 500 ms) and the rate from then on (database clock) |
+//! | W14 | PostgreSQL: W3 with a replay of 100,000 retained events running on the same worker (paced to outlast the measured messages), alternating with W3 on an idle worker (`--repeat` pairs, at most 3); p50 and p99 of each side's pooled messages, and the ratio of the p99s |
+//! | W15 | PostgreSQL: 1,000,000 events in today's partition of a topic retained for a day, dropped by the log's upkeep run as if three days later (`__log_upkeep_at`), against a `DELETE` of the same rows in a second identical setup (and the `VACUUM` it leaves owed) |
 //! | RSS | peak RSS (VmHWM) of a worker process draining a 100,000-message backlog |
 //! | W2T | with `--features opentelemetry` only: W2's enqueue transactions (1 and 8 producers, a worker running), in at least 9 rounds of three variants, each round starting with the next: OpenTelemetry recording nothing; each transaction's business statements in a recorded request span, `enqueue` outside it (no context stored, as without the feature); the whole transaction in the span, its context stored and continued by the worker (spans and events at INFO and above, batch-exported to a sink that drops them); the ratios of the last to the other two, each the median of the rounds' ratios; then the target's figure: as many rounds in which each producer's transactions alternate between the context stored and not, every one timed, and the median over runs of 50 such pairs of the time without to the time with (pairs of neighbouring transactions meet the same disk and server, which separate runs do not), beside the ratio of all pairs' time summed |
 //!
@@ -90,6 +93,8 @@ mod broker;
 mod cpu;
 #[path = "bench/db.rs"]
 mod db;
+#[path = "bench/log.rs"]
+mod log;
 #[path = "bench/report.rs"]
 mod report;
 #[path = "bench/versions.rs"]
@@ -136,7 +141,7 @@ struct Args {
         default_value = "32x100,64x100,128x200,256x500,512x500,1000x1000"
     )]
     settings: Vec<Setting>,
-    /// Only these workloads (w1..w10, rss); all by default.
+    /// Only these workloads (w1..w15, w2t, w7r, rss); all by default.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// A graphile-worker 0.17 bench folder prepared with `npm ci`: its W1 drain runs (with
@@ -1230,6 +1235,29 @@ async fn run(args: &Args, db: &mut Db, report: &mut Report) -> Result<()> {
             best_setting,
             Target::at_least(0.8),
         );
+    }
+
+    // W13-W15, PostgreSQL: the event log's replay rate (paired with W1), pickup latency while
+    // a replay runs (beside W3 idle), and the drop of a day's partition against a DELETE.
+    if args.wants("w13") && db.kind == Kind::Postgres {
+        // W1's best setting; without W1 in this run, the largest of `--settings` (1,000 x
+        // 1,000 by default, W1's best setting in every recorded run).
+        let setting = if args.wants("w1") {
+            best_setting
+        } else {
+            args.settings
+                .iter()
+                .copied()
+                .max_by_key(|s| (s.concurrency, s.batch_size))
+                .unwrap_or(best_setting)
+        };
+        log::w13(args, db, report, n1, setting).await?;
+    }
+    if args.wants("w14") && db.kind == Kind::Postgres {
+        log::w14(args, db, report).await?;
+    }
+    if args.wants("w15") && db.kind == Kind::Postgres {
+        log::w15(args, db, report).await?;
     }
 
     // W10: producers at full speed against workers in listen and in poll mode, alternating.

@@ -199,10 +199,12 @@ impl Db {
             Kind::Postgres => {
                 self.exec(
                     "TRUNCATE outbox_messages, outbox_dead, outbox_done_counts, outbox_deliveries, \
-                     outbox_workers, outbox_processed, bench_orders RESTART IDENTITY",
+                     outbox_workers, outbox_processed, outbox_replays, outbox_replay_failures, \
+                     outbox_handlers, bench_orders RESTART IDENTITY",
                 )
                 .await?;
-                // W12 retains the drained topic; every other workload does not.
+                // W12-W15 retain the drained topic; every other workload does not. W13 and W14
+                // leave replays, and every worker leaves its handlers (which replays name).
                 self.exec("SELECT outbox_event_log_forget(topic) FROM outbox_retention")
                     .await?;
             }

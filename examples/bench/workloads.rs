@@ -145,7 +145,7 @@ impl ProbeState {
     }
 
     /// Waits until `target` calls were made, or `limit` passed (then `false`).
-    async fn wait_all(&self, limit: Duration) -> bool {
+    pub(crate) async fn wait_all(&self, limit: Duration) -> bool {
         if self.handled() >= self.target {
             return true;
         }
@@ -252,7 +252,7 @@ pub(crate) const DEFAULT_SETTING: Setting = Setting {
 };
 
 /// A generous bound for a drain of `n` messages, so a stuck run ends with an error.
-fn limit_for(n: u64) -> Duration {
+pub(crate) fn limit_for(n: u64) -> Duration {
     Duration::from_secs(60 + n / 200)
 }
 
@@ -417,7 +417,7 @@ pub(crate) async fn timed_drain(
 }
 
 /// The size of the pools the bench opens cold: `outbox::cli::connect`'s.
-const COLD_POOL_SIZE: u32 = 10;
+pub(crate) const COLD_POOL_SIZE: u32 = 10;
 
 /// The peer's W1: `node bench.js drain N CONCURRENCY batched` in `dir` (a graphile-worker
 /// bench folder prepared with `npm ci`), against the database at `url`. Returns jobs/s from
@@ -741,6 +741,23 @@ pub(crate) struct Latency {
     pub(crate) p99_ms: f64,
     /// Largest, in ms.
     pub(crate) max_ms: f64,
+    /// Every message's figure, sorted (W14 pools the rounds' figures).
+    #[serde(skip)]
+    pub(crate) all_ms: Vec<f64>,
+}
+
+impl Latency {
+    /// The figures of `ms` (any order).
+    pub(crate) fn of(mut ms: Vec<f64>) -> Latency {
+        ms.sort_by(f64::total_cmp);
+        Latency {
+            count: ms.len(),
+            p50_ms: percentile(&ms, 50.0),
+            p99_ms: percentile(&ms, 99.0),
+            max_ms: ms.last().copied().unwrap_or(0.0),
+            all_ms: ms,
+        }
+    }
 }
 
 /// How long W3's fresh worker gets to start and reach its idle wait before the first message.
@@ -751,62 +768,111 @@ const W3_START: Duration = Duration::from_millis(250);
 /// message enqueued (and committed) every 10 ms for `duration`; handler start minus the moment
 /// `commit()` returned, same clock, same process.
 pub(crate) async fn w3(db: &Db, duration: Duration) -> Result<Latency> {
-    let interval = Duration::from_millis(10);
-    let n = usize::try_from((duration.as_millis() / interval.as_millis()).max(1))?;
-    let state = ProbeState::new(u64::try_from(n)?, n);
-    // The producer's connection is opened first: the worker's side is what is measured.
-    let pool = db.extra_pool(1).await?;
-    let worker_pool = db.cold_pool(COLD_POOL_SIZE).await?;
-    let w = worker(&worker_pool, &state, WorkerConfig::default())?;
-    let stop = Arc::new(Notify::new());
-    let running = {
-        let stop = stop.clone();
-        tokio::spawn(async move { w.run_until(async move { stop.notified().await }).await })
-    };
-    // Idle: started and asleep on its wake-up channel, having handled nothing yet.
-    tokio::time::sleep(W3_START).await;
-
-    let mut commits: Vec<Instant> = Vec::with_capacity(n);
-    let t0 = tokio::time::Instant::now() + interval;
-    for i in 0..n {
-        tokio::time::sleep_until(t0 + interval * u32::try_from(i)?).await;
-        let m = BenchMessage::new(u64::try_from(i)?);
-        on_pool!(&pool, p => {
-            let mut tx = p.begin().await?;
-            enqueue(&mut *tx, &m).await?;
-            tx.commit().await?;
-        });
-        commits.push(Instant::now());
-    }
-    let drained = state.wait_all(limit_for(u64::try_from(n)?)).await;
-    stop.notify_one();
-    running.await??;
-    pool.close().await;
-    worker_pool.close().await;
-    if !drained {
-        bail!("the worker handled {} of {n} messages", state.handled());
-    }
-    let mut lat: Vec<f64> = commits
-        .iter()
-        .zip(&state.starts)
-        .map(|(commit, start)| {
-            let start = start.get().copied().unwrap_or(*commit);
-            // Signed: a handler may start before commit() has returned to the producer.
-            if start >= *commit {
-                (start - *commit).as_secs_f64() * 1e3
-            } else {
-                -((*commit - start).as_secs_f64() * 1e3)
-            }
-        })
-        .collect();
-    lat.sort_by(f64::total_cmp);
-    Ok(Latency {
-        count: lat.len(),
-        p50_ms: percentile(&lat, 50.0),
-        p99_ms: percentile(&lat, 99.0),
-        max_ms: lat.last().copied().unwrap_or(0.0),
+    Pickup::start(db, duration, |pool, state| {
+        worker(pool, state, WorkerConfig::default())
     })
+    .await?
+    .measure()
+    .await
 }
+
+/// W3's measurement in two steps, so that W14 can start a replay on the worker between them:
+/// [`Pickup::start`] starts the fresh worker and lets it reach its idle wait;
+/// [`Pickup::measure`] commits the messages, one every 10 ms, and stops the worker.
+pub(crate) struct Pickup {
+    n: usize,
+    state: Arc<ProbeState>,
+    /// The producer's pool.
+    pool: Pool,
+    worker_pool: Pool,
+    stop: Arc<Notify>,
+    running: tokio::task::JoinHandle<Result<(), outbox::Error>>,
+}
+
+impl Pickup {
+    /// Opens the producer's connection, then a cold pool and the worker `build` makes on it
+    /// (its handler records each call in the probe state it is given), and gives the worker
+    /// [`W3_START`] to start.
+    pub(crate) async fn start(
+        db: &Db,
+        duration: Duration,
+        build: impl FnOnce(&Pool, &Arc<ProbeState>) -> Result<Worker>,
+    ) -> Result<Pickup> {
+        let interval = W3_INTERVAL;
+        let n = usize::try_from((duration.as_millis() / interval.as_millis()).max(1))?;
+        let state = ProbeState::new(u64::try_from(n)?, n);
+        // The producer's connection is opened first: the worker's side is what is measured.
+        let pool = db.extra_pool(1).await?;
+        let worker_pool = db.cold_pool(COLD_POOL_SIZE).await?;
+        let w = build(&worker_pool, &state)?;
+        let stop = Arc::new(Notify::new());
+        let running = {
+            let stop = stop.clone();
+            tokio::spawn(async move { w.run_until(async move { stop.notified().await }).await })
+        };
+        // Idle: started and asleep on its wake-up channel, having handled nothing yet.
+        tokio::time::sleep(W3_START).await;
+        Ok(Pickup {
+            n,
+            state,
+            pool,
+            worker_pool,
+            stop,
+            running,
+        })
+    }
+
+    /// Commits the messages, one every 10 ms, waits until each was handled, stops the worker
+    /// and returns the pickup latencies.
+    pub(crate) async fn measure(self) -> Result<Latency> {
+        let Pickup {
+            n,
+            state,
+            pool,
+            worker_pool,
+            stop,
+            running,
+        } = self;
+        let interval = W3_INTERVAL;
+        let mut commits: Vec<Instant> = Vec::with_capacity(n);
+        let t0 = tokio::time::Instant::now() + interval;
+        for i in 0..n {
+            tokio::time::sleep_until(t0 + interval * u32::try_from(i)?).await;
+            let m = BenchMessage::new(u64::try_from(i)?);
+            on_pool!(&pool, p => {
+                let mut tx = p.begin().await?;
+                enqueue(&mut *tx, &m).await?;
+                tx.commit().await?;
+            });
+            commits.push(Instant::now());
+        }
+        let drained = state.wait_all(limit_for(u64::try_from(n)?)).await;
+        stop.notify_one();
+        running.await??;
+        pool.close().await;
+        worker_pool.close().await;
+        if !drained {
+            bail!("the worker handled {} of {n} messages", state.handled());
+        }
+        let lat: Vec<f64> = commits
+            .iter()
+            .zip(&state.starts)
+            .map(|(commit, start)| {
+                let start = start.get().copied().unwrap_or(*commit);
+                // Signed: a handler may start before commit() has returned to the producer.
+                if start >= *commit {
+                    (start - *commit).as_secs_f64() * 1e3
+                } else {
+                    -((*commit - start).as_secs_f64() * 1e3)
+                }
+            })
+            .collect();
+        Ok(Latency::of(lat))
+    }
+}
+
+/// W3's pace: one message committed every 10 ms.
+const W3_INTERVAL: Duration = Duration::from_millis(10);
 
 /// Nearest-rank percentile of sorted values.
 fn percentile(sorted: &[f64], p: f64) -> f64 {
