@@ -25,6 +25,9 @@ use crate::workloads::{
 };
 use crate::{median, push_paired, Args, MIN_PAIRS};
 
+/// The retained events W13 replays (the issue's size), beside W1's drain of its usual `n`.
+const REPLAYED: u64 = 100_000;
+
 /// How long W13's and W14's topic keeps its events: W12's window.
 const RETAIN: Duration = Duration::from_secs(30 * 86_400);
 
@@ -255,7 +258,7 @@ pub(crate) async fn w13(
         for replay_side in order {
             db.reset().await?;
             if replay_side {
-                replayed = Some(replay_run(db, n, setting.config()).await);
+                replayed = Some(replay_run(db, args.scaled(REPLAYED), setting.config()).await);
             } else {
                 alone = Some(workloads::w1(db, n, setting.config()).await);
             }
@@ -286,11 +289,12 @@ pub(crate) async fn w13(
         pairs.push((alone, replayed.map(|r| r.sample)));
     }
     db.reset().await?;
+    let replayed = args.scaled(REPLAYED);
     push_paired(
         report,
         "W13",
         &format!(
-            "replay of {n} retained events to the probe, start_replay to done ({setting}), \
+            "replay of {replayed} retained events to the probe, start_replay to done ({setting}), \
              median of {rounds} pairs"
         ),
         Ok(pairs),

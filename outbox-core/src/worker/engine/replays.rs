@@ -28,8 +28,9 @@ use crate::handler::{Context, ErasedHandler, FailureKind};
 use crate::retention::{EventFilter, ReplayInfo, ReplayRequest, ReplayState, RetainedEvent, Start};
 use crate::worker::Worker;
 
-/// How often an idle worker looks for a replay to take up.
-const LOOK_EVERY: Duration = Duration::from_millis(500);
+/// How often a worker without a replay looks for one to take up: a replay starts within this
+/// (one small statement per look; W13 measured 311 ms to take a replay up at 500 ms).
+const LOOK_EVERY: Duration = Duration::from_millis(200);
 /// Events read per batch.
 const BATCH: u32 = 200;
 /// The longest pause between two attempts of one event.
