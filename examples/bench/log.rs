@@ -170,7 +170,7 @@ pub(crate) async fn replay_run(db: &Db, n: u64, config: WorkerConfig) -> Result<
                     // a replay reads), and a checkpoint.
                     db.exec("ANALYZE outbox_events").await?;
                     db.checkpoint().await?;
-                    // The worker looks for replays every 500 ms, counted from its start: a
+                    // The worker looks for replays every 200 ms, counted from its start: a
                     // replay made at a fixed time after the drain would always wait as long.
                     // Made at a random moment of that period, it waits what an operator's does.
                     tokio::time::sleep(random_below(REPLAY_LOOK)).await;
@@ -307,7 +307,7 @@ pub(crate) async fn w13(
     };
     report.push(
         "W13",
-        "start_replay (at a random moment) to the worker's lease (it looks every 500 ms), median",
+        "start_replay (at a random moment) to the worker's lease (it looks every 200 ms), median",
         or_failure(pickups),
         "ms",
         None,
