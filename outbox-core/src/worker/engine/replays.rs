@@ -156,7 +156,9 @@ async fn run_one(
     tracing::info!(replay = %replay.id, topic = %r.topic, handler = %r.handler, delivered = replay.delivered, total = replay.total, "taking up a replay");
     let mut cursor = replay.cursor;
     let mut delivered = replay.delivered;
-    let batch = r.rate.map_or(BATCH, |rate| rate.clamp(1, BATCH));
+    // A paced replay reads a twentieth of a second's worth at a time: short bursts, evenly
+    // spread, rather than a second's worth at once.
+    let batch = r.rate.map_or(BATCH, |rate| (rate / 20).clamp(1, BATCH));
     loop {
         let mut step = ReplayStep {
             cursor: None,
@@ -227,7 +229,7 @@ async fn run_one(
             }
         }
         cursor = step.cursor.or(cursor);
-        // At most `rate` events a second: a batch of `rate` events takes a second at least.
+        // At most `rate` events a second: a batch of `rate / 20` events takes 50 ms at least.
         if let Some(rate) = r.rate {
             let least = Duration::from_secs_f64(step.delivered as f64 / f64::from(rate.max(1)));
             if let Some(rest) = least.checked_sub(started.elapsed()) {
