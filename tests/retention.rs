@@ -251,21 +251,7 @@ async fn a_short_runway_is_reported_until_the_upkeep_creates_the_days_again() {
     let db = outbox_tests::pg().await;
     let store = Store::from(&db.pool);
     store.declare_retention(&[("ret.kept", DAY)]).await.unwrap();
-    let future: Vec<String> = sqlx::query_scalar(
-        "SELECT c.relname::text FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid \
-         WHERE i.inhparent = 'outbox_events_t1'::regclass AND c.relname > 'outbox_events_t1_' || \
-               to_char((now() AT TIME ZONE 'UTC')::date, 'YYYYMMDD')",
-    )
-    .fetch_all(&db.pool)
-    .await
-    .unwrap();
-    assert_eq!(future.len(), 7, "seven days ahead: {future:?}");
-    for table in &future {
-        sqlx::query(sqlx::AssertSqlSafe(format!("DROP TABLE {table}")))
-            .execute(&db.pool)
-            .await
-            .unwrap();
-    }
+    assert_eq!(db.drop_future_log_days().await, 7, "seven days ahead");
     let note = store.retained_topics().await.unwrap()[0]
         .runway_note(Utc::now())
         .expect("a short runway is noted");

@@ -499,6 +499,26 @@ impl TestDb {
         id
     }
 
+    /// Drops the event log's day partitions after today of the first retained topic, as if no
+    /// worker had created the days ahead; returns how many it dropped.
+    pub async fn drop_future_log_days(&self) -> i64 {
+        const FUTURE: &str =
+            "FROM outbox_event_days(1) WHERE day > (now() AT TIME ZONE 'UTC')::date";
+        let n: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT count(*) {FUTURE}")))
+            .fetch_one(&self.pool)
+            .await
+            .expect("count the days ahead");
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "DO $$ DECLARE p regclass; BEGIN \
+               FOR p IN SELECT partition {FUTURE} LOOP EXECUTE format('DROP TABLE %s', p); END LOOP; \
+             END $$"
+        )))
+        .execute(&self.pool)
+        .await
+        .expect("drop the days ahead");
+        n
+    }
+
     /// The applied outbox migration versions.
     pub async fn migration_versions(&self) -> Vec<i64> {
         sqlx::query_scalar("SELECT version FROM outbox_migrations ORDER BY version")
