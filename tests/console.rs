@@ -490,6 +490,21 @@ async fn dead_letters_page_and_filter() {
     let addr = serve(&db, ConsoleConfig::new().page_size(2)).await;
     let rows = |body: &str| body.matches("<tr data-id=").count();
 
+    // A topic no topic can be: a 400 page saying why, not a database error.
+    let long = "t".repeat(65);
+    for path in [
+        "/dead?topic=a%00b".to_string(),
+        format!("/dead?topic={long}"),
+    ] {
+        let a = http(addr, "GET", &path, &[], "").await;
+        assert_eq!(a.status, 400, "{path}: {}", a.body);
+        assert!(
+            a.body.contains("id=\"bad-request\"") && a.body.contains("is not a topic"),
+            "{}",
+            a.body
+        );
+    }
+
     // The "Older" link of a page, as the browser would follow it.
     let next = |body: &str| -> Option<String> {
         let at = body.find("id=\"next\"")?;

@@ -14,7 +14,7 @@ use chrono::{DateTime, Utc};
 use serde::Deserialize;
 use uuid::Uuid;
 
-use super::{failure, frame, html};
+use super::{bad_address, failure, frame, html, quoted};
 use crate::console::html::{esc, excerpt, num, plural, query, size, when, window, Frame, Nav};
 use crate::console::{Base, Console, Shared};
 use crate::retention::{EventFilter, ReplayInfo, RetainedEvent, RetainedTopic};
@@ -71,27 +71,9 @@ fn parse(q: EventsQuery) -> Result<Option<TopicRequest>, String> {
     Ok(Some(TopicRequest { topic, key, after }))
 }
 
-/// Text from the address, to quote in a refusal: at most 64 characters, control characters
-/// shown as `�` (escape it still).
-fn quoted(text: &str) -> String {
-    excerpt(text, 64)
-        .chars()
-        .map(|c| if c.is_control() { '\u{fffd}' } else { c })
-        .collect()
-}
-
 /// The answer to an address the event log cannot read.
 fn bad_request(f: &Frame<'_>, text: &str) -> Response {
-    let body = format!(
-        "<h1>Not an address of the event log</h1><div class=\"notice bad\" id=\"bad-request\">{}</div>\
-         <p><a href=\"{}\">Back to the event log</a></p>",
-        esc(text),
-        f.link("/events")
-    );
-    html(
-        StatusCode::BAD_REQUEST,
-        f.page("Event log", Nav::Events, None, &body),
-    )
+    bad_address(f, "Event log", Nav::Events, "/events", text)
 }
 
 /// The retained topics at `/events`, or one topic's events at `/events?topic=T` (with `key=`

@@ -52,6 +52,28 @@ fn failure(f: &Frame<'_>, e: &crate::error::Error) -> Response {
     )
 }
 
+/// Text from the address, to quote in a refusal: at most 64 characters, control characters
+/// shown as U+FFFD.
+fn quoted(text: &str) -> String {
+    super::html::excerpt(text, 64)
+        .chars()
+        .map(|c| if c.is_control() { '\u{fffd}' } else { c })
+        .collect()
+}
+
+/// A 400 page for an address a listing cannot read: `why` (escaped) and a link back to `back`.
+fn bad_address(f: &Frame<'_>, title: &str, nav: Nav, back: &str, why: &str) -> Response {
+    let body = format!(
+        "<h1>Not an address of the {}</h1><div class=\"notice bad\" id=\"bad-request\">{}</div>\
+         <p><a href=\"{}\">Back to the {}</a></p>",
+        esc(&title.to_lowercase()),
+        esc(why),
+        f.link(back),
+        esc(&title.to_lowercase()),
+    );
+    html(StatusCode::BAD_REQUEST, f.page(title, nav, None, &body))
+}
+
 /// 404 for any other path.
 pub(in crate::console) async fn not_found(
     State(c): State<Shared>,
