@@ -68,23 +68,8 @@ impl TxHandler<sqlx::Postgres> for Record {
 }
 
 async fn setup() -> (jetstream::Context, String, String, TestDb) {
-    let url = std::env::var("NATS_URL").unwrap_or_else(|_| "127.0.0.1:4222".to_string());
-    let client = async_nats::connect(&url)
-        .await
-        .unwrap_or_else(|e| panic!("cannot connect to NATS at {url}: {e}"));
-    let js = jetstream::new(client);
-    let id = Uuid::now_v7().simple().to_string();
-    let name = format!("inbox_{id}");
-    let prefix = format!("t{id}");
-    js.create_stream(jetstream::stream::Config {
-        name: name.clone(),
-        subjects: vec![format!("{prefix}.>")],
-        storage: jetstream::stream::StorageType::Memory,
-        max_age: Duration::from_secs(3600),
-        ..Default::default()
-    })
-    .await
-    .expect("create the test stream");
+    let js = outbox_tests::nats::jetstream().await;
+    let (name, prefix) = outbox_tests::nats::memory_stream(&js, "inbox").await;
     let db = pg().await;
     sqlx::raw_sql(
         "CREATE TABLE effects (id BIGSERIAL PRIMARY KEY, message_id UUID NOT NULL, n BIGINT NOT NULL)",

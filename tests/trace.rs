@@ -25,7 +25,7 @@ use outbox::{
     enqueue, enqueue_many, outbox_event, Context, DeadSelection, Event, Handler, HandlerError,
     RetryPolicy, Store, Worker, WorkerConfig,
 };
-use outbox_handlers::async_nats::{self, jetstream};
+use outbox_handlers::async_nats::jetstream;
 use outbox_handlers::dedup::TxHandler;
 use outbox_handlers::inbox::{Inbox, InboxMessage};
 use outbox_handlers::relay::headers;
@@ -289,22 +289,8 @@ struct TestStream {
 
 impl TestStream {
     async fn new() -> TestStream {
-        let url = std::env::var("NATS_URL").unwrap_or_else(|_| "127.0.0.1:4222".to_string());
-        let client = async_nats::connect(&url)
-            .await
-            .unwrap_or_else(|e| panic!("cannot connect to NATS at {url}: {e}"));
-        let js = jetstream::new(client);
-        let id = Uuid::now_v7().simple().to_string();
-        let (name, prefix) = (format!("trace_{id}"), format!("t{id}"));
-        js.create_stream(jetstream::stream::Config {
-            name: name.clone(),
-            subjects: vec![format!("{prefix}.>")],
-            storage: jetstream::stream::StorageType::Memory,
-            max_age: Duration::from_secs(3600),
-            ..Default::default()
-        })
-        .await
-        .expect("create the test stream");
+        let js = outbox_tests::nats::jetstream().await;
+        let (name, prefix) = outbox_tests::nats::memory_stream(&js, "trace").await;
         TestStream { js, name, prefix }
     }
 
