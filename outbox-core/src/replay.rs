@@ -11,6 +11,7 @@
 use chrono::Utc;
 use uuid::Uuid;
 
+use crate::backend::Backend;
 use crate::error::{Error, Result};
 use crate::retention::{ReplayFailure, ReplayInfo, ReplayPlan, ReplayRequest, ReplayState};
 use crate::store::Store;
@@ -57,8 +58,8 @@ impl Store {
     /// [`Error::Database`] when a query fails.
     pub async fn start_replay(&self, request: &ReplayRequest) -> Result<ReplayInfo> {
         let until = self.check_replay(request).await?;
-        let plan = self.backend().replay_plan(request, until).await?;
-        if plan.events == 0 {
+        let (_, made) = make(self.backend(), request, until, false).await?;
+        let Some(id) = made else {
             return Err(Error::ReplayRefused(format!(
                 "topic `{}` has no retained events in that window{}: nothing to replay",
                 request.topic,
@@ -68,11 +69,7 @@ impl Store {
                     .map(|k| format!(" for key `{k}`"))
                     .unwrap_or_default()
             )));
-        }
-        let id = crate::message_id::new_message_id();
-        self.backend()
-            .replay_create(id, request, until, plan.events, false)
-            .await?;
+        };
         self.backend()
             .replay_get(id)
             .await?
@@ -187,4 +184,23 @@ impl Store {
         }
         Ok(until)
     }
+}
+
+/// Plans `request`'s window up to `until` and, when it holds events, makes the replay (a
+/// `backfill` of its handler once only): the plan, and the new replay's id when one was made.
+pub(crate) async fn make(
+    backend: &dyn Backend,
+    request: &ReplayRequest,
+    until: chrono::DateTime<Utc>,
+    backfill: bool,
+) -> Result<(ReplayPlan, Option<Uuid>)> {
+    let plan = backend.replay_plan(request, until).await?;
+    if plan.events == 0 {
+        return Ok((plan, None));
+    }
+    let id = crate::message_id::new_message_id();
+    let made = backend
+        .replay_create(id, request, until, plan.events, backfill)
+        .await?;
+    Ok((plan, made.then_some(id)))
 }

@@ -123,3 +123,17 @@ pub(crate) struct ReplayStep {
     /// The runner gives the replay up (the worker stops).
     pub(crate) release: bool,
 }
+
+impl ReplayStep {
+    /// A step that only renews the lease for `lease`: what a step starts from.
+    pub(crate) fn renewal(lease: std::time::Duration) -> Self {
+        ReplayStep {
+            cursor: None,
+            delivered: 0,
+            failures: Vec::new(),
+            finished: false,
+            lease,
+            release: false,
+        }
+    }
+}

@@ -61,15 +61,8 @@ struct List {
     /// The topic whose events to list.
     #[arg(long)]
     topic: Option<String>,
-    /// Only events enqueued at or after this time (RFC 3339, or a duration ago such as `7d`).
-    #[arg(long, value_parser = instant)]
-    since: Option<DateTime<Utc>>,
-    /// Only events enqueued before this time (RFC 3339, or a duration ago).
-    #[arg(long, value_parser = instant)]
-    until: Option<DateTime<Utc>>,
-    /// Only events of this ordering key.
-    #[arg(long)]
-    key: Option<String>,
+    #[command(flatten)]
+    window: Window,
     /// Only events after this one (the last id of the previous page).
     #[arg(long)]
     after: Option<Uuid>,
@@ -79,6 +72,21 @@ struct List {
     /// Print one JSON object per line instead of a table.
     #[arg(long)]
     json: bool,
+}
+
+/// Which events of a topic: a window of enqueue times and an ordering key (`outbox events` and
+/// `outbox replay` alike).
+#[derive(Debug, Args)]
+pub(super) struct Window {
+    /// Only events enqueued at or after this time (RFC 3339, or a duration ago such as `7d`).
+    #[arg(long, value_parser = instant)]
+    pub(super) since: Option<DateTime<Utc>>,
+    /// Only events enqueued before this time (RFC 3339, or a duration ago; default: now).
+    #[arg(long, value_parser = instant)]
+    pub(super) until: Option<DateTime<Utc>>,
+    /// Only the events of this ordering key.
+    #[arg(long)]
+    pub(super) key: Option<String>,
 }
 
 /// An RFC 3339 instant, or a duration before now.
@@ -135,9 +143,9 @@ async fn list(args: List, store: &Store) -> crate::error::Result<u8> {
         return Ok(exit::USAGE);
     };
     let mut filter = EventFilter::topic(&topic).limit(args.limit);
-    filter.since = args.since;
-    filter.until = args.until;
-    filter.key = args.key;
+    filter.since = args.window.since;
+    filter.until = args.window.until;
+    filter.key = args.window.key;
     filter.after = args.after;
     let events = store.events(&filter).await?;
     if events.is_empty() && !args.json {

@@ -13,7 +13,7 @@ use chrono::{DateTime, Utc};
 use clap::{Args, Subcommand};
 use uuid::Uuid;
 
-use super::events::instant;
+use super::events::Window;
 use super::exit;
 use crate::retention::{ReplayInfo, ReplayRequest, ReplayState};
 use crate::store::Store;
@@ -64,15 +64,8 @@ struct StartArgs {
     /// The one handler of the topic that gets the events (others see nothing).
     #[arg(long)]
     handler: Option<String>,
-    /// Events enqueued at or after this time (RFC 3339, or a duration ago such as `7d`).
-    #[arg(long, value_parser = instant)]
-    since: Option<DateTime<Utc>>,
-    /// Events enqueued before this time (default: now).
-    #[arg(long, value_parser = instant)]
-    until: Option<DateTime<Utc>>,
-    /// Only the events of this ordering key.
-    #[arg(long)]
-    key: Option<String>,
+    #[command(flatten)]
+    window: Window,
     /// At most this many events per second.
     #[arg(long)]
     rate: Option<u32>,
@@ -154,9 +147,9 @@ async fn start(args: StartArgs, store: &Store) -> crate::error::Result<u8> {
         return Ok(exit::USAGE);
     };
     let mut request = ReplayRequest::new(topic, handler);
-    request.since = args.since;
-    request.until = args.until;
-    request.key = args.key;
+    request.since = args.window.since;
+    request.until = args.window.until;
+    request.key = args.window.key;
     request.rate = args.rate;
     request.fresh = args.fresh;
     if args.dry_run {

@@ -31,15 +31,32 @@ const CREATE: &str = "INSERT INTO outbox_replays (id, topic, handler, since, unt
         rate, fresh, backfill, total) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) \
      ON CONFLICT (topic, handler) WHERE backfill DO NOTHING";
 
+/// The columns of a replay as [`info`] reads them; `$now` is the statement's current time.
+macro_rules! replay_columns {
+    ($now:literal) => {
+        concat!(
+            "id, topic, handler, since, until, ordering_key, rate, fresh, backfill, state, cursor, \
+             total, delivered, failed, created_at, started_at, updated_at, finished_at, \
+             coalesce(lease_until > ",
+            $now,
+            " AND state = 'running', false) AS leased"
+        )
+    };
+}
+
 /// Every replay, newest first.
-const LIST: &str = "SELECT id, topic, handler, since, until, ordering_key, rate, fresh, backfill, \
-     state, cursor, total, delivered, failed, created_at, started_at, updated_at, finished_at, \
-     coalesce(lease_until > now() AND state = 'running', false) AS leased FROM outbox_replays ORDER BY id DESC";
+const LIST: &str = concat!(
+    "SELECT ",
+    replay_columns!("now()"),
+    " FROM outbox_replays ORDER BY id DESC"
+);
 
 /// Replay `$1`.
-const GET: &str = "SELECT id, topic, handler, since, until, ordering_key, rate, fresh, backfill, \
-     state, cursor, total, delivered, failed, created_at, started_at, updated_at, finished_at, \
-     coalesce(lease_until > now() AND state = 'running', false) AS leased FROM outbox_replays WHERE id = $1";
+const GET: &str = concat!(
+    "SELECT ",
+    replay_columns!("now()"),
+    " FROM outbox_replays WHERE id = $1"
+);
 
 /// The failures of replay `$1`, in event order.
 const FAILURES: &str = "SELECT event_id, attempts, error, failed_at FROM outbox_replay_failures \
@@ -56,7 +73,8 @@ const SET_STATE: &str = "UPDATE outbox_replays SET state = $2, updated_at = now(
 
 /// Leases to worker `$1` under token `$2` for `$3` seconds the oldest running replay of a
 /// (topic, handler) pair of `$4`/`$5` whose lease is free.
-const LEASE: &str = "UPDATE outbox_replays r \
+const LEASE: &str = concat!(
+    "UPDATE outbox_replays r \
      SET lease_token = $2, leased_by = $1, lease_until = now() + make_interval(secs => $3), \
          started_at = coalesce(r.started_at, now()), updated_at = now() \
      WHERE r.id = ( \
@@ -64,9 +82,9 @@ const LEASE: &str = "UPDATE outbox_replays r \
          WHERE state = 'running' AND (lease_until IS NULL OR lease_until < now()) \
            AND (topic, handler) IN (SELECT * FROM UNNEST($4::text[], $5::text[])) \
          ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED) \
-     RETURNING r.id, r.topic, r.handler, r.since, r.until, r.ordering_key, r.rate, r.fresh, \
-        r.backfill, r.state, r.cursor, r.total, r.delivered, r.failed, r.created_at, r.started_at, \
-        r.updated_at, r.finished_at, true AS leased";
+     RETURNING ",
+    replay_columns!("now()")
+);
 
 /// Moves replay `$1` under lease token `$2`: cursor `$3` (kept when NULL), `$4` more events
 /// handled, `$5` more failed; done when `$6`; the lease renewed for `$7` seconds, or given up

@@ -33,15 +33,32 @@ const CREATE: &str = "INSERT INTO outbox_replays (id, topic, handler, since, unt
      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?11) \
      ON CONFLICT (topic, handler) WHERE backfill DO NOTHING";
 
+/// The columns of a replay as [`info`] reads them; `$now` is the statement's current time.
+macro_rules! replay_columns {
+    ($now:literal) => {
+        concat!(
+            "id, topic, handler, since, until, ordering_key, rate, fresh, backfill, state, cursor, \
+             total, delivered, failed, created_at, started_at, updated_at, finished_at, \
+             coalesce(lease_until > ",
+            $now,
+            " AND state = 'running', 0) AS leased"
+        )
+    };
+}
+
 /// Every replay, newest first, `?1` being now.
-const LIST: &str = "SELECT id, topic, handler, since, until, ordering_key, rate, fresh, backfill, \
-     state, cursor, total, delivered, failed, created_at, started_at, updated_at, finished_at, \
-     coalesce(lease_until > ?1 AND state = 'running', 0) AS leased FROM outbox_replays ORDER BY id DESC";
+const LIST: &str = concat!(
+    "SELECT ",
+    replay_columns!("?1"),
+    " FROM outbox_replays ORDER BY id DESC"
+);
 
 /// Replay `?2`, `?1` being now.
-const GET: &str = "SELECT id, topic, handler, since, until, ordering_key, rate, fresh, backfill, \
-     state, cursor, total, delivered, failed, created_at, started_at, updated_at, finished_at, \
-     coalesce(lease_until > ?1 AND state = 'running', 0) AS leased FROM outbox_replays WHERE id = ?2";
+const GET: &str = concat!(
+    "SELECT ",
+    replay_columns!("?1"),
+    " FROM outbox_replays WHERE id = ?2"
+);
 
 /// The failures of replay `?1`, in event order.
 const FAILURES: &str = "SELECT event_id, attempts, error, failed_at FROM outbox_replay_failures \
@@ -56,7 +73,8 @@ const SET_STATE: &str = "UPDATE outbox_replays SET state = ?2, updated_at = ?3, 
 
 /// Leases to worker `?1` under token `?2` until `?3` the oldest running replay, at `?4`, of a
 /// (topic, handler) pair of the JSON array `?5` whose lease is free.
-const LEASE: &str = "UPDATE outbox_replays \
+const LEASE: &str = concat!(
+    "UPDATE outbox_replays \
      SET lease_token = ?2, leased_by = ?1, lease_until = ?3, \
          started_at = coalesce(started_at, ?4), updated_at = ?4 \
      WHERE id = ( \
@@ -64,9 +82,9 @@ const LEASE: &str = "UPDATE outbox_replays \
          JOIN json_each(?5) AS h ON r.topic = h.value ->> 0 AND r.handler = h.value ->> 1 \
          WHERE r.state = 'running' AND (r.lease_until IS NULL OR r.lease_until < ?4) \
          ORDER BY r.id LIMIT 1) \
-     RETURNING id, topic, handler, since, until, ordering_key, rate, fresh, backfill, state, \
-        cursor, total, delivered, failed, created_at, started_at, updated_at, finished_at, \
-        1 AS leased";
+     RETURNING ",
+    replay_columns!("?4")
+);
 
 /// Moves replay `?1` under lease token `?2` at `?9`: cursor `?3` (kept when NULL), `?4` more
 /// handled, `?5` more failed; done when `?6`; the lease renewed until `?7`, or given up when

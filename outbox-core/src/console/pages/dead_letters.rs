@@ -10,7 +10,7 @@ use axum::Extension;
 use chrono::{DateTime, Utc};
 use serde::Deserialize;
 
-use super::{bad_address, failure, frame, html, quoted};
+use super::{bad_address, failure, frame, html, not_a_topic};
 use crate::console::html::{esc, excerpt, num, plural, query, when, Nav};
 use crate::console::{Base, Shared};
 use crate::model::{DeadCursor, DeadLetterFilter};
@@ -48,14 +48,8 @@ pub(in crate::console) async fn dead_letters(
 ) -> Response {
     let f = frame(&c, &base);
     let topic = q.topic.filter(|t| !t.is_empty());
-    if let Some(t) = topic.as_deref() {
-        if t.chars().count() > 64 || t.chars().any(char::is_control) {
-            let why = format!(
-                "“{}” is not a topic: a topic has 1 to 64 characters and no control characters.",
-                quoted(t)
-            );
-            return bad_address(&f, "Dead letters", Nav::Dead, "/dead", &why);
-        }
+    if let Some(why) = topic.as_deref().and_then(not_a_topic) {
+        return bad_address(&f, "Dead letters", Nav::Dead, "/dead", &why);
     }
     let age_text = q.older_than.unwrap_or_default().trim().to_owned();
     let (older_than, age_error) = if age_text.is_empty() {

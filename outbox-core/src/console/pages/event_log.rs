@@ -14,7 +14,7 @@ use chrono::{DateTime, Utc};
 use serde::Deserialize;
 use uuid::Uuid;
 
-use super::{bad_address, failure, frame, html, quoted};
+use super::{bad_address, failure, frame, html, not_a_topic, quoted};
 use crate::console::html::{esc, excerpt, num, plural, query, size, when, window, Frame, Nav};
 use crate::console::{Base, Console, Shared};
 use crate::retention::{EventFilter, ReplayInfo, RetainedEvent, RetainedTopic};
@@ -50,11 +50,8 @@ fn parse(q: EventsQuery) -> Result<Option<TopicRequest>, String> {
             _ => Err("Name the topic whose events to list: key and after need a topic.".into()),
         };
     };
-    if topic.chars().count() > 64 || topic.chars().any(char::is_control) {
-        return Err(format!(
-            "“{}” is not a topic: a topic has 1 to 64 characters and no control characters.",
-            quoted(&topic)
-        ));
+    if let Some(why) = not_a_topic(&topic) {
+        return Err(why);
     }
     if key.as_deref().is_some_and(|k| k.contains('\0')) {
         return Err("An ordering key holds no NUL character.".into());

@@ -61,6 +61,16 @@ fn quoted(text: &str) -> String {
         .collect()
 }
 
+/// Why `topic`, read from an address, cannot be a topic; `None` when it can.
+fn not_a_topic(topic: &str) -> Option<String> {
+    (topic.chars().count() > 64 || topic.chars().any(char::is_control)).then(|| {
+        format!(
+            "“{}” is not a topic: a topic has 1 to 64 characters and no control characters.",
+            quoted(topic)
+        )
+    })
+}
+
 /// A 400 page for an address a listing cannot read: `why` (escaped) and a link back to `back`.
 fn bad_address(f: &Frame<'_>, title: &str, nav: Nav, back: &str, why: &str) -> Response {
     let body = format!(

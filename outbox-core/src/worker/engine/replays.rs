@@ -84,18 +84,14 @@ async fn backfill(backend: &dyn Backend, request: &ReplayRequest) -> crate::erro
         tracing::warn!(topic = %request.topic, handler = %request.handler, "the handler starts in the past, but its topic retains no events: nothing to backfill");
         return Ok(());
     }
-    let until = Utc::now();
-    let plan = backend.replay_plan(request, until).await?;
-    if plan.events == 0 {
-        tracing::info!(topic = %request.topic, handler = %request.handler, "new handler: no retained events to backfill");
-        return Ok(());
-    }
-    let id = crate::message_id::new_message_id();
-    if backend
-        .replay_create(id, request, until, plan.events, true)
-        .await?
-    {
-        tracing::info!(replay = %id, topic = %request.topic, handler = %request.handler, events = plan.events, "new handler: backfill of the retained events made");
+    match crate::replay::make(backend, request, Utc::now(), true).await? {
+        (plan, _) if plan.events == 0 => {
+            tracing::info!(topic = %request.topic, handler = %request.handler, "new handler: no retained events to backfill");
+        }
+        (plan, Some(id)) => {
+            tracing::info!(replay = %id, topic = %request.topic, handler = %request.handler, events = plan.events, "new handler: backfill of the retained events made");
+        }
+        (_, None) => {}
     }
     Ok(())
 }
@@ -160,14 +156,7 @@ async fn run_one(
     // spread, rather than a second's worth at once.
     let batch = r.rate.map_or(BATCH, |rate| (rate / 20).clamp(1, BATCH));
     loop {
-        let mut step = ReplayStep {
-            cursor: None,
-            delivered: 0,
-            failures: Vec::new(),
-            finished: false,
-            lease: shared.worker.inner.config.lease,
-            release: false,
-        };
+        let mut step = ReplayStep::renewal(shared.worker.inner.config.lease);
         if stop.is_cancelled() {
             step.release = true;
             let _ = shared.backend.replay_advance(replay.id, token, &step).await;
@@ -278,14 +267,7 @@ async fn deliver(
         tokio::select! {
             out = &mut work => return out.into_iter().flatten().collect(),
             () = tokio::time::sleep(shared.worker.inner.config.renew_interval()) => {
-                let renew = ReplayStep {
-                    cursor: None,
-                    delivered: 0,
-                    failures: Vec::new(),
-                    finished: false,
-                    lease: shared.worker.inner.config.lease,
-                    release: false,
-                };
+                let renew = ReplayStep::renewal(shared.worker.inner.config.lease);
                 if let Err(e) = shared.backend.replay_advance(replay.id, token, &renew).await {
                     tracing::warn!(replay = %replay.id, error = %e, "could not renew the replay's lease");
                 }
