@@ -65,6 +65,19 @@ pub enum Error {
         limit: usize,
     },
 
+    /// An insert is larger than the MySQL server's `max_allowed_packet`: it was not sent (the
+    /// server would have closed the connection, and the transaction with it), and the
+    /// caller's transaction is still usable.
+    #[error("the insert of topic `{topic}` is about {size} bytes, over the server's max_allowed_packet of {limit} bytes; nothing was sent and the transaction is still usable; enqueue smaller payloads (store large data elsewhere and enqueue its id) or raise max_allowed_packet on the server")]
+    PacketTooLarge {
+        /// The topic of the (first) event.
+        topic: &'static str,
+        /// The size of the largest statement it would have sent, in bytes, about.
+        size: usize,
+        /// The server's `max_allowed_packet`.
+        limit: usize,
+    },
+
     /// An idempotency key is empty or too long.
     #[error("invalid idempotency key for topic `{topic}`: {reason}")]
     InvalidIdempotencyKey {
@@ -181,7 +194,10 @@ impl Error {
 
     /// True when a payload was refused for its size.
     pub fn is_payload_too_large(&self) -> bool {
-        matches!(self, Error::PayloadTooLarge { .. })
+        matches!(
+            self,
+            Error::PayloadTooLarge { .. } | Error::PacketTooLarge { .. }
+        )
     }
 }
 
@@ -194,15 +210,16 @@ impl From<sqlx::Error> for Error {
 /// What went wrong in the database, and so what to do about it: the classes of
 /// [`Error::Database`].
 ///
-/// | kind | PostgreSQL | SQLite | others |
-/// |---|---|---|---|
-/// | [`Connection`](Self::Connection) | SQLSTATE class `08`, `57P01`-`57P03`, `53300` | cannot open the file | I/O, TLS, pool timed out or closed |
-/// | [`Busy`](Self::Busy) | | `SQLITE_BUSY`, `SQLITE_LOCKED` ("database is locked") | |
-/// | [`MissingSchema`](Self::MissingSchema) | `42P01` undefined table, `42703` undefined column | "no such table", "no such column" | |
-/// | [`Constraint`](Self::Constraint) | class `23` | `SQLITE_CONSTRAINT` | |
-/// | [`Data`](Self::Data) | class `22` | `SQLITE_TOOBIG`, `SQLITE_MISMATCH`, `SQLITE_RANGE` | |
-/// | [`InvalidArgument`](Self::InvalidArgument) | | | a malformed database URL or option |
-/// | [`Other`](Self::Other) | anything else | | |
+/// | kind | PostgreSQL | SQLite | MySQL, MariaDB | others |
+/// |---|---|---|---|---|
+/// | [`Connection`](Self::Connection) | SQLSTATE class `08`, `57P01`-`57P03`, `53300` | cannot open the file | 2002, 2003, 2006, 2013, 1040, 1044, 1045, 1049, 1053, 1927 | I/O, TLS, pool timed out or closed |
+/// | [`Busy`](Self::Busy) | | `SQLITE_BUSY`, `SQLITE_LOCKED` ("database is locked") | | |
+/// | [`Conflict`](Self::Conflict) | | | 1213 deadlock, 1205 lock wait timeout | |
+/// | [`MissingSchema`](Self::MissingSchema) | `42P01` undefined table, `42703` undefined column | "no such table", "no such column" | 1146, 1054 | |
+/// | [`Constraint`](Self::Constraint) | class `23` | `SQLITE_CONSTRAINT` | 1062, 1451, 1452, 1048, 3819, 4025 | |
+/// | [`Data`](Self::Data) | class `22` | `SQLITE_TOOBIG`, `SQLITE_MISMATCH`, `SQLITE_RANGE` | 1406, 1264, 1366, 1292, 1153, 3140 | |
+/// | [`InvalidArgument`](Self::InvalidArgument) | | | | a malformed database URL or option |
+/// | [`Other`](Self::Other) | anything else | | | |
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum DatabaseErrorKind {
@@ -219,6 +236,9 @@ pub enum DatabaseErrorKind {
     Data,
     /// The database URL or a connection option is malformed.
     InvalidArgument,
+    /// MySQL ended the statement on a deadlock (1213, the transaction was rolled back) or a
+    /// lock wait timeout (1205): run the whole transaction again.
+    Conflict,
     /// Any other database error.
     Other,
 }
@@ -243,6 +263,21 @@ impl DatabaseErrorKind {
             return DatabaseErrorKind::Constraint;
         }
         let code = db.code().unwrap_or_default();
+        if let Some(n) = mysql_number(db) {
+            return match n {
+                1213 | 1205 => DatabaseErrorKind::Conflict,
+                // Server gone or lost, too many connections, access denied, unknown database,
+                // shutdown in progress, connection killed.
+                2002 | 2003 | 2006 | 2013 | 1040 | 1044 | 1045 | 1049 | 1053 | 1927 => {
+                    DatabaseErrorKind::Connection
+                }
+                1146 | 1054 => DatabaseErrorKind::MissingSchema,
+                1062 | 1451 | 1452 | 1048 | 3819 | 4025 => DatabaseErrorKind::Constraint,
+                // Data too long, out of range, incorrect value, packet too large.
+                1406 | 1264 | 1366 | 1292 | 1153 | 3140 => DatabaseErrorKind::Data,
+                _ => DatabaseErrorKind::Other,
+            };
+        }
         if let Some(n) = sqlite_code(db) {
             return match n & 0xff {
                 5 | 6 => DatabaseErrorKind::Busy,
@@ -293,9 +328,23 @@ impl DatabaseErrorKind {
             DatabaseErrorKind::InvalidArgument => {
                 "the database URL or a connection option is invalid; fix it"
             }
+            DatabaseErrorKind::Conflict => {
+                "the database ended the transaction on a deadlock or a lock wait timeout; \
+                 nothing of it was kept, so run the whole transaction again"
+            }
             DatabaseErrorKind::Other => "the database returned an error",
         }
     }
+}
+
+/// The error number of a MySQL or MariaDB error; `None` for other databases.
+fn mysql_number(db: &dyn sqlx::error::DatabaseError) -> Option<u16> {
+    #[cfg(feature = "mysql")]
+    if let Some(e) = db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
+        return Some(e.number());
+    }
+    let _ = db;
+    None
 }
 
 /// The (extended) result code of a SQLite error; `None` for other databases.

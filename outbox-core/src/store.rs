@@ -29,7 +29,7 @@ impl Store {
         &*self.backend
     }
 
-    /// The database kind, `"postgres"` or `"sqlite"`.
+    /// The database kind, `"postgres"`, `"sqlite"` or `"mysql"` (MariaDB or MySQL).
     pub fn kind(&self) -> &'static str {
         self.kind
     }
@@ -50,6 +50,29 @@ impl Store {
         Self {
             backend: Arc::new(crate::backend::sqlite::SqliteBackend::new(pool)),
             kind: "sqlite",
+        }
+    }
+}
+
+impl Store {
+    /// A store on a MariaDB or MySQL pool (InnoDB; MariaDB >= 10.6, MySQL >= 8.0).
+    ///
+    /// The worker opens a pool of its own with the same connect options, whose sessions run
+    /// at READ COMMITTED; the outbox's transactions on this pool ask for READ COMMITTED each
+    /// time, and leave the pool's sessions as they were.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// let pool = sqlx::MySqlPool::connect("mysql://root@127.0.0.1:3306/app").await?;
+    /// let store = outbox::Store::mysql(pool);
+    /// outbox::migrate(store.clone()).await?;
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "mysql")]
+    pub fn mysql(pool: sqlx::MySqlPool) -> Self {
+        Self {
+            backend: Arc::new(crate::backend::mysql::MySqlBackend::new(pool)),
+            kind: "mysql",
         }
     }
 }
@@ -85,5 +108,19 @@ impl From<sqlx::SqlitePool> for Store {
 impl From<&sqlx::SqlitePool> for Store {
     fn from(pool: &sqlx::SqlitePool) -> Self {
         Store::sqlite(pool.clone())
+    }
+}
+
+#[cfg(feature = "mysql")]
+impl From<sqlx::MySqlPool> for Store {
+    fn from(pool: sqlx::MySqlPool) -> Self {
+        Store::mysql(pool)
+    }
+}
+
+#[cfg(feature = "mysql")]
+impl From<&sqlx::MySqlPool> for Store {
+    fn from(pool: &sqlx::MySqlPool) -> Self {
+        Store::mysql(pool.clone())
     }
 }

@@ -1,5 +1,5 @@
 //! The backend seam: every SQL statement lives in one folder per database below this one,
-//! `postgres/` and `sqlite/`, each with the same files: `mod.rs` (the backend and its
+//! `postgres/`, `sqlite/` and `mysql/` (MariaDB and MySQL), each with the same files: `mod.rs` (the backend and its
 //! [`Backend`] impl, which hands each method to the file of its part), `migrate.rs`,
 //! `enqueue.rs`, `claim.rs`, `outcome.rs`, `ops.rs`, `log.rs`, `replay.rs`, `workers.rs` and
 //! `wake.rs`.
@@ -15,6 +15,8 @@ use crate::error::Result;
 pub(crate) mod postgres;
 #[cfg(any(feature = "sqlite", feature = "sqlite-unbundled"))]
 pub(crate) mod sqlite;
+#[cfg(feature = "mysql")]
+pub(crate) mod mysql;
 
 pub(crate) mod schema;
 pub(crate) mod types;
@@ -32,7 +34,12 @@ pub(crate) use types::*;
 /// While a worker's done writes keep releasing ordering keys, whose next messages its claims
 /// look up key by key, how often those claims still walk every key (for the heads that other
 /// workers' writes, new keys and due retries made).
-#[cfg(any(feature = "postgres", feature = "sqlite", feature = "sqlite-unbundled"))]
+#[cfg(any(
+    feature = "postgres",
+    feature = "sqlite",
+    feature = "sqlite-unbundled",
+    feature = "mysql"
+))]
 pub(crate) const RELEASED_WALK_INTERVAL: std::time::Duration = std::time::Duration::from_millis(25);
 /// The longest [`RELEASED_WALK_INTERVAL`] grows to, doubling after each walk that found no
 /// head, while a worker's own done writes claim the next messages of its keys (PostgreSQL):
@@ -45,8 +52,8 @@ mod sealed {
     pub trait SealedMut {}
 }
 
-/// A database connection that [`enqueue`](crate::enqueue) can write to: `sqlx::PgConnection`
-/// or `sqlx::SqliteConnection` (and so `&mut *tx` for a `sqlx::Transaction` of either).
+/// A database connection that [`enqueue`](crate::enqueue) can write to: `sqlx::PgConnection`,
+/// `sqlx::SqliteConnection` or `sqlx::MySqlConnection` (and so `&mut *tx` for a `sqlx::Transaction` of either).
 ///
 /// Sealed: the outbox's SQL lives in this crate, one module per database.
 #[async_trait]
@@ -58,7 +65,7 @@ mod sealed {
 )]
 pub trait Connection: sealed::Sealed + Send {
     #[doc(hidden)]
-    async fn __insert(&mut self, rows: &[NewMessage]) -> Result<(), sqlx::Error>;
+    async fn __insert(&mut self, rows: &[NewMessage]) -> Result<()>;
 
     /// Records `(handler, message_id)` in `outbox_processed` (the dedup wrapper of
     /// `outbox-handlers`); false when it already was. A concurrent transaction recording the

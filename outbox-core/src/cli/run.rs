@@ -244,8 +244,20 @@ pub async fn connect(url: &str) -> crate::error::Result<crate::store::Store> {
             crate::backend::sqlite::sqlite_pool(url).await?,
         ));
     }
+    #[cfg(feature = "mysql")]
+    if url.starts_with("mysql://") || url.starts_with("mariadb://") {
+        use sqlx::ConnectOptions;
+        let options: sqlx::mysql::MySqlConnectOptions = url.parse()?;
+        // As for PostgreSQL: one direct connection first, failing fast with the real cause.
+        sqlx::Connection::close(options.connect().await?).await?;
+        let pool = sqlx::mysql::MySqlPoolOptions::new()
+            .max_connections(10)
+            .acquire_timeout(std::time::Duration::from_secs(10))
+            .connect_lazy_with(options);
+        return Ok(crate::store::Store::mysql(pool));
+    }
     Err(crate::error::Error::Config(format!(
-        "unsupported database URL `{}`: use postgres:// or sqlite:",
+        "unsupported database URL `{}`: use postgres://, mysql:// or sqlite:",
         url.split(':').next().unwrap_or("")
     )))
 }

@@ -313,8 +313,8 @@ impl super::sealed::Sealed for PgConnection {}
 
 #[async_trait]
 impl Connection for PgConnection {
-    async fn __insert(&mut self, rows: &[NewMessage]) -> Result<(), sqlx::Error> {
-        enqueue::insert(self, rows).await
+    async fn __insert(&mut self, rows: &[NewMessage]) -> Result<()> {
+        Ok(enqueue::insert(self, rows).await?)
     }
 
     async fn __record_processed(

@@ -358,8 +358,8 @@ impl super::sealed::Sealed for SqliteConnection {}
 
 #[async_trait]
 impl Connection for SqliteConnection {
-    async fn __insert(&mut self, rows: &[NewMessage]) -> Result<(), sqlx::Error> {
-        enqueue::insert(self, rows).await
+    async fn __insert(&mut self, rows: &[NewMessage]) -> Result<()> {
+        Ok(enqueue::insert(self, rows).await?)
     }
 
     async fn __record_processed(

@@ -1,0 +1,383 @@
+//! Claims: unordered messages, the heads of ordering keys, and the handlers a claimed message
+//! already passed.
+//!
+//! Every claim is one short READ COMMITTED transaction: a `SELECT ... FOR UPDATE SKIP LOCKED`
+//! that reads and locks the rows it takes, an `UPDATE` of those rows by primary key that
+//! counts the attempt and takes the lease, and the commit. The attempt is counted in the
+//! update and in the row handed to the worker alike (the select read it one lower).
+//!
+//! Unordered messages are read on `outbox_messages_ready_idx (topic, ordering_key,
+//! available_at)`: the equalities `topic = ?` and `ordering_key IS NULL` then the order column,
+//! so InnoDB reads candidates in due order, never sorts them, and stops at the limit. A
+//! running row (its lease still running) is read and let go again: at READ COMMITTED, InnoDB
+//! keeps no lock on a row that fails the `WHERE`.
+//!
+//! Ordered messages are claimed through the heads of their keys (each key's live message with
+//! the smallest id), found by a loose index scan of `outbox_messages_key_idx (ordering_key,
+//! id)` (`GROUP BY ordering_key` with `MIN(id)`: one probe per key). A page of heads is first
+//! checked without locks (due, not running, not behind a dead letter that holds the key), in
+//! one consistent read; the heads that pass are then locked by primary key with `SKIP LOCKED`
+//! and checked again for what another worker may have changed since (due, not running). A
+//! later message of a key is never a head while an earlier one is live, so two workers never
+//! start two messages of one key.
+
+use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Instant;
+
+use sqlx::mysql::MySqlRow;
+use sqlx::Row;
+use uuid::Uuid;
+
+use super::{ms, now_ms, retrying, time, with_list, MySqlBackend};
+use crate::backend::{ClaimParams, ClaimedMessage, RELEASED_WALK_INTERVAL};
+use crate::error::Result;
+
+/// The columns a claim hands to the worker, as the locking select reads them.
+macro_rules! claimed_columns {
+    () => {
+        "id, topic, payload, version, idempotency_key, attempts, created_at, last_error, \
+         ordering_key, traceparent, tracestate"
+    };
+}
+
+/// Up to `?` (third) unordered messages of topic `?` (first) with a version at most `?`
+/// (second), due and not running, in due order, locked; rows another claim holds are skipped.
+pub(super) const CLAIM_UNKEYED: &str = concat!(
+    "SELECT ",
+    claimed_columns!(),
+    " FROM outbox_messages FORCE INDEX (outbox_messages_ready_idx) \
+     WHERE topic = ? AND ordering_key IS NULL AND available_at <= ",
+    now_ms!(),
+    " AND (locked_until IS NULL OR locked_until < ",
+    now_ms!(),
+    ") AND version <= ? \
+     ORDER BY available_at LIMIT ? \
+     FOR UPDATE SKIP LOCKED"
+);
+
+/// Counts the attempt of the locked rows `{list}` and leases them under claim token `?` to
+/// worker `?` for `?` ms (the first three parameters).
+const TAKE: &str = concat!(
+    "UPDATE outbox_messages SET attempts = attempts + 1, claim_token = ?, claimed_by = ?, \
+     locked_until = ",
+    now_ms!(),
+    " + ? WHERE id IN ({list})"
+);
+
+/// Up to `?` (second) keys after the key `?` (first), in key order, each with its head.
+const WALK_AFTER: &str = "SELECT ordering_key, MIN(id) FROM outbox_messages \
+     WHERE ordering_key > ? GROUP BY ordering_key ORDER BY ordering_key LIMIT ?";
+
+/// Up to `?` (third) keys after the key `?` and up to the key `?` (the first two), in key
+/// order, each with its head: the walk's wrap-around, up to where it started.
+const WALK_UP_TO: &str = "SELECT ordering_key, MIN(id) FROM outbox_messages \
+     WHERE ordering_key > ? AND ordering_key <= ? GROUP BY ordering_key \
+     ORDER BY ordering_key LIMIT ?";
+
+/// The heads of the keys `{list}`.
+const RELEASED_HEADS: &str = "SELECT ordering_key, MIN(id) FROM outbox_messages \
+     WHERE ordering_key IN ({list}) GROUP BY ordering_key";
+
+/// Which of the heads `{list}` may start, read without locks: due, not running, not behind a
+/// dead letter that holds the key, and, for a retried dead letter that had released its key,
+/// no later message of the key running. With topic and version, for the worker's own checks.
+const STARTABLE: &str = concat!(
+    "SELECT m.id, m.topic, m.version FROM outbox_messages m \
+     WHERE m.id IN ({list}) AND m.available_at <= ",
+    now_ms!(),
+    " AND (m.locked_until IS NULL OR m.locked_until < ",
+    now_ms!(),
+    ") AND NOT EXISTS (SELECT 1 FROM outbox_dead d \
+                       WHERE d.ordering_key = m.ordering_key AND d.releases_key = FALSE \
+                         AND d.id < m.id) \
+       AND (m.retried_release = FALSE \
+            OR NOT EXISTS (SELECT 1 FROM outbox_messages l \
+                           WHERE l.ordering_key = m.ordering_key AND l.id > m.id \
+                             AND l.locked_until >= ",
+    now_ms!(),
+    "))"
+);
+
+/// The heads `{list}` locked, if still due and not running; rows another claim holds are
+/// skipped.
+const LOCK_HEADS: &str = concat!(
+    "SELECT ",
+    claimed_columns!(),
+    " FROM outbox_messages WHERE id IN ({list}) AND available_at <= ",
+    now_ms!(),
+    " AND (locked_until IS NULL OR locked_until < ",
+    now_ms!(),
+    ") FOR UPDATE SKIP LOCKED"
+);
+
+/// The handlers of the messages `{list}` that already succeeded.
+const DELIVERY_COMPLETED: &str =
+    "SELECT message_id, handler FROM outbox_deliveries WHERE message_id IN ({list})";
+
+/// Heads looked at per page of the walk over every key, at least.
+const WALK_PAGE: i64 = 100;
+
+/// What one backend's claims remember from one call to the next.
+pub(super) struct ClaimState {
+    /// The greatest ordering key of this backend's last claim of ordered messages: the next
+    /// one walks the keys after it first.
+    cursor: Mutex<Option<String>>,
+    /// Whether the next claim takes ordered messages before unordered ones.
+    keyed_first: AtomicBool,
+    /// When the claim last walked every key.
+    walked: Mutex<Instant>,
+}
+
+impl ClaimState {
+    pub(super) fn new() -> Self {
+        Self {
+            cursor: Mutex::new(None),
+            keyed_first: AtomicBool::new(false),
+            walked: Mutex::new(Instant::now()),
+        }
+    }
+}
+
+/// Claims up to `p.limit` ready messages of `p.topics`.
+pub(super) async fn batch(b: &MySqlBackend, p: &ClaimParams<'_>) -> Result<Vec<ClaimedMessage>> {
+    let mut out = Vec::new();
+    // Ordered and unordered messages take turns at going first, so neither kind can keep
+    // the other out of full batches.
+    let keyed_first = !b
+        .claims
+        .keyed_first
+        .fetch_xor(true, AtomicOrdering::Relaxed);
+    // The heads of the keys this worker just released first; while there are such keys,
+    // the walk over every key runs only every RELEASED_WALK_INTERVAL.
+    if !p.released.is_empty() {
+        let keys: Vec<&str> = p.released.iter().map(|k| &**k).collect();
+        let heads = released_heads(b, &keys).await?;
+        take_heads(b, p, &heads, &mut out).await?;
+    }
+    let walk = p.released.is_empty()
+        || b.claims
+            .walked
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .elapsed()
+            >= RELEASED_WALK_INTERVAL;
+    if keyed_first && walk {
+        walk_keys(b, p, &mut out).await?;
+    }
+    unkeyed(b, p, &mut out).await?;
+    if !keyed_first && walk {
+        walk_keys(b, p, &mut out).await?;
+    }
+    Ok(out)
+}
+
+/// What is left of the batch.
+fn room(p: &ClaimParams<'_>, out: &[ClaimedMessage]) -> i64 {
+    p.limit - i64::try_from(out.len()).unwrap_or(i64::MAX)
+}
+
+/// Claims unordered messages into `out` up to the rest of the batch ([`CLAIM_UNKEYED`]),
+/// topic by topic, one transaction each.
+async fn unkeyed(b: &MySqlBackend, p: &ClaimParams<'_>, out: &mut Vec<ClaimedMessage>) -> Result<()> {
+    for (topic, version) in p.topics.iter().zip(p.versions) {
+        let want = room(p, out);
+        if want <= 0 {
+            break;
+        }
+        let rows = retrying("claim", || async {
+            let mut tx = b.begin().await?;
+            let rows = sqlx::query(CLAIM_UNKEYED)
+                .bind(*topic)
+                .bind(*version)
+                .bind(want)
+                .fetch_all(&mut *tx)
+                .await?;
+            take(&mut tx, p, &rows).await?;
+            tx.commit().await?;
+            Ok(rows)
+        })
+        .await?;
+        for r in &rows {
+            out.push(claimed(r, p.claim_token)?);
+        }
+    }
+    Ok(())
+}
+
+/// Counts the attempt of the locked `rows` and leases them ([`TAKE`]).
+async fn take(
+    tx: &mut sqlx::MySqlConnection,
+    p: &ClaimParams<'_>,
+    rows: &[MySqlRow],
+) -> Result<(), sqlx::Error> {
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let mut q = sqlx::query(with_list(TAKE, rows.len()))
+        .bind(p.claim_token)
+        .bind(p.worker)
+        .bind(ms(p.lease));
+    for r in rows {
+        q = q.bind(r.try_get::<Uuid, _>("id")?);
+    }
+    q.execute(&mut *tx).await?;
+    Ok(())
+}
+
+/// The heads of `keys` ([`RELEASED_HEADS`]).
+async fn released_heads(b: &MySqlBackend, keys: &[&str]) -> Result<Vec<(String, Uuid)>> {
+    let mut q = sqlx::query_as(with_list(RELEASED_HEADS, keys.len()));
+    for k in keys {
+        q = q.bind(*k);
+    }
+    Ok(q.fetch_all(&b.pool).await?)
+}
+
+/// Walks every key from the one after the key this backend claimed last, wrapping around,
+/// a page of heads at a time, claiming those that may start, until the batch is full or every
+/// key was looked at; then remembers the greatest key claimed, so keys take turns.
+async fn walk_keys(b: &MySqlBackend, p: &ClaimParams<'_>, out: &mut Vec<ClaimedMessage>) -> Result<()> {
+    if room(p, out) <= 0 {
+        return Ok(());
+    }
+    *b.claims.walked.lock().unwrap_or_else(PoisonError::into_inner) = Instant::now();
+    let cursor = b
+        .claims
+        .cursor
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone()
+        .unwrap_or_default();
+    let start = out.len();
+    // First the keys after the cursor, then from the first key up to the cursor.
+    let mut after = cursor.clone();
+    let mut wrapped = false;
+    loop {
+        let want = room(p, out);
+        if want <= 0 {
+            break;
+        }
+        let page = (want * 2).max(WALK_PAGE);
+        let heads: Vec<(String, Uuid)> = if wrapped {
+            sqlx::query_as(WALK_UP_TO)
+                .bind(&after)
+                .bind(&cursor)
+                .bind(page)
+                .fetch_all(&b.pool)
+                .await?
+        } else {
+            sqlx::query_as(WALK_AFTER)
+                .bind(&after)
+                .bind(page)
+                .fetch_all(&b.pool)
+                .await?
+        };
+        let last = heads.last().map(|(k, _)| k.clone());
+        let full_page = i64::try_from(heads.len()).unwrap_or(i64::MAX) >= page;
+        take_heads(b, p, &heads, out).await?;
+        match last {
+            Some(k) if full_page => after = k,
+            _ if wrapped || cursor.is_empty() => break,
+            _ => {
+                wrapped = true;
+                after = String::new();
+            }
+        }
+    }
+    let greatest = out[start..]
+        .iter()
+        .filter_map(|m| m.key.as_deref())
+        .max()
+        .map(str::to_owned);
+    if greatest.is_some() {
+        *b.claims.cursor.lock().unwrap_or_else(PoisonError::into_inner) = greatest;
+    }
+    Ok(())
+}
+
+/// Claims into `out`, up to the rest of the batch, those of `heads` that may start
+/// ([`STARTABLE`]) and are of the worker's topics and versions, locking them
+/// ([`LOCK_HEADS`]) and leasing them ([`TAKE`]) in one transaction.
+async fn take_heads(
+    b: &MySqlBackend,
+    p: &ClaimParams<'_>,
+    heads: &[(String, Uuid)],
+    out: &mut Vec<ClaimedMessage>,
+) -> Result<()> {
+    if heads.is_empty() || room(p, out) <= 0 {
+        return Ok(());
+    }
+    let mut q = sqlx::query_as(with_list(STARTABLE, heads.len()));
+    for (_, id) in heads {
+        q = q.bind(*id);
+    }
+    let startable: Vec<(Uuid, String, i32)> = q.fetch_all(&b.pool).await?;
+    let mut ids: Vec<Uuid> = startable
+        .into_iter()
+        .filter(|(_, topic, version)| {
+            p.topics
+                .iter()
+                .position(|t| t == topic)
+                .is_some_and(|i| p.versions.get(i).is_some_and(|max| version <= max))
+        })
+        .map(|(id, _, _)| id)
+        .collect();
+    ids.sort_unstable();
+    ids.truncate(usize::try_from(room(p, out)).unwrap_or(0));
+    if ids.is_empty() {
+        return Ok(());
+    }
+    let rows = retrying("claim", || async {
+        let mut tx = b.begin().await?;
+        let mut q = sqlx::query(with_list(LOCK_HEADS, ids.len()));
+        for id in &ids {
+            q = q.bind(*id);
+        }
+        let rows = q.fetch_all(&mut *tx).await?;
+        take(&mut tx, p, &rows).await?;
+        tx.commit().await?;
+        Ok(rows)
+    })
+    .await?;
+    for r in &rows {
+        out.push(claimed(r, p.claim_token)?);
+    }
+    Ok(())
+}
+
+/// The handlers that already succeeded for these messages.
+pub(super) async fn delivery_completed(
+    b: &MySqlBackend,
+    message_ids: &[Uuid],
+) -> Result<Vec<(Uuid, String)>> {
+    if message_ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut q = sqlx::query_as(with_list(DELIVERY_COMPLETED, message_ids.len()));
+    for id in message_ids {
+        q = q.bind(*id);
+    }
+    Ok(q.fetch_all(&b.pool).await?)
+}
+
+/// A claimed row as the worker sees it, its attempt counted.
+fn claimed(r: &MySqlRow, claim_token: Uuid) -> Result<ClaimedMessage, sqlx::Error> {
+    let created: i64 = r.try_get("created_at")?;
+    let key: Option<String> = r.try_get("ordering_key")?;
+    Ok(ClaimedMessage {
+        id: r.try_get("id")?,
+        topic: r.try_get("topic")?,
+        payload: r.try_get("payload")?,
+        version: u32::try_from(r.try_get::<i32, _>("version")?).unwrap_or(1),
+        idempotency_key: r.try_get("idempotency_key")?,
+        attempts: r.try_get::<i32, _>("attempts")?.saturating_add(1),
+        created_at: time(created),
+        claim_token,
+        last_error: r.try_get("last_error")?,
+        key: key.map(Arc::from),
+        trace: r
+            .try_get::<Option<String>, _>("traceparent")?
+            .map(|p| crate::trace::TraceContext::new(p, r.try_get("tracestate").unwrap_or(None))),
+    })
+}
