@@ -1,7 +1,11 @@
-//! StayHub's database: properties and bookings, on SQLite (the default) or PostgreSQL.
+//! StayHub's database: properties and bookings, on SQLite (the default), PostgreSQL or
+//! MariaDB/MySQL.
 //!
 //! The no-double-booking rule lives in the database: an exclusion constraint on PostgreSQL, a
-//! trigger on SQLite (which has one writer at a time, so the check and the insert cannot race).
+//! trigger on SQLite (which has one writer at a time, so the check and the insert cannot race),
+//! and on MariaDB a unique key on (property, night) over a table of the nights each booking
+//! holds: two bookings of one night cannot both commit, whatever their isolation level, since
+//! the second insert of a key waits for the first and then fails.
 //!
 //! On SQLite a booking's transaction starts with [`outbox::sqlite_begin_immediate`]: it checks
 //! the existing bookings before it writes, and a transaction begun with a plain `pool.begin()`
@@ -15,7 +19,7 @@ use std::path::PathBuf;
 
 use chrono::NaiveDate;
 use outbox::{enqueue, enqueue_with, EnqueueOptions, Store};
-use sqlx::{PgPool, SqlitePool};
+use sqlx::{MySqlPool, PgPool, SqlitePool};
 use uuid::Uuid;
 
 use crate::events::{BookingCreated, PropertyChanged};
@@ -27,6 +31,7 @@ const NO_DOUBLE_BOOKING: &str = "stayhub_no_double_booking";
 pub(crate) enum Db {
     Sqlite { pool: SqlitePool, path: PathBuf },
     Postgres { pool: PgPool },
+    MySql { pool: MySqlPool },
 }
 
 /// A property as the index sees it.
@@ -76,11 +81,65 @@ fn is_double_booking(e: &sqlx::Error) -> bool {
 /// How often a booking runs when PostgreSQL picks it as a deadlock's victim.
 const DEADLOCK_RETRIES: u32 = 3;
 
-/// PostgreSQL aborted the transaction to break a deadlock (SQLSTATE 40P01): run it again.
+/// The database aborted the transaction to break a deadlock (PostgreSQL's SQLSTATE 40P01,
+/// MySQL's 40001 for error 1213): run it again.
 fn is_deadlock(e: &anyhow::Error) -> bool {
+    if let Some(e) = e.downcast_ref::<outbox::Error>() {
+        return e.database_kind() == Some(outbox::DatabaseErrorKind::Conflict);
+    }
     e.downcast_ref::<sqlx::Error>()
         .and_then(|e| e.as_database_error())
-        .is_some_and(|d| d.code().as_deref() == Some("40P01"))
+        .is_some_and(|d| matches!(d.code().as_deref(), Some("40P01" | "40001")))
+}
+
+/// One try of a booking on MariaDB/MySQL: the event, the booking and the nights it holds in
+/// one transaction; a night already held fails the insert of the nights.
+async fn book_on_mysql(
+    pool: &MySqlPool,
+    event: &BookingCreated,
+    options: &EnqueueOptions,
+    public_id: Uuid,
+    b: &NewBooking<'_>,
+) -> anyhow::Result<()> {
+    let nights: Vec<NaiveDate> = b
+        .check_in
+        .iter_days()
+        .take_while(|d| *d < b.check_out)
+        .collect();
+    anyhow::ensure!(!nights.is_empty(), "a stay needs at least one night");
+    let mut tx = pool.begin().await?;
+    enqueue_with(&mut *tx, event, options).await?;
+    let r = async {
+        sqlx::query(
+            "INSERT INTO stayhub_bookings (public_id, property_id, guest_email, check_in, check_out) \
+             VALUES (?, ?, ?, ?, ?)",
+        )
+        .bind(public_id)
+        .bind(b.property_id)
+        .bind(b.guest_email)
+        .bind(b.check_in)
+        .bind(b.check_out)
+        .execute(&mut *tx)
+        .await?;
+        let mut held = sqlx::QueryBuilder::new(
+            "INSERT INTO stayhub_booked_nights (booking_public_id, property_id, night) ",
+        );
+        held.push_values(&nights, |mut row, night| {
+            row.push_bind(public_id)
+                .push_bind(b.property_id)
+                .push_bind(*night);
+        });
+        held.build().execute(&mut *tx).await?;
+        Ok::<_, sqlx::Error>(())
+    }
+    .await;
+    match r {
+        Ok(()) => Ok(tx.commit().await?),
+        Err(e) => {
+            tx.rollback().await?;
+            Err(e.into())
+        }
+    }
 }
 
 /// One try of a booking on PostgreSQL: the event and the booking in one transaction.
@@ -114,14 +173,18 @@ async fn book_on_postgres(
 }
 
 impl Db {
-    /// `DATABASE_URL` if set (postgres://...), else a fresh SQLite file `stayhub.sqlite`.
+    /// `DATABASE_URL` if set (postgres://... or mysql://...), else a fresh SQLite file
+    /// `stayhub.sqlite`. A MariaDB/MySQL database that does not exist yet is created.
     pub(crate) async fn open() -> anyhow::Result<Db> {
         match std::env::var("DATABASE_URL") {
             Ok(url) if url.starts_with("postgres") => Ok(Db::Postgres {
                 pool: PgPool::connect(&url).await?,
             }),
+            Ok(url) if url.starts_with("mysql") || url.starts_with("mariadb") => Ok(Db::MySql {
+                pool: open_mysql(&url).await?,
+            }),
             Ok(url) => anyhow::bail!(
-                "DATABASE_URL must be a postgres:// URL (got `{url}`); unset it for SQLite"
+                "DATABASE_URL must be a postgres:// or mysql:// URL (got `{url}`); unset it for SQLite"
             ),
             Err(_) => {
                 let path = PathBuf::from("stayhub.sqlite");
@@ -138,6 +201,7 @@ impl Db {
         match self {
             Db::Sqlite { pool, .. } => Store::from(pool),
             Db::Postgres { pool } => Store::from(pool),
+            Db::MySql { pool } => Store::from(pool),
         }
     }
 
@@ -145,6 +209,7 @@ impl Db {
         match self {
             Db::Sqlite { path, .. } => format!("SQLite ({}, no server needed)", path.display()),
             Db::Postgres { .. } => "PostgreSQL (DATABASE_URL)".to_string(),
+            Db::MySql { .. } => "MariaDB/MySQL (DATABASE_URL)".to_string(),
         }
     }
 
@@ -194,6 +259,35 @@ impl Db {
                 .execute(pool)
                 .await?;
             }
+            Db::MySql { pool } => {
+                sqlx::raw_sql(
+                    "DROP TABLE IF EXISTS stayhub_booked_nights;
+                     DROP TABLE IF EXISTS stayhub_bookings;
+                     DROP TABLE IF EXISTS stayhub_properties;
+                     DELETE FROM outbox_messages WHERE topic IN ('booking.created', 'property.changed');
+                     DELETE FROM outbox_dead WHERE topic IN ('booking.created', 'property.changed');
+                     DELETE FROM outbox_done_counts WHERE topic IN ('booking.created', 'property.changed');
+                     DELETE FROM outbox_events WHERE topic = 'booking.created';
+                     DELETE FROM outbox_retention WHERE topic = 'booking.created';
+                     DELETE FROM outbox_replays WHERE topic = 'booking.created';
+                     DELETE FROM outbox_handlers WHERE topic = 'booking.created';
+                     CREATE TABLE stayhub_properties (
+                        id BIGINT AUTO_INCREMENT PRIMARY KEY, name VARCHAR(255) NOT NULL,
+                        city VARCHAR(255) NOT NULL, nightly_price BIGINT NOT NULL,
+                        version BIGINT NOT NULL DEFAULT 1) ENGINE = InnoDB;
+                     CREATE TABLE stayhub_bookings (
+                        id BIGINT AUTO_INCREMENT PRIMARY KEY, public_id BINARY(16) NOT NULL UNIQUE,
+                        property_id BIGINT NOT NULL REFERENCES stayhub_properties (id),
+                        guest_email VARCHAR(255) NOT NULL, check_in DATE NOT NULL, check_out DATE NOT NULL,
+                        CHECK (check_in < check_out)) ENGINE = InnoDB;
+                     CREATE TABLE stayhub_booked_nights (
+                        booking_public_id BINARY(16) NOT NULL, property_id BIGINT NOT NULL,
+                        night DATE NOT NULL,
+                        CONSTRAINT stayhub_no_double_booking UNIQUE (property_id, night)) ENGINE = InnoDB;",
+                )
+                .execute(pool)
+                .await?;
+            }
         }
         Ok(())
     }
@@ -223,6 +317,19 @@ impl Db {
             .bind(price)
             .fetch_one(pool)
             .await?,
+            Db::MySql { pool } => {
+                // No RETURNING on MariaDB's INSERT before 10.5, nor on MySQL's: read it back.
+                let id = sqlx::query(
+                    "INSERT INTO stayhub_properties (name, city, nightly_price) VALUES (?, ?, ?)",
+                )
+                .bind(name)
+                .bind(city)
+                .bind(price)
+                .execute(pool)
+                .await?
+                .last_insert_id();
+                mysql_property(pool, i64::try_from(id)?).await?
+            }
         }
         .into())
     }
@@ -280,6 +387,18 @@ impl Db {
                     }
                 }
             }
+            Db::MySql { pool } => {
+                // As on PostgreSQL: a deadlock victim runs again, and then meets the committed
+                // booking's nights.
+                let mut attempt = 1;
+                loop {
+                    let r = book_on_mysql(pool, &event, &options, public_id, b).await;
+                    match r {
+                        Err(e) if attempt < DEADLOCK_RETRIES && is_deadlock(&e) => attempt += 1,
+                        r => break r,
+                    }
+                }
+            }
         };
         match inserted {
             Ok(()) => Ok(Booked::Confirmed(public_id)),
@@ -316,6 +435,16 @@ impl Db {
                 .fetch_one(pool)
                 .await?
             }
+            Db::MySql { pool } => {
+                sqlx::query(
+                    "UPDATE stayhub_properties SET nightly_price = ?, version = version + 1 WHERE id = ?",
+                )
+                .bind(price)
+                .bind(property_id)
+                .execute(pool)
+                .await?;
+                mysql_property(pool, property_id).await?
+            }
         }
         .into())
     }
@@ -339,6 +468,12 @@ impl Db {
                 tx.commit().await?;
                 id
             }
+            Db::MySql { pool } => {
+                let mut tx = pool.begin().await?;
+                let id = enqueue(&mut *tx, event).await?;
+                tx.commit().await?;
+                id
+            }
         })
     }
 
@@ -352,6 +487,11 @@ impl Db {
                   + (SELECT CAST(coalesce(sum(done), 0) AS BIGINT) FROM outbox_done_counts \
                      WHERE topic = 'booking.created')",
         );
+        // MySQL casts to SIGNED, not BIGINT.
+        let mysql_events = "SELECT (SELECT count(*) FROM outbox_messages WHERE topic = 'booking.created') \
+                  + (SELECT count(*) FROM outbox_dead WHERE topic = 'booking.created') \
+                  + (SELECT CAST(coalesce(sum(done), 0) AS SIGNED) FROM outbox_done_counts \
+                     WHERE topic = 'booking.created')";
         Ok(match self {
             Db::Sqlite { pool, .. } => (
                 sqlx::query_scalar(bookings).fetch_one(pool).await?,
@@ -361,6 +501,44 @@ impl Db {
                 sqlx::query_scalar(bookings).fetch_one(pool).await?,
                 sqlx::query_scalar(events).fetch_one(pool).await?,
             ),
+            Db::MySql { pool } => (
+                sqlx::query_scalar(bookings).fetch_one(pool).await?,
+                sqlx::query_scalar(mysql_events).fetch_one(pool).await?,
+            ),
         })
     }
+}
+
+/// A property read back on MariaDB/MySQL.
+async fn mysql_property(pool: &MySqlPool, id: i64) -> anyhow::Result<PropertyRow> {
+    Ok(sqlx::query_as::<_, PropertyRow>(
+        "SELECT id, name, city, nightly_price, version FROM stayhub_properties WHERE id = ?",
+    )
+    .bind(id)
+    .fetch_one(pool)
+    .await?)
+}
+
+/// A pool on the MariaDB/MySQL database of `url`, which is created first when missing. Its
+/// name comes from the URL, so it is checked to be a plain identifier before it goes into the
+/// `CREATE DATABASE` statement.
+async fn open_mysql(url: &str) -> anyhow::Result<MySqlPool> {
+    use sqlx::mysql::MySqlConnectOptions;
+    use sqlx::ConnectOptions;
+    let options: MySqlConnectOptions = url.parse()?;
+    if let Some(name) = options.get_database().map(str::to_owned) {
+        anyhow::ensure!(
+            !name.is_empty()
+                && name.len() <= 64
+                && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'),
+            "the database name in DATABASE_URL must be letters, digits and underscores (got `{name}`)"
+        );
+        let mut server = options.clone().database("").connect().await?;
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "CREATE DATABASE IF NOT EXISTS `{name}` CHARACTER SET utf8mb4"
+        )))
+        .execute(&mut server)
+        .await?;
+    }
+    Ok(MySqlPool::connect_with(options).await?)
 }

@@ -60,6 +60,7 @@
 //! | `search` | yes | [`search`]: the search-index handler (Elasticsearch/OpenSearch, external versions) |
 //! | `dedup` | no | [`dedup`]: the processed-id wrapper and its purge, for PostgreSQL (turns on `outbox/postgres`) |
 //! | `dedup-sqlite` | no | [`dedup`] for SQLite (turns on `outbox/sqlite`); with `dedup` too, both databases |
+//! | `dedup-mysql` | no | [`dedup`] for MariaDB and MySQL (turns on `outbox/mysql`); with the others, each database |
 //! | `nats` | no | `relay::nats`: the JetStream relay; `inbox`: the JetStream inbox (with `dedup`) |
 //! | `rabbitmq` | no | `relay::rabbitmq`: the RabbitMQ relay with publisher confirms |
 
@@ -72,7 +73,7 @@ mod config;
 #[cfg(feature = "http")]
 mod http;
 
-#[cfg(any(feature = "dedup", feature = "dedup-sqlite"))]
+#[cfg(any(feature = "dedup", feature = "dedup-sqlite", feature = "dedup-mysql"))]
 pub mod dedup;
 #[cfg(feature = "email")]
 pub mod email;

@@ -8,9 +8,19 @@ use serde::de::{self, Deserializer};
 use serde::Deserialize;
 
 // The section readers serve the configuration types of the HTTP handlers and of dedup.
-#[cfg(any(feature = "http", feature = "dedup", feature = "dedup-sqlite"))]
+#[cfg(any(
+    feature = "http",
+    feature = "dedup",
+    feature = "dedup-sqlite",
+    feature = "dedup-mysql"
+))]
 mod read;
-#[cfg(any(feature = "http", feature = "dedup", feature = "dedup-sqlite"))]
+#[cfg(any(
+    feature = "http",
+    feature = "dedup",
+    feature = "dedup-sqlite",
+    feature = "dedup-mysql"
+))]
 pub(crate) use read::{duration, from_lookup, from_toml_file, from_toml_str, section_constructors};
 
 /// A configuration value was missing, malformed or contradictory.
@@ -92,7 +102,12 @@ impl ConfigError {
 
 // Without a handler that reads a configuration section or checks a builder's settings, nothing
 // builds these errors.
-#[cfg(any(feature = "http", feature = "dedup", feature = "dedup-sqlite"))]
+#[cfg(any(
+    feature = "http",
+    feature = "dedup",
+    feature = "dedup-sqlite",
+    feature = "dedup-mysql"
+))]
 impl ConfigError {
     pub(crate) fn invalid(key: impl Into<String>, reason: impl Into<String>, got: &str) -> Self {
         let mut cut: String = got.chars().take(100).collect();

@@ -14,12 +14,13 @@
 //! A worker that dies after the commit but before the message is marked done leads to a
 //! redelivery that finds the record and skips: the effect happens once. Two workers holding the
 //! same message at once (a lease ran out) serialize on the record: the second waits for the
-//! first to commit, then skips (on PostgreSQL on the record's primary key, on SQLite on the
-//! database's write lock, up to the pool's busy timeout).
+//! first to commit, then skips (on PostgreSQL and MariaDB/MySQL on the record's primary key,
+//! on SQLite on the database's write lock, up to the pool's busy timeout).
 //!
 //! The database is [`TxHandler`]'s type parameter, which the handler names:
-//! `impl TxHandler<sqlx::Postgres> for X` (feature `dedup`) or `impl TxHandler<sqlx::Sqlite> for
-//! X` (feature `dedup-sqlite`); with both features, both are there. [`Dedup`] and [`DedupLayer`]
+//! `impl TxHandler<sqlx::Postgres> for X` (feature `dedup`), `impl TxHandler<sqlx::Sqlite> for
+//! X` (feature `dedup-sqlite`) or `impl TxHandler<sqlx::MySql> for X` (feature `dedup-mysql`);
+//! with several features, each is there. [`Dedup`] and [`DedupLayer`]
 //! take the handler's: `Dedup<X, sqlx::Postgres>`, inferred from the pool or the handler where
 //! there is one choice.
 //!
@@ -91,9 +92,10 @@ pub use tower_layer::Layer;
 ///
 /// # About type parameter `DB`
 ///
-/// The database the effect is written to, `sqlx::Postgres` (feature `dedup`) or `sqlx::Sqlite`
-/// (feature `dedup-sqlite`): the one of the outbox tables. `tx` is its connection type
-/// (`PgConnection`, `SqliteConnection`). The handler always names it, so which database a
+/// The database the effect is written to, `sqlx::Postgres` (feature `dedup`), `sqlx::Sqlite`
+/// (feature `dedup-sqlite`) or `sqlx::MySql` (feature `dedup-mysql`): the one of the outbox
+/// tables. `tx` is its connection type (`PgConnection`, `SqliteConnection`,
+/// `MySqlConnection`). The handler always names it, so which database a
 /// handler writes to never depends on the features some other crate of the build turns on.
 ///
 /// # Example
