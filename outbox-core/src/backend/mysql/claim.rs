@@ -66,7 +66,7 @@ const TAKE: &str = concat!(
 );
 
 /// Up to `?` (second) keys after the key `?` (first), in key order, each with its head.
-const WALK_AFTER: &str = "SELECT ordering_key, MIN(id) FROM outbox_messages \
+pub(super) const WALK_AFTER: &str = "SELECT ordering_key, MIN(id) FROM outbox_messages \
      WHERE ordering_key > ? GROUP BY ordering_key ORDER BY ordering_key LIMIT ?";
 
 /// Up to `?` (third) keys after the key `?` and up to the key `?` (the first two), in key
