@@ -11,12 +11,12 @@ use async_trait::async_trait;
 
 use crate::error::Result;
 
+#[cfg(feature = "mysql")]
+pub(crate) mod mysql;
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;
 #[cfg(any(feature = "sqlite", feature = "sqlite-unbundled"))]
 pub(crate) mod sqlite;
-#[cfg(feature = "mysql")]
-pub(crate) mod mysql;
 
 pub(crate) mod schema;
 pub(crate) mod types;

@@ -1,14 +1,14 @@
 //! STUB: to be written for MySQL (mirror of sqlite/log.rs).
 #![allow(unused)]
 
-use std::time::Duration;
-use uuid::Uuid;
 use super::MySqlBackend;
+use crate::backend::*;
 use crate::error::Result;
-use chrono::{DateTime, Utc};
 use crate::model::*;
 use crate::retention::*;
-use crate::backend::*;
+use chrono::{DateTime, Utc};
+use std::time::Duration;
+use uuid::Uuid;
 
 pub(super) async fn declare(
     b: &MySqlBackend,

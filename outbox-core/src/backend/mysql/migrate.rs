@@ -109,7 +109,9 @@ pub(super) async fn migrate(pool: &MySqlPool) -> Result<()> {
 }
 
 async fn apply(conn: &mut sqlx::MySqlConnection) -> Result<()> {
-    sqlx::query(CREATE_MIGRATIONS_TABLE).execute(&mut *conn).await?;
+    sqlx::query(CREATE_MIGRATIONS_TABLE)
+        .execute(&mut *conn)
+        .await?;
     let applied: Vec<(i64, i64)> = sqlx::query_as(APPLIED).fetch_all(&mut *conn).await?;
     for m in schema::pending(MIGRATIONS, &applied)? {
         for statement in statements(m.sql) {
@@ -169,7 +171,11 @@ mod tests {
             let parts = statements(m.sql);
             assert!(!parts.is_empty(), "migration {} has statements", m.version);
             for p in parts {
-                assert!(!p.contains(";\n"), "one statement per part in {}: {p}", m.version);
+                assert!(
+                    !p.contains(";\n"),
+                    "one statement per part in {}: {p}",
+                    m.version
+                );
                 assert!(!p.ends_with(';'));
             }
         }
