@@ -3,7 +3,7 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -99,6 +99,8 @@ pub(super) async fn claim_loop(
     let mut settled_from = Instant::now();
     // Woken by a wake-up that may come before the producer's commit, and not found it yet.
     let mut woken = false;
+    // A polling worker past its hot window: how long its last empty look slept.
+    let mut cold_nap = Duration::ZERO;
     let mut rate = Rate::new();
     let listening = cfg.wakeup == Wakeup::Listen && shared.backend.listens();
     while !stop.is_cancelled() {
@@ -157,6 +159,7 @@ pub(super) async fn claim_loop(
             .min(MAX_SHARED_INTERVAL);
         if got > 0 {
             woken = false;
+            cold_nap = Duration::ZERO;
             // Handlers first: the flag write below must not delay them.
             shared.start_all(claimed).await;
             hot_until = Instant::now() + HOT_WINDOW;
@@ -227,8 +230,14 @@ pub(super) async fn claim_loop(
                 cfg.claim_interval.max(HOT_POLL)
             }
         } else {
+            // Polling, with nothing found since the hot window: back off from the claim
+            // interval, doubling at each empty look, to the poll interval. Messages that keep
+            // coming from other processes, which cannot wake it, are then picked up within
+            // about twice the gap between them (the README's MariaDB pickup figure), and an
+            // idle worker still settles at the poll interval within a few seconds.
             woken = false;
-            cfg.poll_interval
+            cold_nap = (cold_nap.max(cfg.claim_interval.max(HOT_POLL)) * 2).min(cfg.poll_interval);
+            cold_nap
         };
         match idle_wait(wake, stop, now + nap, listening, hot_until).await {
             NapEnd::Stopped => break,
