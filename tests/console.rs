@@ -805,7 +805,7 @@ fn log_cell(page: &str, topic: &str, class: &str) -> Option<String> {
     element_text(row, &format!("<td class=\"{class}\""), "td")
 }
 
-outbox_tests::both_backends! {
+outbox_tests::all_backends! {
     async fn the_event_log_lists_the_retained_topics_and_pages_through_one(db, store, pool) {
         let addr = serve_store(store.clone(), ConsoleConfig::new().page_size(3), "").await;
         // Nothing retained yet: one sentence saying how to retain.

@@ -145,7 +145,7 @@ fn per_key(calls: &[(&'static str, Uuid, String, String, i64)]) -> BTreeMap<Stri
     keys
 }
 
-outbox_tests::both_backends! {
+outbox_tests::all_backends! {
     async fn a_replay_goes_to_one_handler_in_order_with_the_original_ids(db, store, pool) {
         let calls: Calls = Arc::default();
         let running = start(vec![worker(&store, &calls, 0)]);

@@ -125,7 +125,7 @@ async fn window(store: &Store, topic: &str) -> Option<Duration> {
         .map(|t| t.retain)
 }
 
-outbox_tests::both_backends! {
+outbox_tests::all_backends! {
     async fn delivered_events_of_a_retained_topic_are_kept_and_no_others(db, store, pool) {
         let running = start(vec![worker(&store)]);
         produce!(pool, 60, 20);

@@ -230,7 +230,7 @@ async fn console_page(store: outbox::Store) -> impl AsyncFn(&str) -> String {
     }
 }
 
-outbox_tests::both_backends! {
+outbox_tests::all_backends! {
     async fn a_rolling_deploy_leaves_the_new_version_waiting_until_a_worker_knows_it(db, store, pool) {
         let calls: Calls = Arc::default();
         let old_worker = Worker::builder(store.clone())

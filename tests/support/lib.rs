@@ -2,8 +2,11 @@
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::{ConnectOptions, Connection, PgConnection, PgPool, SqlitePool};
+use sqlx::{
+    ConnectOptions, Connection, MySqlConnection, MySqlPool, PgConnection, PgPool, SqlitePool,
+};
 use uuid::Uuid;
 
 pub mod nats;
@@ -43,16 +46,25 @@ pub struct TestDb {
     guard: DropGuard,
 }
 
-/// Drops a test database when it goes away without [`TestDb::drop_db`]: a panicking test
-/// leaves nothing behind.
+/// Drops a test database when it goes away without [`TestDb::drop_db`] (or
+/// [`MySqlDb::drop_db`]): a panicking test leaves nothing behind.
 #[derive(Debug)]
 struct DropGuard {
     name: Option<String>,
+    server: Server,
+}
+
+/// The server a test database is on.
+#[derive(Debug, Clone, Copy)]
+enum Server {
+    Postgres,
+    MySql,
 }
 
 impl Drop for DropGuard {
     fn drop(&mut self) {
         let Some(name) = self.name.take() else { return };
+        let server = self.server;
         // Drop may run inside a runtime (or while one unwinds): a thread of its own, with a
         // runtime of its own, does the async work.
         let _ = std::thread::spawn(move || {
@@ -63,12 +75,21 @@ impl Drop for DropGuard {
                 return;
             };
             rt.block_on(async {
-                if let Ok(mut admin) = PgConnection::connect(&database_url()).await {
-                    let _ = sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-                        "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
-                    )))
-                    .execute(&mut admin)
-                    .await;
+                match server {
+                    Server::Postgres => {
+                        if let Ok(mut admin) = PgConnection::connect(&database_url()).await {
+                            let _ = sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+                                "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
+                            )))
+                            .execute(&mut admin)
+                            .await;
+                        }
+                    }
+                    Server::MySql => {
+                        if let Ok(mut admin) = MySqlConnection::connect(&mysql_url()).await {
+                            mysql_drop(&mut admin, &name).await;
+                        }
+                    }
                 }
             });
         })
@@ -202,6 +223,7 @@ pub async fn pg_empty() -> TestDb {
         url: db_opts.to_url_lossy().to_string(),
         guard: DropGuard {
             name: Some(name.clone()),
+            server: Server::Postgres,
         },
         name,
     }
@@ -769,6 +791,358 @@ impl SqliteDb {
             now_ms_sql()
         )))
         .bind(id.to_string())
+        .bind(topic)
+        .bind(payload)
+        .bind(version)
+        .execute(&self.pool)
+        .await
+        .expect("raw insert");
+        id
+    }
+
+    /// The applied outbox migration versions.
+    pub async fn migration_versions(&self) -> Vec<i64> {
+        sqlx::query_scalar("SELECT version FROM outbox_migrations ORDER BY version")
+            .fetch_all(&self.pool)
+            .await
+            .expect("migration versions")
+    }
+}
+
+/// The MariaDB or MySQL server the MySQL tests use: `MYSQL_URL`, else the local test server
+/// (`mysql://root@127.0.0.1:3306`). Each test gets a database of its own on it.
+pub fn mysql_url() -> String {
+    std::env::var("MYSQL_URL").unwrap_or_else(|_| "mysql://root@127.0.0.1:3306".into())
+}
+
+/// A MariaDB (or MySQL) database of its own for one test, created empty and migrated. It is
+/// dropped by [`MySqlDb::drop_db`], or, when a test panics or returns early, when the
+/// `MySqlDb` goes away.
+#[derive(Debug)]
+pub struct MySqlDb {
+    /// A pool on the new database.
+    pub pool: MySqlPool,
+    /// The URL of the new database, for child processes.
+    pub url: String,
+    /// The database's name.
+    pub name: String,
+    guard: DropGuard,
+}
+
+/// Creates a fresh MariaDB database, applies the outbox migrations and returns it.
+///
+/// # Panics
+///
+/// When the server cannot be reached: a misconfigured run fails loudly instead of skipping.
+pub async fn mysql() -> MySqlDb {
+    let db = mysql_empty().await;
+    outbox::migrate(&db.pool)
+        .await
+        .expect("outbox migrations apply on MySQL");
+    db
+}
+
+/// Creates a fresh, empty MariaDB database (no migrations).
+///
+/// # Panics
+///
+/// When the server cannot be reached.
+pub async fn mysql_empty() -> MySqlDb {
+    let base = mysql_url();
+    let opts: MySqlConnectOptions = base.parse().expect("MYSQL_URL parses");
+    let mut admin = MySqlConnection::connect_with(&opts)
+        .await
+        .unwrap_or_else(|e| {
+            panic!("cannot connect to MariaDB/MySQL at {base}: {e}; start it or set MYSQL_URL")
+        });
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock after 1970")
+        .as_secs();
+    mysql_drop_stale(&mut admin, now).await;
+    let name = format!("outbox_t_{now}_{}", uuid::Uuid::now_v7().simple());
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "CREATE DATABASE {name} CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"
+    )))
+    .execute(&mut admin)
+    .await
+    .expect("create test database");
+    admin.close().await.ok();
+    let db_opts = opts.clone().database(&name);
+    let pool = MySqlPoolOptions::new()
+        .max_connections(10)
+        .connect_with(db_opts.clone())
+        .await
+        .expect("connect to test database");
+    MySqlDb {
+        pool,
+        url: db_opts.to_url_lossy().to_string(),
+        guard: DropGuard {
+            name: Some(name.clone()),
+            server: Server::MySql,
+        },
+        name,
+    }
+}
+
+/// Ends the sessions still on database `name` (as PostgreSQL's `WITH (FORCE)` does: a
+/// session in a transaction would hold the drop back), then drops it.
+async fn mysql_drop(admin: &mut MySqlConnection, name: &str) {
+    let sessions: Vec<i64> = sqlx::query_scalar(
+        "SELECT CAST(id AS SIGNED) FROM information_schema.processlist WHERE db = ?",
+    )
+    .bind(name)
+    .fetch_all(&mut *admin)
+    .await
+    .unwrap_or_default();
+    for id in sessions {
+        let _ = sqlx::raw_sql(sqlx::AssertSqlSafe(format!("KILL {id}")))
+            .execute(&mut *admin)
+            .await;
+    }
+    let _ = sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "DROP DATABASE IF EXISTS {name}"
+    )))
+    .execute(&mut *admin)
+    .await;
+}
+
+/// Drops MariaDB test databases left behind more than an hour ago by runs that failed or were
+/// killed.
+async fn mysql_drop_stale(admin: &mut MySqlConnection, now: u64) {
+    let names: Vec<String> = sqlx::query_scalar(
+        "SELECT CAST(schema_name AS CHAR) FROM information_schema.schemata \
+         WHERE schema_name LIKE 'outbox\\_t\\_%'",
+    )
+    .fetch_all(&mut *admin)
+    .await
+    .unwrap_or_default();
+    for name in names {
+        let created: Option<u64> = name.split('_').nth(2).and_then(|s| s.parse().ok());
+        if created.is_some_and(|t| t + 3600 < now) {
+            mysql_drop(admin, &name).await;
+        }
+    }
+}
+
+/// The server's clock in Unix milliseconds, as the MySQL backend reads it.
+const MYSQL_NOW_MS: &str = "CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED)";
+
+impl MySqlDb {
+    /// Closes the pool and drops the database.
+    pub async fn drop_db(mut self) {
+        self.guard.name = None;
+        // A test may still hold a connection; `mysql_drop` ends it rather than waiting for it.
+        let _ = tokio::time::timeout(Duration::from_secs(1), self.pool.close()).await;
+        if let Ok(mut admin) = MySqlConnection::connect(&mysql_url()).await {
+            mysql_drop(&mut admin, &self.name).await;
+        }
+    }
+
+    /// The number of stored messages: live (pending or running) and dead. A done message is
+    /// deleted, so it is not counted.
+    pub async fn count(&self) -> i64 {
+        sqlx::query_scalar(
+            "SELECT CAST((SELECT count(*) FROM outbox_messages) \
+                         + (SELECT count(*) FROM outbox_dead) AS SIGNED)",
+        )
+        .fetch_one(&self.pool)
+        .await
+        .expect("count")
+    }
+
+    /// The number of messages in `status`: `pending` (live, not under a running lease),
+    /// `running` (lease running), `dead` (in `outbox_dead`) or `done` (deleted, counted in
+    /// `outbox_done_counts` until `purge_done` removes the count).
+    pub async fn count_status(&self, status: &str) -> i64 {
+        let sql = match status {
+            "pending" => format!(
+                "SELECT count(*) FROM outbox_messages \
+                 WHERE locked_until IS NULL OR locked_until < {MYSQL_NOW_MS}"
+            ),
+            "running" => {
+                format!("SELECT count(*) FROM outbox_messages WHERE locked_until >= {MYSQL_NOW_MS}")
+            }
+            "dead" => "SELECT count(*) FROM outbox_dead".to_string(),
+            // SUM is DECIMAL on MySQL.
+            "done" => {
+                "SELECT CAST(coalesce(sum(done), 0) AS SIGNED) FROM outbox_done_counts".to_string()
+            }
+            other => panic!("no status {other}"),
+        };
+        sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+            .fetch_one(&self.pool)
+            .await
+            .expect("count by status")
+    }
+
+    /// (status, attempts, last_error) of one message, from the live table, then the dead one;
+    /// `None` when it is in neither: done (deleted).
+    pub async fn state(&self, id: Uuid) -> Option<(String, i32, Option<String>)> {
+        sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT CASE WHEN locked_until >= {MYSQL_NOW_MS} THEN 'running' ELSE 'pending' END, \
+                    attempts, last_error \
+             FROM outbox_messages WHERE id = ? \
+             UNION ALL SELECT 'dead', attempts, last_error FROM outbox_dead WHERE id = ?"
+        )))
+        .bind(id)
+        .bind(id)
+        .fetch_optional(&self.pool)
+        .await
+        .expect("message state")
+    }
+
+    /// (status, attempts, last_error) of a message that is live or dead.
+    ///
+    /// # Panics
+    ///
+    /// When the message is in neither table (done, or never stored).
+    pub async fn status(&self, id: Uuid) -> (String, i32, Option<String>) {
+        self.state(id)
+            .await
+            .unwrap_or_else(|| panic!("message {id} is neither live nor dead"))
+    }
+
+    /// Keeps a copy of every row deleted from the live table (done, or moved to the dead
+    /// letters) in `test_deleted`, so a test can still see how a done message ended (its
+    /// attempts, who claimed it). A trigger of the test only: the library deletes a done
+    /// message for good.
+    pub async fn archive_done(&self) {
+        for statement in [
+            "CREATE TABLE test_deleted (seq BIGINT AUTO_INCREMENT PRIMARY KEY, \
+                 id BINARY(16) NOT NULL, topic VARCHAR(64), payload LONGTEXT, \
+                 idempotency_key TEXT, attempts INT, available_at BIGINT, locked_until BIGINT, \
+                 claim_token BINARY(16), claimed_by BINARY(16), last_error TEXT, \
+                 created_at BIGINT) ENGINE = InnoDB",
+            "CREATE TRIGGER test_archive_deleted AFTER DELETE ON outbox_messages FOR EACH ROW \
+                 INSERT INTO test_deleted (id, topic, payload, idempotency_key, attempts, \
+                                           available_at, locked_until, claim_token, claimed_by, \
+                                           last_error, created_at) \
+                 VALUES (OLD.id, OLD.topic, OLD.payload, OLD.idempotency_key, OLD.attempts, \
+                         OLD.available_at, OLD.locked_until, OLD.claim_token, OLD.claimed_by, \
+                         OLD.last_error, OLD.created_at)",
+        ] {
+            sqlx::raw_sql(statement)
+                .execute(&self.pool)
+                .await
+                .expect("archive deleted rows");
+        }
+    }
+
+    /// Makes every pending (unclaimed) message due now.
+    pub async fn make_due(&self) {
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "UPDATE outbox_messages SET available_at = {MYSQL_NOW_MS} WHERE locked_until IS NULL"
+        )))
+        .execute(&self.pool)
+        .await
+        .expect("make due");
+    }
+
+    /// Makes every live message look claimed by a worker that died: `attempts` counted, a
+    /// claim token, a lease that ran out a second ago, and `last_error`.
+    pub async fn crash_claims(&self, attempts: i32, last_error: &str) {
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "UPDATE outbox_messages SET attempts = ?, last_error = ?, claim_token = ?, \
+             claimed_by = ?, locked_until = {MYSQL_NOW_MS} - 1000"
+        )))
+        .bind(attempts)
+        .bind(last_error)
+        .bind(Uuid::now_v7())
+        .bind(Uuid::now_v7())
+        .execute(&self.pool)
+        .await
+        .expect("crash claims");
+    }
+
+    /// Seconds until the message is available (negative when due).
+    pub async fn delay_secs(&self, id: Uuid) -> f64 {
+        // Divided by a float literal: a DOUBLE, where `/ 1000.0` would be a DECIMAL.
+        sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "SELECT (available_at - {MYSQL_NOW_MS}) / 1e3 FROM outbox_messages WHERE id = ?"
+        )))
+        .bind(id)
+        .fetch_one(&self.pool)
+        .await
+        .expect("delay")
+    }
+
+    /// Seconds between creation and availability.
+    pub async fn scheduled_secs(&self, id: Uuid) -> f64 {
+        sqlx::query_scalar(
+            "SELECT (available_at - created_at) / 1e3 FROM outbox_messages WHERE id = ?",
+        )
+        .bind(id)
+        .fetch_one(&self.pool)
+        .await
+        .expect("scheduled delay")
+    }
+
+    /// Replaces the claim of a claimed message, as a newer claim would: a new token, one more
+    /// attempt, a fresh minute-long lease. True if it was claimed.
+    pub async fn steal_claim(&self, id: Uuid, token: Uuid) -> bool {
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "UPDATE outbox_messages SET claim_token = ?, attempts = attempts + 1, \
+             locked_until = {MYSQL_NOW_MS} + 60000 WHERE id = ? AND claim_token IS NOT NULL"
+        )))
+        .bind(token)
+        .bind(id)
+        .execute(&self.pool)
+        .await
+        .expect("steal claim")
+        .rows_affected()
+            == 1
+    }
+
+    /// (status, claim token, last_error) of one live message.
+    pub async fn claim_state(&self, id: Uuid) -> (String, Option<Uuid>, Option<String>) {
+        sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT CASE WHEN locked_until >= {MYSQL_NOW_MS} THEN 'running' ELSE 'pending' END, \
+                    claim_token, last_error \
+             FROM outbox_messages WHERE id = ?"
+        )))
+        .bind(id)
+        .fetch_one(&self.pool)
+        .await
+        .expect("claim state")
+    }
+
+    /// The handlers recorded as succeeded for a message.
+    pub async fn deliveries(&self, id: Uuid) -> Vec<String> {
+        sqlx::query_scalar(
+            "SELECT handler FROM outbox_deliveries WHERE message_id = ? ORDER BY handler",
+        )
+        .bind(id)
+        .fetch_all(&self.pool)
+        .await
+        .expect("deliveries")
+    }
+
+    /// Inserts `n` messages of `topic` with a raw JSON payload, bypassing `enqueue`.
+    pub async fn insert_raw(&self, topic: &str, payload: &str, n: i64) {
+        for _ in 0..n {
+            sqlx::query(sqlx::AssertSqlSafe(format!(
+                "INSERT INTO outbox_messages (id, topic, payload, available_at, created_at) \
+                 VALUES (?, ?, ?, {MYSQL_NOW_MS}, {MYSQL_NOW_MS})"
+            )))
+            .bind(Uuid::now_v7())
+            .bind(topic)
+            .bind(payload)
+            .execute(&self.pool)
+            .await
+            .expect("raw insert");
+        }
+    }
+
+    /// Inserts one message of `topic` with a raw JSON payload stored as event version
+    /// `version`, bypassing `enqueue`; returns its id.
+    pub async fn insert_version(&self, topic: &str, payload: &str, version: i32) -> Uuid {
+        let id = Uuid::now_v7();
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "INSERT INTO outbox_messages (id, topic, payload, version, available_at, created_at) \
+             VALUES (?, ?, ?, ?, {MYSQL_NOW_MS}, {MYSQL_NOW_MS})"
+        )))
+        .bind(id)
         .bind(topic)
         .bind(payload)
         .bind(version)
@@ -1571,8 +1945,8 @@ pub mod outages {
     }
 }
 
-/// The tests given, in a module of their own per backend (`postgres`, `sqlite`), each on a
-/// fresh database: `async fn name(db, store, pool) { ... }` binds the database, a `Store` on
+/// The tests given, in a module of their own per backend (`postgres`, `sqlite`, `mysql`), each
+/// on a fresh database: `async fn name(db, store, pool) { ... }` binds the database, a `Store` on
 /// it and its pool.
 #[macro_export]
 macro_rules! on_backend {
@@ -1593,11 +1967,12 @@ macro_rules! on_backend {
     };
 }
 
-/// [`on_backend!`] on PostgreSQL and on SQLite.
+/// [`on_backend!`] on every backend: PostgreSQL, SQLite and MariaDB/MySQL.
 #[macro_export]
-macro_rules! both_backends {
+macro_rules! all_backends {
     ($($tests:tt)*) => {
         $crate::on_backend!(postgres, $crate::pg, $($tests)*);
         $crate::on_backend!(sqlite, $crate::sqlite, $($tests)*);
+        $crate::on_backend!(mysql, $crate::mysql, $($tests)*);
     };
 }
