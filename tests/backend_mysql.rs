@@ -1,0 +1,491 @@
+//! What is particular to MariaDB/MySQL, beside the shared suites that run on it too: the claim's
+//! plans, InnoDB's conflicts in the caller's transaction, the packet limit, 4-byte UTF-8, and
+//! connections killed in the middle of a drain.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use outbox::{
+    enqueue, enqueue_many, enqueue_with, outbox_event, Context, DatabaseErrorKind, EnqueueOptions,
+    Error, Handler, HandlerError, Store, Worker, WorkerConfig,
+};
+use outbox_tests::{mysql, wait_until};
+use serde::{Deserialize, Serialize};
+use sqlx::{Connection, Row};
+
+#[outbox_event(topic = "mysql.note")]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Note {
+    n: i64,
+    text: String,
+}
+
+fn note(n: i64) -> Note {
+    Note {
+        n,
+        text: format!("note {n}"),
+    }
+}
+
+/// Records every note it is handed.
+struct Notes(Arc<Mutex<Vec<Note>>>, Arc<AtomicUsize>);
+
+#[outbox::async_trait]
+impl Handler for Notes {
+    type Event = Note;
+    const NAME: &'static str = "notes";
+
+    async fn handle(&self, e: Note, _: &Context) -> Result<(), HandlerError> {
+        self.1.fetch_add(1, Ordering::SeqCst);
+        self.0.lock().unwrap().push(e);
+        Ok(())
+    }
+}
+
+/// The rows of `EXPLAIN` for `sql` with `binds` (strings and integers), as (table, key, Extra).
+async fn explain(
+    pool: &sqlx::MySqlPool,
+    sql: &str,
+    binds: &[serde_json::Value],
+) -> Vec<(Option<String>, Option<String>, String)> {
+    let text = format!("EXPLAIN {sql}");
+    let mut q = sqlx::query(sqlx::AssertSqlSafe(text));
+    for b in binds {
+        q = match b {
+            serde_json::Value::String(s) => q.bind(s.clone()),
+            v => q.bind(v.as_i64().expect("an integer")),
+        };
+    }
+    q.fetch_all(pool)
+        .await
+        .expect("EXPLAIN runs")
+        .iter()
+        .map(|r| {
+            (
+                r.try_get::<Option<String>, _>("table").unwrap(),
+                r.try_get::<Option<String>, _>("key").unwrap(),
+                r.try_get::<Option<String>, _>("Extra")
+                    .unwrap()
+                    .unwrap_or_default(),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn the_claim_reads_its_index_in_due_order_and_never_sorts() {
+    let db = mysql().await;
+    // A table that looks like production: three topics, keyed and unkeyed rows, some running.
+    let mut tx = db.pool.begin().await.unwrap();
+    let events: Vec<Note> = (0..3_000).map(note).collect();
+    enqueue_many(&mut *tx, &events).await.unwrap();
+    tx.commit().await.unwrap();
+    for (topic, n) in [("other.a", 2_000), ("other.b", 2_000)] {
+        db.insert_raw(topic, "{}", n).await;
+    }
+    sqlx::query("UPDATE outbox_messages SET ordering_key = CONCAT('k', MOD(attempts + LENGTH(id), 50)) WHERE topic = 'other.b'")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    sqlx::query("ANALYZE TABLE outbox_messages")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+
+    let plan = explain(
+        &db.pool,
+        outbox::__private::MYSQL_CLAIM_UNKEYED,
+        &["mysql.note".into(), 1.into(), 100.into()],
+    )
+    .await;
+    assert_eq!(plan.len(), 1, "one table read: {plan:?}");
+    let (table, key, extra) = &plan[0];
+    assert_eq!(table.as_deref(), Some("outbox_messages"));
+    assert_eq!(
+        key.as_deref(),
+        Some("outbox_messages_ready_idx"),
+        "the claim reads the ready index: {plan:?}"
+    );
+    assert!(
+        !extra.contains("filesort") && !extra.contains("temporary"),
+        "the claim never sorts its candidates: {plan:?}"
+    );
+
+    let plan = explain(
+        &db.pool,
+        outbox::__private::MYSQL_WALK_KEYS,
+        &["".into(), 100.into()],
+    )
+    .await;
+    let (_, key, extra) = &plan[0];
+    assert_eq!(key.as_deref(), Some("outbox_messages_key_idx"), "{plan:?}");
+    assert!(
+        extra.contains("Using index for group-by"),
+        "the walk over the keys is a loose index scan, one probe per key: {plan:?}"
+    );
+    assert!(!extra.contains("filesort"), "{plan:?}");
+    db.drop_db().await;
+}
+
+#[tokio::test]
+async fn a_payload_over_max_allowed_packet_is_refused_before_it_is_sent() {
+    let db = mysql().await;
+    let limit: u64 = sqlx::query_scalar("SELECT @@max_allowed_packet")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    let limit = usize::try_from(limit).unwrap();
+    let big = Note {
+        n: 1,
+        text: "x".repeat(limit + 1024),
+    };
+    let options = EnqueueOptions::new().max_payload_bytes(limit * 2);
+    let mut tx = db.pool.begin().await.unwrap();
+    let kept = enqueue(&mut *tx, &note(0)).await.unwrap();
+    let err = enqueue_with(&mut *tx, &big, &options)
+        .await
+        .expect_err("an insert over the packet limit is refused");
+    assert!(
+        matches!(err, Error::PacketTooLarge { limit: l, .. } if l == limit),
+        "{err:?}"
+    );
+    assert!(err.is_payload_too_large());
+    let message = err.to_string();
+    assert!(
+        message.contains(&limit.to_string()) && message.contains("max_allowed_packet"),
+        "the error names the limit: {message}"
+    );
+    // Nothing reached the server: the transaction goes on and commits what it had.
+    let after = enqueue(&mut *tx, &note(2)).await.unwrap();
+    tx.commit().await.unwrap();
+    let ids: Vec<uuid::Uuid> = sqlx::query_scalar("SELECT id FROM outbox_messages ORDER BY id")
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(ids, vec![kept, after]);
+    db.drop_db().await;
+}
+
+#[tokio::test]
+async fn four_byte_utf8_round_trips_through_the_worker() {
+    let db = mysql().await;
+    let text = "Harbour Loft 🏨 for 2 🧳, ☕ included, 𝄞 and 漢字";
+    let mut tx = db.pool.begin().await.unwrap();
+    enqueue(
+        &mut *tx,
+        &Note {
+            n: 7,
+            text: text.into(),
+        },
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let calls = Arc::new(AtomicUsize::new(0));
+    let worker = Worker::builder(&db.pool)
+        .handler(Notes(seen.clone(), calls.clone()))
+        .config(outbox_tests::jobs::config())
+        .build()
+        .unwrap();
+    let running = outbox_tests::start(vec![worker]);
+    wait_until(Duration::from_secs(20), "the note is handled", async || {
+        calls.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    outbox_tests::stop(running).await;
+    assert_eq!(seen.lock().unwrap()[0].text, text);
+    db.drop_db().await;
+}
+
+#[tokio::test]
+async fn a_lock_wait_in_the_callers_transaction_comes_back_classified_and_is_not_retried() {
+    let db = mysql().await;
+    // Another transaction holds a gap lock over the whole (empty) table at REPEATABLE READ: an
+    // insert waits for it.
+    let mut holder = db.pool.acquire().await.unwrap();
+    sqlx::query("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    let mut held = holder.begin().await.unwrap();
+    sqlx::query("SELECT id FROM outbox_messages WHERE id >= 0x00 FOR UPDATE")
+        .fetch_all(&mut *held)
+        .await
+        .unwrap();
+
+    let mut caller = sqlx::MySqlConnection::connect(&db.url).await.unwrap();
+    sqlx::query("SET SESSION innodb_lock_wait_timeout = 1")
+        .execute(&mut caller)
+        .await
+        .unwrap();
+    let mut tx = caller.begin().await.unwrap();
+    let started = Instant::now();
+    let err = enqueue(&mut *tx, &note(1))
+        .await
+        .expect_err("the insert waits for the gap lock, then times out");
+    let waited = started.elapsed();
+    assert_eq!(
+        err.database_kind(),
+        Some(DatabaseErrorKind::Conflict),
+        "{err:?}"
+    );
+    assert!(
+        err.to_string().contains("run the whole transaction again"),
+        "the error says what to do: {err}"
+    );
+    assert!(
+        waited < Duration::from_millis(2_500),
+        "one wait of the session's 1 s timeout, not retried behind the caller's back: {waited:?}"
+    );
+    tx.rollback().await.unwrap();
+    held.rollback().await.unwrap();
+    assert_eq!(db.count().await, 0);
+    db.drop_db().await;
+}
+
+#[tokio::test]
+async fn a_deadlock_is_classified_as_a_conflict() {
+    let db = mysql().await;
+    sqlx::raw_sql(
+        "CREATE TABLE rooms (id BIGINT PRIMARY KEY, booked INT NOT NULL DEFAULT 0) ENGINE = InnoDB;
+         INSERT INTO rooms (id) VALUES (1), (2);",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let mut a = sqlx::MySqlConnection::connect(&db.url).await.unwrap();
+    let mut b = sqlx::MySqlConnection::connect(&db.url).await.unwrap();
+    let mut ta = a.begin().await.unwrap();
+    let mut tb = b.begin().await.unwrap();
+    enqueue(&mut *ta, &note(1)).await.unwrap();
+    enqueue(&mut *tb, &note(2)).await.unwrap();
+    sqlx::query("UPDATE rooms SET booked = 1 WHERE id = 1")
+        .execute(&mut *ta)
+        .await
+        .unwrap();
+    sqlx::query("UPDATE rooms SET booked = 1 WHERE id = 2")
+        .execute(&mut *tb)
+        .await
+        .unwrap();
+    // Each now wants the other's row: InnoDB picks a victim.
+    let (ra, rb) = tokio::join!(
+        sqlx::query("UPDATE rooms SET booked = 2 WHERE id = 2").execute(&mut *ta),
+        async {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            sqlx::query("UPDATE rooms SET booked = 2 WHERE id = 1")
+                .execute(&mut *tb)
+                .await
+        }
+    );
+    let victim = match (ra, rb) {
+        (Err(e), Ok(_)) | (Ok(_), Err(e)) => e,
+        other => panic!("exactly one deadlock victim, got {other:?}"),
+    };
+    let err = Error::from(victim);
+    assert_eq!(err.database_kind(), Some(DatabaseErrorKind::Conflict));
+    drop((ta, tb));
+    db.drop_db().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_connections_mid_drain_lose_nothing() {
+    let db = mysql().await;
+    let n = 3_000;
+    let mut tx = db.pool.begin().await.unwrap();
+    let events: Vec<Note> = (0..n).map(note).collect();
+    enqueue_many(&mut *tx, &events).await.unwrap();
+    tx.commit().await.unwrap();
+
+    // The worker on a pool of its own, whose connections are killed with the engine's.
+    let door = Door::open(0, true).await;
+    let (seen, calls, running) = notes_worker(&db, &door);
+    let mut admin = sqlx::MySqlConnection::connect(&db.url).await.unwrap();
+    let mut kills = 0;
+    for round in 0..3 {
+        wait_until(Duration::from_secs(60), "the drain moves on", async || {
+            calls.load(Ordering::SeqCst) >= (round + 1) * 600
+        })
+        .await;
+        let ids: Vec<i64> = sqlx::query_scalar(
+            "SELECT id FROM information_schema.PROCESSLIST WHERE db = DATABASE() AND id <> CONNECTION_ID()",
+        )
+        .fetch_all(&mut admin)
+        .await
+        .unwrap();
+        for id in ids {
+            // A connection may end on its own meanwhile.
+            if sqlx::query("KILL CONNECTION ?")
+                .bind(id)
+                .execute(&mut admin)
+                .await
+                .is_ok()
+            {
+                kills += 1;
+            }
+        }
+    }
+    assert!(kills >= 3, "connections were killed: {kills}");
+    wait_until(
+        Duration::from_secs(120),
+        "every message is done",
+        async || db.count().await == 0,
+    )
+    .await;
+    outbox_tests::stop(running).await;
+    all_handled(&seen, n);
+    assert_eq!(db.count_status("dead").await, 0, "none dead-lettered");
+    db.drop_db().await;
+}
+
+/// A stand-in for the server's port that can go down and come back: while down it refuses
+/// new connections (closes them at once) and has closed every open one, as a restarting
+/// server does.
+struct Door {
+    port: u16,
+    up: Arc<std::sync::atomic::AtomicBool>,
+    conns: Arc<Mutex<Vec<tokio::task::AbortHandle>>>,
+    accept: tokio::task::AbortHandle,
+}
+
+impl Door {
+    /// Listens on `port` (0: any free one), forwarding to the server while up.
+    async fn open(port: u16, up: bool) -> Door {
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+            .await
+            .unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let up = Arc::new(std::sync::atomic::AtomicBool::new(up));
+        let conns: Arc<Mutex<Vec<tokio::task::AbortHandle>>> = Arc::default();
+        let (is_up, held) = (up.clone(), conns.clone());
+        let accept = tokio::spawn(async move {
+            loop {
+                let Ok((mut inbound, _)) = listener.accept().await else {
+                    continue;
+                };
+                if !is_up.load(Ordering::SeqCst) {
+                    drop(inbound);
+                    continue;
+                }
+                let task = tokio::spawn(async move {
+                    if let Ok(mut outbound) = tokio::net::TcpStream::connect("127.0.0.1:3306").await
+                    {
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                    }
+                });
+                held.lock().unwrap().push(task.abort_handle());
+            }
+        })
+        .abort_handle();
+        Door {
+            port,
+            up,
+            conns,
+            accept,
+        }
+    }
+
+    /// Closes every connection and refuses new ones.
+    fn down(&self) {
+        self.up.store(false, Ordering::SeqCst);
+        for c in self.conns.lock().unwrap().drain(..) {
+            c.abort();
+        }
+    }
+
+    fn up(&self) {
+        self.up.store(true, Ordering::SeqCst);
+    }
+}
+
+impl Drop for Door {
+    fn drop(&mut self) {
+        self.accept.abort();
+        self.down();
+    }
+}
+
+/// A worker of [`Notes`] on a lazy pool through `door`, started in the background.
+fn notes_worker(
+    db: &outbox_tests::MySqlDb,
+    door: &Door,
+) -> (
+    Arc<Mutex<Vec<Note>>>,
+    Arc<AtomicUsize>,
+    outbox_tests::Running,
+) {
+    let url = db
+        .url
+        .replace("127.0.0.1:3306", &format!("127.0.0.1:{}", door.port));
+    let pool = sqlx::mysql::MySqlPoolOptions::new()
+        .acquire_timeout(Duration::from_secs(2))
+        .connect_lazy(&url)
+        .unwrap();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let calls = Arc::new(AtomicUsize::new(0));
+    let worker = Worker::builder(Store::from(&pool))
+        .handler(Notes(seen.clone(), calls.clone()))
+        .config(
+            WorkerConfig::default()
+                .lease(Duration::from_secs(5))
+                .batch_size(50)
+                .concurrency(8),
+        )
+        .build()
+        .unwrap();
+    (seen, calls, outbox_tests::start(vec![worker]))
+}
+
+/// Every note of `0..n` handled at least once.
+fn all_handled(seen: &Mutex<Vec<Note>>, n: i64) {
+    let mut handled: Vec<i64> = seen.lock().unwrap().iter().map(|e| e.n).collect();
+    handled.sort_unstable();
+    handled.dedup();
+    assert_eq!(
+        handled,
+        (0..n).collect::<Vec<_>>(),
+        "every message was handled"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_down_at_start_and_restarted_mid_drain_loses_nothing() {
+    let db = mysql().await;
+    let n = 2_000;
+    let mut tx = db.pool.begin().await.unwrap();
+    let events: Vec<Note> = (0..n).map(note).collect();
+    enqueue_many(&mut *tx, &events).await.unwrap();
+    tx.commit().await.unwrap();
+
+    // Down at start: the worker retries its connect.
+    let door = Door::open(0, false).await;
+    let (seen, calls, running) = notes_worker(&db, &door);
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        0,
+        "nothing runs while the server is down"
+    );
+    door.up();
+    // Twice down for a second in the middle of the drain, every connection closed.
+    for round in 1..=2 {
+        wait_until(Duration::from_secs(60), "the drain moves on", async || {
+            calls.load(Ordering::SeqCst) >= round * 500
+        })
+        .await;
+        door.down();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        door.up();
+    }
+    wait_until(
+        Duration::from_secs(120),
+        "every message is done",
+        async || db.count().await == 0,
+    )
+    .await;
+    outbox_tests::stop(running).await;
+    all_handled(&seen, n);
+    assert_eq!(db.count_status("dead").await, 0, "none dead-lettered");
+    db.drop_db().await;
+}
