@@ -15,8 +15,8 @@
 //! outbox console [--addr 127.0.0.1:8080] [--read-only] [--token T | --user U --password P]
 //! ```
 //!
-//! The database comes from `--database-url` or `DATABASE_URL` (`postgres://...` or
-//! `sqlite:...`). Durations are refused over 100 years, before any SQL.
+//! The database comes from `--database-url` or `DATABASE_URL` (`postgres://...`,
+//! `mysql://...` or `sqlite:...`). Durations are refused over 100 years, before any SQL.
 //!
 //! Exit codes (the table in [`exit`]):
 //!
@@ -54,7 +54,7 @@ const EXIT_CODES: &str = "Exit codes:
     after_help = EXIT_CODES
 )]
 struct Cli {
-    /// The database URL (postgres://... or sqlite:...).
+    /// The database URL (postgres://..., mysql://... or sqlite:...).
     #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
     database_url: Option<String>,
     #[command(subcommand)]
