@@ -1,12 +1,16 @@
 //! The inbox (`outbox_handlers::inbox`) against the NATS server at `NATS_URL` (default
-//! 127.0.0.1:4222) and PostgreSQL: messages relayed into a stream are consumed through the
-//! processed-id dedup, so each effect row exists exactly once even when the same outbox message
-//! is delivered twice (published again past the duplicate window, or redelivered after a crash
-//! between the commit and the ack); a retryable failure is retried, a permanent one terminated.
+//! 127.0.0.1:4222), on PostgreSQL and on MariaDB: messages relayed into a stream are consumed
+//! through the processed-id dedup, so each effect row exists exactly once even when the same
+//! outbox message is delivered twice (published again past the duplicate window, or redelivered
+//! after a crash between the commit and the ack); a retryable failure is retried, a permanent
+//! one terminated.
+//!
+//! Each test is written once, generic over the database ([`Db`]), and run on each by
+//! [`on_each_database!`]: `postgres::…` and `mariadb::…`.
 //!
 //! Every test makes a stream and a durable consumer of its own and deletes them at the end.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures_util::StreamExt;
 use outbox::{outbox_event, Context, Event, HandlerError, Resources};
@@ -17,7 +21,8 @@ use outbox_handlers::relay::headers;
 use outbox_handlers::relay::nats::NatsPublisher;
 use outbox_tests::{pg, wait_until, TestDb};
 use serde::{Deserialize, Serialize};
-use sqlx::{PgConnection, PgPool};
+use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
+use sqlx::{Connection, Database, MySql, MySqlConnection, MySqlPool, Pool, Postgres};
 use uuid::Uuid;
 
 #[outbox_event(topic = "inbox.payment.captured")]
@@ -33,51 +38,258 @@ struct PaymentCaptured {
 /// Inserts one row into `effects`, keyed by the original outbox message id.
 struct Record;
 
-#[outbox::async_trait]
-impl TxHandler<sqlx::Postgres> for Record {
-    type Event = PaymentCaptured;
-    const NAME: &'static str = "record-payment";
+/// [`Record`] on database `$db`, whose placeholders `$insert` uses.
+macro_rules! record_on {
+    ($db:ty, $insert:literal) => {
+        #[outbox::async_trait]
+        impl TxHandler<$db> for Record {
+            type Event = PaymentCaptured;
+            const NAME: &'static str = "record-payment";
 
-    async fn handle(
-        &self,
-        e: PaymentCaptured,
-        ctx: &Context,
-        tx: &mut PgConnection,
-    ) -> Result<(), HandlerError> {
-        let origin = InboxMessage::of(ctx).expect("inbox metadata").message_id;
-        if ctx.message_id() != origin {
-            return Err(HandlerError::permanent(format!(
-                "the context names message {}, the relay sent {origin}",
-                ctx.message_id()
-            )));
+            async fn handle(
+                &self,
+                e: PaymentCaptured,
+                ctx: &Context,
+                tx: &mut <$db as Database>::Connection,
+            ) -> Result<(), HandlerError> {
+                let origin = InboxMessage::of(ctx).expect("inbox metadata").message_id;
+                if ctx.message_id() != origin {
+                    return Err(HandlerError::permanent(format!(
+                        "the context names message {}, the relay sent {origin}",
+                        ctx.message_id()
+                    )));
+                }
+                // The context's message id is the producer's: the effects below are checked by
+                // it.
+                sqlx::query($insert)
+                    .bind(ctx.message_id())
+                    .bind(e.n)
+                    .execute(&mut *tx)
+                    .await?;
+                if e.poison {
+                    return Err(HandlerError::permanent("poison payment"));
+                }
+                if e.fail_first && ctx.attempt() == 1 {
+                    return Err(HandlerError::retry("the ledger is busy"));
+                }
+                Ok(())
+            }
         }
-        // The context's message id is the producer's: the effects below are checked by it.
-        sqlx::query("INSERT INTO effects (message_id, n) VALUES ($1, $2)")
-            .bind(ctx.message_id())
-            .bind(e.n)
-            .execute(&mut *tx)
-            .await?;
-        if e.poison {
-            return Err(HandlerError::permanent("poison payment"));
-        }
-        if e.fail_first && ctx.attempt() == 1 {
-            return Err(HandlerError::retry("the ledger is busy"));
-        }
-        Ok(())
+    };
+}
+
+record_on!(
+    Postgres,
+    "INSERT INTO effects (message_id, n) VALUES ($1, $2)"
+);
+record_on!(MySql, "INSERT INTO effects (message_id, n) VALUES (?, ?)");
+
+/// A migrated test database with an `effects` table, on one of the servers the inbox runs on.
+trait Db: Sized {
+    type Database: Database<Connection: outbox::Connection>;
+
+    /// A fresh database, migrated, with an empty `effects` table.
+    async fn create() -> Self;
+    fn pool(&self) -> &Pool<Self::Database>;
+    /// The rows of `effects`, `(message_id, n)` by `n`.
+    async fn effects(&self) -> Vec<(Uuid, i64)>;
+    /// The processed records of `handler`.
+    async fn records(&self, handler: &str) -> i64;
+    async fn drop_db(self);
+}
+
+impl Db for TestDb {
+    type Database = Postgres;
+
+    async fn create() -> Self {
+        let db = pg().await;
+        sqlx::raw_sql(
+            "CREATE TABLE effects (id BIGSERIAL PRIMARY KEY, message_id UUID NOT NULL, n BIGINT NOT NULL)",
+        )
+        .execute(&db.pool)
+        .await
+        .unwrap();
+        db
+    }
+
+    fn pool(&self) -> &Pool<Postgres> {
+        &self.pool
+    }
+
+    async fn effects(&self) -> Vec<(Uuid, i64)> {
+        sqlx::query_as("SELECT message_id, n FROM effects ORDER BY n, id")
+            .fetch_all(&self.pool)
+            .await
+            .unwrap()
+    }
+
+    async fn records(&self, handler: &str) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM outbox_processed WHERE handler = $1")
+            .bind(handler)
+            .fetch_one(&self.pool)
+            .await
+            .unwrap()
+    }
+
+    async fn drop_db(self) {
+        TestDb::drop_db(self).await;
     }
 }
 
-async fn setup() -> (jetstream::Context, String, String, TestDb) {
+impl Db for MySqlDb {
+    type Database = MySql;
+
+    async fn create() -> Self {
+        let db = mysql().await;
+        sqlx::raw_sql(
+            "CREATE TABLE effects (id BIGINT AUTO_INCREMENT PRIMARY KEY, \
+             message_id BINARY(16) NOT NULL, n BIGINT NOT NULL)",
+        )
+        .execute(&db.pool)
+        .await
+        .unwrap();
+        db
+    }
+
+    fn pool(&self) -> &Pool<MySql> {
+        &self.pool
+    }
+
+    async fn effects(&self) -> Vec<(Uuid, i64)> {
+        sqlx::query_as("SELECT message_id, n FROM effects ORDER BY n, id")
+            .fetch_all(&self.pool)
+            .await
+            .unwrap()
+    }
+
+    async fn records(&self, handler: &str) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM outbox_processed WHERE handler = ?")
+            .bind(handler)
+            .fetch_one(&self.pool)
+            .await
+            .unwrap()
+    }
+
+    async fn drop_db(self) {
+        MySqlDb::drop_db(self).await;
+    }
+}
+
+// The MariaDB test database, here until the support crate's `outbox_tests::mysql` (branch
+// `mysql-tests`) is merged: then this section goes, for `use outbox_tests::{mysql, MySqlDb}`.
+
+/// A MariaDB (or MySQL) database of its own for one test, on `MYSQL_URL` (default
+/// `mysql://root@127.0.0.1:3306`); dropped by [`MySqlDb::drop_db`], or when it goes away.
+struct MySqlDb {
+    pool: MySqlPool,
+    /// The database's name; `None` once dropped.
+    name: Option<String>,
+}
+
+fn mysql_url() -> String {
+    std::env::var("MYSQL_URL").unwrap_or_else(|_| "mysql://root@127.0.0.1:3306".into())
+}
+
+/// A fresh MariaDB database `outbox_t_<unix secs>_<uuid>`, with the outbox migrations applied.
+async fn mysql() -> MySqlDb {
+    let base = mysql_url();
+    let opts: MySqlConnectOptions = base.parse().expect("MYSQL_URL parses");
+    let mut admin = MySqlConnection::connect_with(&opts)
+        .await
+        .unwrap_or_else(|e| {
+            panic!("cannot connect to MariaDB/MySQL at {base}: {e}; start it or set MYSQL_URL")
+        });
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let name = format!("outbox_t_{now}_{}", Uuid::now_v7().simple());
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "CREATE DATABASE {name} CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"
+    )))
+    .execute(&mut admin)
+    .await
+    .expect("create the test database");
+    admin.close().await.ok();
+    let db = MySqlDb {
+        pool: MySqlPoolOptions::new()
+            .max_connections(10)
+            .connect_with(opts.database(&name))
+            .await
+            .expect("connect to the test database"),
+        name: Some(name),
+    };
+    outbox::migrate(&db.pool)
+        .await
+        .expect("outbox migrations apply on MariaDB");
+    db
+}
+
+async fn mysql_drop(name: String) {
+    if let Ok(mut admin) = MySqlConnection::connect(&mysql_url()).await {
+        let _ = sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "DROP DATABASE IF EXISTS {name}"
+        )))
+        .execute(&mut admin)
+        .await;
+    }
+}
+
+impl MySqlDb {
+    /// Closes the pool and drops the database.
+    async fn drop_db(mut self) {
+        let _ = tokio::time::timeout(Duration::from_secs(1), self.pool.close()).await;
+        if let Some(name) = self.name.take() {
+            mysql_drop(name).await;
+        }
+    }
+}
+
+impl Drop for MySqlDb {
+    /// A test that panicked leaves no database behind: dropped on a thread and runtime of its
+    /// own, as this may run inside (or while unwinding) the test's runtime.
+    fn drop(&mut self) {
+        let Some(name) = self.name.take() else { return };
+        let _ = std::thread::spawn(move || {
+            if let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                rt.block_on(mysql_drop(name));
+            }
+        })
+        .join();
+    }
+}
+
+/// Runs each of the generic tests named on PostgreSQL (`postgres::<test>`) and on MariaDB
+/// (`mariadb::<test>`).
+macro_rules! on_each_database {
+    ($($test:ident),* $(,)?) => {
+        mod postgres {
+            $(#[tokio::test]
+            async fn $test() {
+                super::$test::<outbox_tests::TestDb>().await;
+            })*
+        }
+        mod mariadb {
+            $(#[tokio::test]
+            async fn $test() {
+                super::$test::<super::MySqlDb>().await;
+            })*
+        }
+    };
+}
+
+on_each_database!(
+    each_effect_happens_once_when_a_message_is_delivered_twice,
+    a_redelivery_after_a_crash_between_commit_and_ack_is_skipped,
+);
+
+async fn setup<D: Db>() -> (jetstream::Context, String, String, D) {
     let js = outbox_tests::nats::jetstream().await;
     let (name, prefix) = outbox_tests::nats::memory_stream(&js, "inbox").await;
-    let db = pg().await;
-    sqlx::raw_sql(
-        "CREATE TABLE effects (id BIGSERIAL PRIMARY KEY, message_id UUID NOT NULL, n BIGINT NOT NULL)",
-    )
-    .execute(&db.pool)
-    .await
-    .unwrap();
-    (js, name, prefix, db)
+    (js, name, prefix, D::create().await)
 }
 
 async fn consumer(js: &jetstream::Context, stream: &str) -> jetstream::consumer::PullConsumer {
@@ -93,13 +305,6 @@ async fn consumer(js: &jetstream::Context, stream: &str) -> jetstream::consumer:
         .expect("create the durable consumer")
 }
 
-async fn effects(pool: &PgPool) -> Vec<(Uuid, i64)> {
-    sqlx::query_as("SELECT message_id, n FROM effects ORDER BY n, id")
-        .fetch_all(pool)
-        .await
-        .unwrap()
-}
-
 fn ctx() -> Context {
     Context::for_test(PaymentCaptured::TOPIC, "nats-relay", Resources::new())
 }
@@ -112,9 +317,11 @@ fn payment(n: i64) -> PaymentCaptured {
     }
 }
 
-#[tokio::test]
-async fn each_effect_happens_once_when_a_message_is_delivered_twice() {
-    let (js, stream, prefix, db) = setup().await;
+async fn each_effect_happens_once_when_a_message_is_delivered_twice<D: Db>()
+where
+    Record: TxHandler<D::Database>,
+{
+    let (js, stream, prefix, db) = setup::<D>().await;
     let nats = NatsPublisher::builder(js.clone())
         .prefix(prefix.clone())
         .build()
@@ -160,7 +367,7 @@ async fn each_effect_happens_once_when_a_message_is_delivered_twice() {
     .await
     .unwrap();
 
-    let inbox = Inbox::builder(consumer(&js, &stream).await, db.pool.clone())
+    let inbox = Inbox::builder(consumer(&js, &stream).await, db.pool().clone())
         .handler(Record)
         .build()
         .unwrap();
@@ -189,27 +396,23 @@ async fn each_effect_happens_once_when_a_message_is_delivered_twice() {
     stop.send(()).unwrap();
     running.await.unwrap().unwrap();
 
-    let rows = effects(&db.pool).await;
+    let rows = db.effects().await;
     let ns: Vec<i64> = rows.iter().map(|r| r.1).collect();
     // 1 once despite two deliveries; 3 once after its retry; 4 rolled back with its record.
     assert_eq!(ns, vec![1, 2, 3], "{rows:?}");
     assert_eq!(rows[0].0, first.message_id());
     assert_eq!(rows[2].0, retried.message_id());
-    let records: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM outbox_processed WHERE handler = 'record-payment'",
-    )
-    .fetch_one(&db.pool)
-    .await
-    .unwrap();
-    assert_eq!(records, 3);
+    assert_eq!(db.records("record-payment").await, 3);
 
     js.delete_stream(&stream).await.unwrap();
     db.drop_db().await;
 }
 
-#[tokio::test]
-async fn a_redelivery_after_a_crash_between_commit_and_ack_is_skipped() {
-    let (js, stream, prefix, db) = setup().await;
+async fn a_redelivery_after_a_crash_between_commit_and_ack_is_skipped<D: Db>()
+where
+    Record: TxHandler<D::Database>,
+{
+    let (js, stream, prefix, db) = setup::<D>().await;
     let nats = NatsPublisher::builder(js.clone())
         .prefix(prefix.clone())
         .build()
@@ -218,7 +421,7 @@ async fn a_redelivery_after_a_crash_between_commit_and_ack_is_skipped() {
     nats.publish(&payment(7), &published).await.unwrap();
 
     let consumer = consumer(&js, &stream).await;
-    let inbox = Inbox::builder(consumer.clone(), db.pool.clone())
+    let inbox = Inbox::builder(consumer.clone(), db.pool().clone())
         .handler(Record)
         .build()
         .unwrap();
@@ -251,7 +454,7 @@ async fn a_redelivery_after_a_crash_between_commit_and_ack_is_skipped() {
     assert_eq!((done.ran, done.skipped), (0, 1));
     inbox.handle(redelivery).await;
 
-    assert_eq!(effects(&db.pool).await.len(), 1);
+    assert_eq!(db.effects().await.len(), 1);
     let info = consumer.get_info().await.unwrap();
     assert_eq!((info.num_pending, info.num_ack_pending), (0, 0));
 

@@ -61,7 +61,7 @@
 //! | `dedup` | no | [`dedup`]: the processed-id wrapper and its purge, for PostgreSQL (turns on `outbox/postgres`) |
 //! | `dedup-sqlite` | no | [`dedup`] for SQLite (turns on `outbox/sqlite`); with `dedup` too, both databases |
 //! | `dedup-mysql` | no | [`dedup`] for MariaDB and MySQL (turns on `outbox/mysql`); with the others, each database |
-//! | `nats` | no | `relay::nats`: the JetStream relay; `inbox`: the JetStream inbox (with `dedup`) |
+//! | `nats` | no | `relay::nats`: the JetStream relay; `inbox`: the JetStream inbox (with `dedup`; on MariaDB/MySQL or SQLite too with `dedup-mysql` or `dedup-sqlite`) |
 //! | `rabbitmq` | no | `relay::rabbitmq`: the RabbitMQ relay with publisher confirms |
 
 #![cfg_attr(docsrs, feature(doc_cfg))]

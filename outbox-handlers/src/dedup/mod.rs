@@ -294,11 +294,12 @@ impl<H: fmt::Debug, DB: Database> fmt::Debug for Dedup<H, DB> {
     }
 }
 
-/// Records `(handler, message_id)` as processed on `tx`; false when it already was (the caller
-/// then skips the effect). The statement is the `outbox` backend's.
+/// Records `(handler, message_id)` as processed on `tx`, a connection of any of the outbox's
+/// databases; false when it already was (the caller then skips the effect). The statement is
+/// the `outbox` backend's.
 #[cfg(feature = "nats")]
-pub(crate) async fn record(
-    tx: &mut sqlx::PgConnection,
+pub(crate) async fn record<C: Connection>(
+    tx: &mut C,
     handler: &str,
     message_id: uuid::Uuid,
 ) -> Result<bool, sqlx::Error> {

@@ -5,8 +5,8 @@ use std::fmt;
 use std::sync::Arc;
 
 use async_nats::jetstream::consumer::PullConsumer;
-use outbox::{Event, Resources};
-use sqlx::{PgPool, Postgres};
+use outbox::{Connection, Event, Resources};
+use sqlx::{Database, Pool, Postgres};
 
 use super::route::{Route, Typed};
 use super::{Inbox, Inner, DEFAULT_CONCURRENCY, DEFAULT_MAX_ATTEMPTS};
@@ -14,16 +14,21 @@ use crate::dedup::TxHandler;
 use crate::ConfigError;
 
 /// Builds an [`Inbox`]; see [`Inbox::builder`].
-pub struct InboxBuilder {
+///
+/// # About type parameter `DB`
+///
+/// The database of the processed records and of the handlers' transactions, as for
+/// [`Inbox`]: inferred from the pool given to [`Inbox::builder`].
+pub struct InboxBuilder<DB: Database = Postgres> {
     consumer: PullConsumer,
-    pool: PgPool,
-    routes: Vec<(&'static str, Box<dyn Route>)>,
+    pool: Pool<DB>,
+    routes: Vec<(&'static str, Box<dyn Route<DB>>)>,
     resources: Resources,
     concurrency: usize,
     max_attempts: u32,
 }
 
-impl fmt::Debug for InboxBuilder {
+impl<DB: Database> fmt::Debug for InboxBuilder<DB> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("InboxBuilder")
             .field(
@@ -40,8 +45,12 @@ impl fmt::Debug for InboxBuilder {
     }
 }
 
-impl InboxBuilder {
-    pub(super) fn new(consumer: PullConsumer, pool: PgPool) -> Self {
+impl<DB> InboxBuilder<DB>
+where
+    DB: Database,
+    DB::Connection: Connection,
+{
+    pub(super) fn new(consumer: PullConsumer, pool: Pool<DB>) -> Self {
         InboxBuilder {
             consumer,
             pool,
@@ -52,8 +61,9 @@ impl InboxBuilder {
         }
     }
 
-    /// Adds a handler: it receives the messages of its event's topic.
-    pub fn handler<H: TxHandler<Postgres>>(mut self, handler: H) -> Self {
+    /// Adds a handler: it receives the messages of its event's topic, and runs in a transaction
+    /// of the inbox's database `DB`.
+    pub fn handler<H: TxHandler<DB>>(mut self, handler: H) -> Self {
         self.routes
             .push((<H::Event as Event>::TOPIC, Box::new(Typed(handler))));
         self
@@ -84,7 +94,7 @@ impl InboxBuilder {
     ///
     /// [`ConfigError`] naming `inbox.handlers` when there are none or two of a topic share a
     /// name, `inbox.concurrency` or `inbox.max_attempts` when zero.
-    pub fn build(self) -> Result<Inbox, ConfigError> {
+    pub fn build(self) -> Result<Inbox<DB>, ConfigError> {
         if self.routes.is_empty() {
             return Err(ConfigError::Rejected {
                 key: "inbox.handlers".into(),
@@ -105,7 +115,7 @@ impl InboxBuilder {
                 got: "0".into(),
             });
         }
-        let mut routes: BTreeMap<&'static str, Vec<Box<dyn Route>>> = BTreeMap::new();
+        let mut routes: BTreeMap<&'static str, Vec<Box<dyn Route<DB>>>> = BTreeMap::new();
         for (topic, route) in self.routes {
             let same = routes.entry(topic).or_default();
             if let Some(other) = same.iter().find(|r| r.name() == route.name()) {

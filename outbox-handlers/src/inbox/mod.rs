@@ -1,7 +1,9 @@
 //! The inbox: the consuming side of a relay. Pulls messages from a durable JetStream consumer,
 //! decodes them by topic into the same `#[outbox_event]` types, and runs [`TxHandler`]s with the
 //! processed-id record in the effect's transaction, so each effect happens once per outbox
-//! message however often the broker delivers it.
+//! message however often the broker delivers it. The records and the effects are in the
+//! database of the inbox's pool: PostgreSQL, MariaDB/MySQL or SQLite (see
+//! [Databases](#databases)).
 //!
 //! For each message:
 //!
@@ -111,6 +113,51 @@
 //! # Ok(()) }
 //! ```
 //!
+//! # Databases
+//!
+//! The inbox's database is the one of the pool given to [`Inbox::builder`], that of the outbox
+//! tables (`outbox::migrate` creates `outbox_processed` in it): PostgreSQL (a `PgPool`, feature
+//! `dedup`, which `nats` turns on), MariaDB or MySQL (a `MySqlPool`, feature `dedup-mysql`), or
+//! SQLite (a `SqlitePool`, feature `dedup-sqlite`). It is the type parameter of [`Inbox`] and
+//! [`InboxBuilder`], `sqlx::Postgres` unless named, inferred from the pool; the handlers are
+//! [`TxHandler`]s for it and get its connection. On MariaDB or MySQL:
+//!
+#![cfg_attr(feature = "dedup-mysql", doc = "```no_run")]
+#![cfg_attr(not(feature = "dedup-mysql"), doc = "```ignore")]
+//! use outbox::{outbox_event, Context, HandlerError};
+//! use outbox_handlers::async_nats::jetstream::consumer::PullConsumer;
+//! use outbox_handlers::dedup::TxHandler;
+//! use outbox_handlers::inbox::Inbox;
+//! use sqlx::{MySql, MySqlConnection, MySqlPool};
+//! # #[outbox_event] #[derive(serde::Serialize, serde::Deserialize)]
+//! # struct BookingCreated { booking_id: i64 }
+//!
+//! struct CountBooking;
+//!
+//! #[outbox::async_trait]
+//! impl TxHandler<MySql> for CountBooking {
+//!     type Event = BookingCreated;
+//!     const NAME: &'static str = "count-booking";
+//!     async fn handle(&self, e: BookingCreated, _ctx: &Context, tx: &mut MySqlConnection)
+//!         -> Result<(), HandlerError>
+//!     {
+//!         sqlx::query("INSERT INTO bookings_seen (booking_id) VALUES (?)")
+//!             .bind(e.booking_id)
+//!             .execute(&mut *tx)
+//!             .await?;
+//!         Ok(())
+//!     }
+//! }
+//!
+//! # async fn run(consumer: PullConsumer, pool: MySqlPool)
+//! #     -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+//! // An `Inbox<MySql>`: the records in `outbox_processed` of the pool's database.
+//! let inbox = Inbox::builder(consumer, pool).handler(CountBooking).build()?;
+//! # let shutdown = std::future::pending::<()>();
+//! inbox.run_until(shutdown).await?;
+//! # Ok(()) }
+//! ```
+//!
 //! [`Context`]: outbox::Context
 //! [`Context::trace_context`]: outbox::Context::trace_context
 //! [`TxHandler`]: crate::dedup::TxHandler
@@ -134,8 +181,8 @@ use std::sync::Arc;
 use async_nats::jetstream::consumer::PullConsumer;
 use async_nats::jetstream::{AckKind, Message};
 use futures_util::StreamExt;
-use outbox::{BoxError, FailureKind, HandlerError, Resources};
-use sqlx::PgPool;
+use outbox::{BoxError, Connection, FailureKind, HandlerError, Resources};
+use sqlx::{Database, Pool, Postgres};
 use tracing::Instrument;
 
 pub use builder::InboxBuilder;
@@ -162,21 +209,35 @@ pub struct Processed {
 /// Consumes relayed outbox messages from a JetStream pull consumer; see the [module](self).
 ///
 /// Cheap to clone.
-#[derive(Clone)]
-pub struct Inbox {
-    inner: Arc<Inner>,
+///
+/// # About type parameter `DB`
+///
+/// The database of the processed records and of the handlers' transactions: `sqlx::Postgres`
+/// (the default; feature `dedup`, which `nats` turns on), `sqlx::MySql` (feature `dedup-mysql`)
+/// or `sqlx::Sqlite` (feature `dedup-sqlite`). Rust infers it from the pool given to
+/// [`Inbox::builder`]; the handlers are [`TxHandler`](crate::dedup::TxHandler)s for it.
+pub struct Inbox<DB: Database = Postgres> {
+    inner: Arc<Inner<DB>>,
 }
 
-struct Inner {
+impl<DB: Database> Clone for Inbox<DB> {
+    fn clone(&self) -> Self {
+        Inbox {
+            inner: Arc::clone(&self.inner),
+        }
+    }
+}
+
+struct Inner<DB: Database> {
     consumer: PullConsumer,
-    pool: PgPool,
-    routes: BTreeMap<&'static str, Vec<Box<dyn Route>>>,
+    pool: Pool<DB>,
+    routes: BTreeMap<&'static str, Vec<Box<dyn Route<DB>>>>,
     resources: Resources,
     concurrency: usize,
     max_attempts: u32,
 }
 
-impl fmt::Debug for Inbox {
+impl<DB: Database> fmt::Debug for Inbox<DB> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let topics: BTreeMap<_, Vec<_>> = self
             .inner
@@ -192,11 +253,16 @@ impl fmt::Debug for Inbox {
     }
 }
 
-impl Inbox {
+impl<DB> Inbox<DB>
+where
+    DB: Database,
+    DB::Connection: Connection,
+{
     /// Starts an inbox on `consumer` (a durable pull consumer of the stream the relay publishes
     /// to), recording processed messages in `pool`'s `outbox_processed` table
-    /// (`outbox::migrate` creates it).
-    pub fn builder(consumer: PullConsumer, pool: PgPool) -> InboxBuilder {
+    /// (`outbox::migrate` creates it). The pool's database is the inbox's: a `PgPool` makes an
+    /// `Inbox<sqlx::Postgres>`, a `MySqlPool` an `Inbox<sqlx::MySql>`.
+    pub fn builder(consumer: PullConsumer, pool: Pool<DB>) -> InboxBuilder<DB> {
         InboxBuilder::new(consumer, pool)
     }
 

@@ -5,15 +5,15 @@ use std::fmt;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use outbox::{Context, Event, FailureKind, HandlerError, Resources};
-use sqlx::{PgPool, Postgres};
+use outbox::{Connection, Context, Event, FailureKind, HandlerError, Resources};
+use sqlx::{Database, Pool};
 
 use super::InboxMessage;
 use crate::dedup::{record, TxHandler};
 
-/// A handler of the inbox, its event type erased.
+/// A handler of the inbox on database `DB`, its event type erased.
 #[async_trait]
-pub(super) trait Route: Send + Sync + 'static {
+pub(super) trait Route<DB: Database>: Send + Sync + 'static {
     fn name(&self) -> &'static str;
     fn type_name(&self) -> &'static str;
     fn backoff(&self, attempt: u32) -> Option<Duration>;
@@ -22,7 +22,7 @@ pub(super) trait Route: Send + Sync + 'static {
         &self,
         payload: &[u8],
         message: &InboxMessage,
-        pool: &PgPool,
+        pool: &Pool<DB>,
         resources: &Resources,
         max_attempts: u32,
     ) -> Result<bool, HandlerError>;
@@ -31,7 +31,12 @@ pub(super) trait Route: Send + Sync + 'static {
 pub(super) struct Typed<H>(pub(super) H);
 
 #[async_trait]
-impl<H: TxHandler<Postgres>> Route for Typed<H> {
+impl<DB, H> Route<DB> for Typed<H>
+where
+    DB: Database,
+    DB::Connection: Connection,
+    H: TxHandler<DB>,
+{
     fn name(&self) -> &'static str {
         H::NAME
     }
@@ -48,7 +53,7 @@ impl<H: TxHandler<Postgres>> Route for Typed<H> {
         &self,
         payload: &[u8],
         message: &InboxMessage,
-        pool: &PgPool,
+        pool: &Pool<DB>,
         resources: &Resources,
         max_attempts: u32,
     ) -> Result<bool, HandlerError> {
@@ -61,7 +66,7 @@ impl<H: TxHandler<Postgres>> Route for Typed<H> {
         let event = H::Event::decode_versioned(message.version, json)
             .map_err(|e| HandlerError::retry(e.to_string()))?;
         let mut tx = pool.begin().await?;
-        if !record(&mut tx, H::NAME, message.message_id).await? {
+        if !record(&mut *tx, H::NAME, message.message_id).await? {
             tx.rollback().await?;
             tracing::debug!(handler = H::NAME, message_id = %message.message_id,
                 "message already processed by this handler; skipped");
