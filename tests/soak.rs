@@ -17,13 +17,14 @@
 //! drops those older than a day).
 //!
 //! On a fresh database it starts with a backlog, then producers keep enqueuing (at least 50,000
-//! messages over three topics on PostgreSQL, 20,000 on MariaDB; `soak.billing` with two
-//! handlers) while three `soak-worker` processes (tests/bin/soak_worker.rs) drain them.
-//! Meanwhile a random worker is SIGKILLed every 1 to 3 seconds and restarted, and twice every
-//! connection to the database but the harness's own is killed (`pg_terminate_backend`, on
-//! MariaDB `KILL CONNECTION`). Handlers fail transiently about 5% of the time, a few poison
-//! messages always fail, and a few "laggard" messages stage a stale outcome (a
-//! claim that outlives its lease and then tries to dead-letter a message a newer claim owns).
+//! messages over three topics, `soak.billing` with two handlers) while three `soak-worker`
+//! processes (tests/bin/soak_worker.rs) drain them. Meanwhile a random worker is SIGKILLed every
+//! 1 to 3 seconds and restarted, and twice every connection to the database but the harness's
+//! own is killed (`pg_terminate_backend`, on MariaDB `KILL CONNECTION`). Handlers fail
+//! transiently about 5% of the time, a few poison messages always fail, and a few "laggard"
+//! messages stage a stale outcome (a claim that outlives its lease and then tries to
+//! dead-letter a message a newer claim owns). On either server it takes about three minutes
+//! on two cores: the drain keeps up with the production.
 //!
 //! Right after each kill the ids of the messages then running (for a SIGKILL: claimed by that
 //! process) are recorded: only those, and the laggards, may be delivered twice. At the end,
@@ -38,13 +39,12 @@
 //! replays the traces through the protocol's model (`tests/model`, its `trace` module says what
 //! that checks and what a trace cannot tell) and fails on a step the model does not allow.
 //!
-//! Knobs (environment): `SOAK_MESSAGES` (default 52000; on MariaDB 20000, so that its soak
-//! stays within a few minutes on CI's two cores: the kills, faults and checks are the same),
-//! `SOAK_RATE` (messages a second of the steady production, default 260), `SOAK_SEED` (the
-//! kill schedule), `SOAK_VERBOSE=1` (progress lines), and `SOAK_RESTART_POSTGRES=1`: the
-//! second mode of the PostgreSQL soak (MariaDB's ignores it), run by hand and never in CI,
-//! which restarts the PostgreSQL server in the middle of the drain with `pg_ctlcluster` (it
-//! restarts the shared server: other tests running then will fail).
+//! Knobs (environment): `SOAK_MESSAGES` (default 52000), `SOAK_RATE` (messages a second of the
+//! steady production, default 260), `SOAK_SEED` (the kill schedule), `SOAK_VERBOSE=1`
+//! (progress lines), and `SOAK_RESTART_POSTGRES=1`: the second mode of the PostgreSQL soak
+//! (MariaDB's ignores it), run by hand and never in CI, which restarts the PostgreSQL server
+//! in the middle of the drain with `pg_ctlcluster` (it restarts the shared server: other tests
+//! running then will fail).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::File;
@@ -106,9 +106,6 @@ const BATCH: i64 = 40;
 const POISON_EVERY: i64 = 2600;
 const LAGGARD_EVERY: i64 = 1200;
 const DRAIN_LIMIT: Duration = Duration::from_secs(150);
-/// `SOAK_MESSAGES` by default on PostgreSQL and on MariaDB.
-const MESSAGES_POSTGRES: i64 = 52_000;
-const MESSAGES_MARIADB: i64 = 20_000;
 
 /// The payload of every soak topic, as tests/bin/soak_worker.rs reads it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -152,11 +149,7 @@ struct Settings {
 
 impl Settings {
     fn from_env(server: Server) -> Self {
-        let default_messages = match server {
-            Server::Postgres => MESSAGES_POSTGRES,
-            Server::MariaDb => MESSAGES_MARIADB,
-        };
-        let messages: i64 = env_parse("SOAK_MESSAGES").unwrap_or(default_messages);
+        let messages: i64 = env_parse("SOAK_MESSAGES").unwrap_or(52_000);
         let seed = env_parse("SOAK_SEED").unwrap_or_else(|| {
             std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
