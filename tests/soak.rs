@@ -1,18 +1,30 @@
 //! The fault-injection soak: the guarantees of DESIGN.md checked under the faults of production.
 //!
-//! Ignored by default (it takes minutes); `.ci/run` runs it as its own stage:
+//! Ignored by default (it takes minutes); `.ci/run` runs it as its own stage, on PostgreSQL
+//! (`soak`) and then on MariaDB (`soak_mariadb`), one at a time:
 //!
 //! ```sh
-//! cargo test -p outbox-tests --test soak -- --ignored --nocapture
+//! cargo test -p outbox-tests --test soak -- --ignored --nocapture --test-threads=1
+//! cargo test -p outbox-tests --test soak -- --ignored --nocapture --exact soak_mariadb
 //! ```
+//!
+//! Both run the one harness below; what differs between the two servers (the soak's own
+//! tables, the queries of the checks, the connection kills, the enqueue's transaction) is in
+//! [`Db`] and [`Admin`]. PostgreSQL's soak runs on a fresh database of the test server
+//! (`DATABASE_URL`); MariaDB's on a fresh database `outbox_soak_<...>` created on
+//! `mysql://root@127.0.0.1:3306` (`MYSQL_URL`, a server URL without a database, overrides it),
+//! dropped at the end when the soak passes and kept for inspection when it fails (the next run
+//! drops those older than a day).
 //!
 //! On a fresh database it starts with a backlog, then producers keep enqueuing (at least 50,000
 //! messages over three topics, `soak.billing` with two handlers) while three `soak-worker`
 //! processes (tests/bin/soak_worker.rs) drain them. Meanwhile a random worker is SIGKILLed every
 //! 1 to 3 seconds and restarted, and twice every connection to the database but the harness's
-//! own is killed with `pg_terminate_backend`. Handlers fail transiently about 5% of the time,
-//! a few poison messages always fail, and a few "laggard" messages stage a stale outcome (a
-//! claim that outlives its lease and then tries to dead-letter a message a newer claim owns).
+//! own is killed (`pg_terminate_backend`, on MariaDB `KILL CONNECTION`). Handlers fail
+//! transiently about 5% of the time, a few poison messages always fail, and a few "laggard"
+//! messages stage a stale outcome (a claim that outlives its lease and then tries to
+//! dead-letter a message a newer claim owns). On either server it takes about three minutes
+//! on two cores: the drain keeps up with the production.
 //!
 //! Right after each kill the ids of the messages then running (for a SIGKILL: claimed by that
 //! process) are recorded: only those, and the laggards, may be delivered twice. At the end,
@@ -28,10 +40,11 @@
 //! that checks and what a trace cannot tell) and fails on a step the model does not allow.
 //!
 //! Knobs (environment): `SOAK_MESSAGES` (default 52000), `SOAK_RATE` (messages a second of the
-//! steady production, default 260), `SOAK_SEED` (the kill schedule),
-//! `SOAK_VERBOSE=1` (progress lines), and `SOAK_RESTART_POSTGRES=1`: the second mode, run by
-//! hand and never in CI, which restarts the PostgreSQL server in the middle of the drain with
-//! `pg_ctlcluster` (it restarts the shared server: other tests running then will fail).
+//! steady production, default 260), `SOAK_SEED` (the kill schedule), `SOAK_VERBOSE=1`
+//! (progress lines), and `SOAK_RESTART_POSTGRES=1`: the second mode of the PostgreSQL soak
+//! (MariaDB's ignores it), run by hand and never in CI, which restarts the PostgreSQL server
+//! in the middle of the drain with `pg_ctlcluster` (it restarts the shared server: other tests
+//! running then will fail).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::File;
@@ -44,9 +57,11 @@ use std::time::{Duration, Instant};
 
 use outbox::{enqueue_many, outbox_event};
 use outbox_model::trace::{Final, Validator};
-use outbox_tests::{pg, protocol_trace};
+use outbox_tests::{pg, protocol_trace, TestDb};
 use serde::{Deserialize, Serialize};
-use sqlx::{Connection, PgConnection, PgPool};
+use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions, MySqlRow};
+use sqlx::postgres::PgRow;
+use sqlx::{Connection, FromRow, MySqlConnection, MySqlPool, PgConnection, PgPool};
 use tokio::process::{Child, Command};
 use uuid::Uuid;
 
@@ -133,7 +148,7 @@ struct Settings {
 }
 
 impl Settings {
-    fn from_env() -> Self {
+    fn from_env(server: Server) -> Self {
         let messages: i64 = env_parse("SOAK_MESSAGES").unwrap_or(52_000);
         let seed = env_parse("SOAK_SEED").unwrap_or_else(|| {
             std::time::SystemTime::now()
@@ -147,7 +162,8 @@ impl Settings {
             burst: (messages as f64 * FINAL_BURST_SHARE) as i64,
             rate: env_parse("SOAK_RATE").unwrap_or(260.0),
             seed,
-            restart_postgres: std::env::var("SOAK_RESTART_POSTGRES").is_ok_and(|v| v == "1"),
+            restart_postgres: server == Server::Postgres
+                && std::env::var("SOAK_RESTART_POSTGRES").is_ok_and(|v| v == "1"),
             verbose: std::env::var("SOAK_VERBOSE").is_ok_and(|v| v == "1"),
         }
     }
@@ -192,10 +208,303 @@ impl Rng {
 }
 
 // ---------------------------------------------------------------------------------------------
+// The database: what differs between PostgreSQL and MariaDB/MySQL
+
+/// The server a soak runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Server {
+    Postgres,
+    MariaDb,
+}
+
+/// A pool on the soak's database. The statements that differ between the two servers are in
+/// its methods (and in [`Admin`]'s); the final checks' queries are one text for both.
+#[derive(Clone)]
+enum Db {
+    Pg(PgPool),
+    My(MySqlPool),
+}
+
+/// What became of one enqueue transaction.
+enum Enqueued {
+    Committed,
+    /// Failed before COMMIT: rolled back with its connection.
+    NotCommitted,
+    /// The connection died during COMMIT: committed or not, the rows tell.
+    CommitFailed,
+}
+
+impl Db {
+    /// Enqueues the three topics' events in one transaction, one `enqueue_many` per topic.
+    async fn enqueue(
+        &self,
+        orders: &[InvoiceIssued],
+        emails: &[EmailRequested],
+        index: &[IndexChanged],
+    ) -> Enqueued {
+        macro_rules! in_one_transaction {
+            ($pool:expr) => {{
+                let Ok(mut tx) = $pool.begin().await else {
+                    return Enqueued::NotCommitted;
+                };
+                if enqueue_many(&mut *tx, orders).await.is_err()
+                    || enqueue_many(&mut *tx, emails).await.is_err()
+                    || enqueue_many(&mut *tx, index).await.is_err()
+                {
+                    return Enqueued::NotCommitted;
+                }
+                match tx.commit().await {
+                    Ok(()) => Enqueued::Committed,
+                    Err(_) => Enqueued::CommitFailed,
+                }
+            }};
+        }
+        match self {
+            Db::Pg(pool) => in_one_transaction!(pool),
+            Db::My(pool) => in_one_transaction!(pool),
+        }
+    }
+
+    /// The rows of a query without parameters, written in SQL both servers run.
+    async fn rows<T>(&self, sql: &'static str) -> Result<Vec<T>, sqlx::Error>
+    where
+        T: Send + Unpin + for<'r> FromRow<'r, PgRow> + for<'r> FromRow<'r, MySqlRow>,
+    {
+        match self {
+            Db::Pg(pool) => sqlx::query_as(sql).fetch_all(pool).await,
+            Db::My(pool) => sqlx::query_as(sql).fetch_all(pool).await,
+        }
+    }
+
+    /// The one `count(*)` of a query, as [`rows`](Self::rows).
+    async fn count(&self, sql: &'static str) -> Result<i64, sqlx::Error> {
+        let rows = self.rows::<(i64,)>(sql).await?;
+        Ok(rows.first().map_or(0, |r| r.0))
+    }
+
+    /// The soak's tables, and the view `soak_messages` of every message the soak enqueued:
+    /// live (`pending` or `running`), `dead`, or `done` (the last archived row of a deleted
+    /// message), with its payload's `n`, `poison` and `laggard`.
+    async fn schema(&self) {
+        match self {
+            Db::Pg(pool) => sqlx::raw_sql(
+                "CREATE TABLE soak_effects (message_id uuid NOT NULL, n bigint NOT NULL, pid int NOT NULL, \
+                     attempt int NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp()); \
+                 CREATE INDEX soak_effects_message ON soak_effects (message_id); \
+                 CREATE TABLE soak_deliveries (message_id uuid NOT NULL, handler text NOT NULL, \
+                     pid int NOT NULL, attempt int NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp()); \
+                 CREATE INDEX soak_deliveries_message ON soak_deliveries (message_id, handler); \
+                 CREATE TABLE soak_preempted (message_id uuid NOT NULL, handler text NOT NULL, \
+                     attempt int NOT NULL, newer_attempt int NOT NULL, pid int NOT NULL, \
+                     at timestamptz NOT NULL DEFAULT clock_timestamp()); \
+                 CREATE VIEW soak_rows AS \
+                     SELECT m.id, m.topic, m.payload, \
+                            CASE WHEN m.locked_until >= now() THEN 'running' ELSE 'pending' END AS status, \
+                            m.attempts, m.last_error, \
+                            (SELECT w.name FROM outbox_workers w WHERE w.id = m.claimed_by) AS claimed_by \
+                     FROM outbox_messages m \
+                     UNION ALL \
+                     SELECT x.id, x.topic, x.payload, 'dead', x.attempts, x.last_error, NULL FROM outbox_dead x \
+                     UNION ALL \
+                     SELECT d.id, d.topic, d.payload, 'done', d.attempts, d.last_error, \
+                            (SELECT w.name FROM outbox_workers w WHERE w.id = d.claimed_by) \
+                     FROM (SELECT DISTINCT ON (id) * FROM test_deleted ORDER BY id, seq DESC) d \
+                     WHERE NOT EXISTS (SELECT 1 FROM outbox_messages m WHERE m.id = d.id) \
+                       AND NOT EXISTS (SELECT 1 FROM outbox_dead x WHERE x.id = d.id); \
+                 CREATE VIEW soak_messages AS \
+                     SELECT r.*, (r.payload->>'n')::bigint AS n, (r.payload->>'poison')::bool AS poison, \
+                            (r.payload->>'laggard')::bool AS laggard \
+                     FROM soak_rows r;",
+            )
+            .execute(pool)
+            .await
+            .map(drop)
+            .expect("create the soak tables"),
+            Db::My(pool) => {
+                // Done messages are deleted: `test_deleted` keeps their last rows, as the test
+                // support's `archive_done` does on PostgreSQL.
+                const STATEMENTS: &[&str] = &[
+                    "CREATE TABLE soak_effects (message_id BINARY(16) NOT NULL, n BIGINT NOT NULL, \
+                         pid INT NOT NULL, attempt INT NOT NULL, at DATETIME(6) NOT NULL DEFAULT NOW(6), \
+                         INDEX soak_effects_message (message_id)) \
+                     ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin",
+                    "CREATE TABLE soak_deliveries (message_id BINARY(16) NOT NULL, handler VARCHAR(255) NOT NULL, \
+                         pid INT NOT NULL, attempt INT NOT NULL, at DATETIME(6) NOT NULL DEFAULT NOW(6), \
+                         INDEX soak_deliveries_message (message_id, handler)) \
+                     ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin",
+                    "CREATE TABLE soak_preempted (message_id BINARY(16) NOT NULL, handler VARCHAR(255) NOT NULL, \
+                         attempt INT NOT NULL, newer_attempt INT NOT NULL, pid INT NOT NULL, \
+                         at DATETIME(6) NOT NULL DEFAULT NOW(6)) \
+                     ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin",
+                    "CREATE TABLE test_deleted (seq BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY, \
+                         id BINARY(16) NOT NULL, topic VARCHAR(64) NOT NULL, payload LONGTEXT NOT NULL, \
+                         attempts INT NOT NULL, last_error TEXT NULL, claimed_by BINARY(16) NULL, \
+                         INDEX test_deleted_id (id, seq)) \
+                     ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin",
+                    "CREATE TRIGGER test_archive_deleted AFTER DELETE ON outbox_messages FOR EACH ROW \
+                         INSERT INTO test_deleted (id, topic, payload, attempts, last_error, claimed_by) \
+                         VALUES (OLD.id, OLD.topic, OLD.payload, OLD.attempts, OLD.last_error, OLD.claimed_by)",
+                    "CREATE VIEW soak_rows AS \
+                         SELECT m.id, m.topic, m.payload, \
+                                CASE WHEN m.locked_until >= CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED) \
+                                     THEN 'running' ELSE 'pending' END AS status, \
+                                m.attempts, m.last_error, \
+                                (SELECT w.name FROM outbox_workers w WHERE w.id = m.claimed_by) AS claimed_by \
+                         FROM outbox_messages m \
+                         UNION ALL \
+                         SELECT x.id, x.topic, x.payload, 'dead', x.attempts, x.last_error, NULL FROM outbox_dead x \
+                         UNION ALL \
+                         SELECT d.id, d.topic, d.payload, 'done', d.attempts, d.last_error, \
+                                (SELECT w.name FROM outbox_workers w WHERE w.id = d.claimed_by) \
+                         FROM test_deleted d \
+                         WHERE d.seq = (SELECT max(l.seq) FROM test_deleted l WHERE l.id = d.id) \
+                           AND NOT EXISTS (SELECT 1 FROM outbox_messages m WHERE m.id = d.id) \
+                           AND NOT EXISTS (SELECT 1 FROM outbox_dead x WHERE x.id = d.id)",
+                    "CREATE VIEW soak_messages AS \
+                         SELECT r.*, CAST(JSON_UNQUOTE(JSON_EXTRACT(r.payload, '$.n')) AS SIGNED) AS n, \
+                                JSON_UNQUOTE(JSON_EXTRACT(r.payload, '$.poison')) = 'true' AS poison, \
+                                JSON_UNQUOTE(JSON_EXTRACT(r.payload, '$.laggard')) = 'true' AS laggard \
+                         FROM soak_rows r",
+                ];
+                for sql in STATEMENTS {
+                    sqlx::raw_sql(*sql)
+                        .execute(pool)
+                        .await
+                        .expect("create the soak tables");
+                }
+            }
+        }
+    }
+}
+
+/// The soak's fresh database, migrated, with the soak's tables.
+struct SoakDb {
+    pool: Db,
+    /// For the worker processes.
+    url: String,
+    name: String,
+    /// PostgreSQL's, from the test support: it drops the database when it goes away.
+    pg: Option<TestDb>,
+}
+
+/// The MariaDB/MySQL server of the MariaDB soak: `MYSQL_URL`, without a database.
+fn mysql_server_url() -> String {
+    std::env::var("MYSQL_URL").unwrap_or_else(|_| "mysql://root@127.0.0.1:3306".into())
+}
+
+/// A failed MariaDB soak keeps its database for inspection: the next run drops those older
+/// than this.
+const KEEP_FAILED: Duration = Duration::from_secs(24 * 3600);
+
+impl SoakDb {
+    async fn create(server: Server) -> Self {
+        let db = match server {
+            Server::Postgres => {
+                let db = pg().await;
+                // Done messages are deleted: keep their last rows for the final checks
+                // (`soak_messages`).
+                db.archive_done().await;
+                SoakDb {
+                    pool: Db::Pg(db.pool.clone()),
+                    url: db.url.clone(),
+                    name: db.name.clone(),
+                    pg: Some(db),
+                }
+            }
+            Server::MariaDb => Self::create_mysql().await,
+        };
+        db.pool.schema().await;
+        db
+    }
+
+    /// `outbox_soak_<unix seconds>_<uuid>` on the server of [`mysql_server_url`], migrated.
+    async fn create_mysql() -> Self {
+        let base = mysql_server_url();
+        let opts: MySqlConnectOptions = base.parse().expect("MYSQL_URL parses");
+        let mut admin = MySqlConnection::connect_with(&opts)
+            .await
+            .unwrap_or_else(|e| {
+                panic!("cannot connect to MariaDB/MySQL at {base}: {e}; start it or set MYSQL_URL")
+            });
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock after 1970")
+            .as_secs();
+        let soaks: Vec<String> = sqlx::query_scalar(
+            "SELECT schema_name FROM information_schema.schemata \
+             WHERE schema_name LIKE 'outbox\\_soak\\_%'",
+        )
+        .fetch_all(&mut admin)
+        .await
+        .expect("list the soak databases");
+        for stale in soaks {
+            let created = stale
+                .split('_')
+                .nth(2)
+                .and_then(|t| t.parse::<u64>().ok())
+                .unwrap_or(0);
+            if now.saturating_sub(created) > KEEP_FAILED.as_secs() {
+                let _ = sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+                    "DROP DATABASE IF EXISTS `{stale}`"
+                )))
+                .execute(&mut admin)
+                .await;
+            }
+        }
+        let name = format!("outbox_soak_{now}_{}", Uuid::now_v7().simple());
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "CREATE DATABASE `{name}` CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"
+        )))
+        .execute(&mut admin)
+        .await
+        .expect("create the soak database");
+        admin.close().await.ok();
+        let pool = MySqlPoolOptions::new()
+            .max_connections(10)
+            .connect_with(opts.database(&name))
+            .await
+            .expect("connect to the soak database");
+        outbox::migrate(&pool)
+            .await
+            .expect("outbox migrations apply");
+        // The URL of the new database, for the workers: the server's, with its path.
+        let url = match base.split_once('?') {
+            Some((head, query)) => format!("{}/{name}?{query}", head.trim_end_matches('/')),
+            None => format!("{}/{name}", base.trim_end_matches('/')),
+        };
+        SoakDb {
+            pool: Db::My(pool),
+            url,
+            name,
+            pg: None,
+        }
+    }
+
+    /// Closes the pool and drops the database.
+    async fn drop_db(self) {
+        match (self.pg, self.pool) {
+            (Some(db), _) => db.drop_db().await,
+            (None, Db::My(pool)) => {
+                let _ = tokio::time::timeout(Duration::from_secs(1), pool.close()).await;
+                if let Ok(mut admin) = MySqlConnection::connect(&mysql_server_url()).await {
+                    let _ = sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+                        "DROP DATABASE IF EXISTS `{}`",
+                        self.name
+                    )))
+                    .execute(&mut admin)
+                    .await;
+                }
+            }
+            (None, Db::Pg(_)) => unreachable!("a PostgreSQL soak database comes with its TestDb"),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Producers
 
 /// Enqueues messages `lo..hi` in one transaction, one `enqueue_many` per topic.
-async fn enqueue_range(pool: &PgPool, s: &Settings, lo: i64, hi: i64) -> Result<(), String> {
+async fn enqueue_range(pool: &Db, s: &Settings, lo: i64, hi: i64) -> Result<(), String> {
     let mut orders = Vec::new();
     let mut emails = Vec::new();
     let mut index = Vec::new();
@@ -213,30 +522,14 @@ async fn enqueue_range(pool: &PgPool, s: &Settings, lo: i64, hi: i64) -> Result<
         if tries > 60 {
             return Err(format!("could not enqueue messages {lo}..{hi} in 60 tries"));
         }
-        let attempt = async {
-            let mut tx = pool.begin().await.map_err(|e| e.to_string())?;
-            enqueue_many(&mut *tx, &orders)
-                .await
-                .map_err(|e| e.to_string())?;
-            enqueue_many(&mut *tx, &emails)
-                .await
-                .map_err(|e| e.to_string())?;
-            enqueue_many(&mut *tx, &index)
-                .await
-                .map_err(|e| e.to_string())?;
-            Ok::<_, String>(tx)
-        };
-        let tx = match attempt.await {
-            Ok(tx) => tx,
-            Err(_) => {
+        match pool.enqueue(&orders, &emails, &index).await {
+            Enqueued::Committed => return Ok(()),
+            Enqueued::NotCommitted => {
                 // Not committed: the transaction went with its connection.
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 continue;
             }
-        };
-        match tx.commit().await {
-            Ok(()) => return Ok(()),
-            Err(_) => {
+            Enqueued::CommitFailed => {
                 // The connection died during COMMIT: did it commit? All rows or none, or the
                 // enqueue is not atomic.
                 let found = count_range(pool, lo, hi).await;
@@ -255,17 +548,25 @@ async fn enqueue_range(pool: &PgPool, s: &Settings, lo: i64, hi: i64) -> Result<
     }
 }
 
-async fn count_range(pool: &PgPool, lo: i64, hi: i64) -> i64 {
+async fn count_range(pool: &Db, lo: i64, hi: i64) -> i64 {
     let mut tries = 0;
     loop {
-        let r = sqlx::query_scalar(
-            "SELECT count(*) FROM soak_messages \
-             WHERE (payload->>'n')::bigint >= $1 AND (payload->>'n')::bigint < $2",
-        )
-        .bind(lo)
-        .bind(hi)
-        .fetch_one(pool)
-        .await;
+        let r = match pool {
+            Db::Pg(pool) => {
+                sqlx::query_scalar("SELECT count(*) FROM soak_messages WHERE n >= $1 AND n < $2")
+                    .bind(lo)
+                    .bind(hi)
+                    .fetch_one(pool)
+                    .await
+            }
+            Db::My(pool) => {
+                sqlx::query_scalar("SELECT count(*) FROM soak_messages WHERE n >= ? AND n < ?")
+                    .bind(lo)
+                    .bind(hi)
+                    .fetch_one(pool)
+                    .await
+            }
+        };
         match r {
             Ok(n) => return n,
             Err(e) if tries < 100 => {
@@ -281,7 +582,7 @@ async fn count_range(pool: &PgPool, lo: i64, hi: i64) -> i64 {
 /// Producer `id` enqueues its share of `from..to` in batches, paced at `rate` messages a second
 /// overall from `start`.
 async fn produce(
-    pool: PgPool,
+    pool: Db,
     s: Arc<Settings>,
     next: Arc<AtomicI64>,
     enqueued: Arc<AtomicI64>,
@@ -413,17 +714,27 @@ impl Fleet {
 // The harness's own connection: kills, snapshots, progress. Reconnects when it is lost (only
 // a PostgreSQL restart does that: the connection kills spare it).
 
+enum AdminConn {
+    Pg(PgConnection),
+    My(MySqlConnection),
+}
+
 struct Admin {
+    server: Server,
     url: String,
-    conn: Option<PgConnection>,
+    conn: Option<AdminConn>,
 }
 
 impl Admin {
-    async fn conn(&mut self) -> &mut PgConnection {
+    async fn conn(&mut self) -> &mut AdminConn {
         if self.conn.is_none() {
             let deadline = Instant::now() + Duration::from_secs(120);
             loop {
-                match PgConnection::connect(&self.url).await {
+                let r = match self.server {
+                    Server::Postgres => PgConnection::connect(&self.url).await.map(AdminConn::Pg),
+                    Server::MariaDb => MySqlConnection::connect(&self.url).await.map(AdminConn::My),
+                };
+                match r {
                     Ok(c) => {
                         self.conn = Some(c);
                         break;
@@ -442,13 +753,27 @@ impl Admin {
     /// Ids of the messages now running, of one worker or of all.
     async fn running(&mut self, claimed_by: Option<&str>) -> Vec<Uuid> {
         for _ in 0..100 {
-            let r = sqlx::query_scalar(
-                "SELECT id FROM soak_messages \
-                 WHERE status = 'running' AND ($1::text IS NULL OR claimed_by = $1)",
-            )
-            .bind(claimed_by)
-            .fetch_all(self.conn().await)
-            .await;
+            let r = match self.conn().await {
+                AdminConn::Pg(c) => {
+                    sqlx::query_scalar(
+                        "SELECT id FROM soak_messages \
+                         WHERE status = 'running' AND ($1::text IS NULL OR claimed_by = $1)",
+                    )
+                    .bind(claimed_by)
+                    .fetch_all(c)
+                    .await
+                }
+                AdminConn::My(c) => {
+                    sqlx::query_scalar(
+                        "SELECT id FROM soak_messages \
+                         WHERE status = 'running' AND (? IS NULL OR claimed_by = ?)",
+                    )
+                    .bind(claimed_by)
+                    .bind(claimed_by)
+                    .fetch_all(c)
+                    .await
+                }
+            };
             match r {
                 Ok(ids) => return ids,
                 Err(_) => {
@@ -460,25 +785,70 @@ impl Admin {
         panic!("soak: cannot read the running messages");
     }
 
-    /// Terminates every other backend of the soak's database; returns how many.
+    /// Kills every other connection to the soak's database; returns how many.
     async fn terminate_all(&mut self, db: &str) -> usize {
-        let killed: Vec<bool> = sqlx::query_scalar(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
-             WHERE datname = $1 AND pid <> pg_backend_pid()",
-        )
-        .bind(db)
-        .fetch_all(self.conn().await)
-        .await
-        .expect("pg_terminate_backend on the soak database");
-        killed.len()
+        match self.conn().await {
+            AdminConn::Pg(c) => {
+                let killed: Vec<bool> = sqlx::query_scalar(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                     WHERE datname = $1 AND pid <> pg_backend_pid()",
+                )
+                .bind(db)
+                .fetch_all(c)
+                .await
+                .expect("pg_terminate_backend on the soak database");
+                killed.len()
+            }
+            AdminConn::My(c) => {
+                let ids: Vec<i64> = sqlx::query_scalar(
+                    "SELECT CAST(id AS SIGNED) FROM information_schema.PROCESSLIST \
+                     WHERE db = ? AND id <> CONNECTION_ID()",
+                )
+                .bind(db)
+                .fetch_all(&mut *c)
+                .await
+                .expect("the connections to the soak database");
+                let mut killed = 0;
+                for id in ids {
+                    // A connection that ended meanwhile is an unknown thread id.
+                    if sqlx::raw_sql(sqlx::AssertSqlSafe(format!("KILL CONNECTION {id}")))
+                        .execute(&mut *c)
+                        .await
+                        .is_ok()
+                    {
+                        killed += 1;
+                    }
+                }
+                killed
+            }
+        }
     }
 
     async fn counts(&mut self) -> BTreeMap<String, i64> {
         for _ in 0..600 {
-            let r: Result<Vec<(String, i64)>, _> =
-                sqlx::query_as("SELECT status, count(*) FROM soak_messages GROUP BY status")
-                    .fetch_all(self.conn().await)
-                    .await;
+            let r: Result<Vec<(String, i64)>, _> = match self.conn().await {
+                AdminConn::Pg(c) => {
+                    sqlx::query_as("SELECT status, count(*) FROM soak_messages GROUP BY status")
+                        .fetch_all(c)
+                        .await
+                }
+                // The same counts without the view, which MariaDB materializes whole (payloads
+                // and all, in a temporary table on disk): a quarter of a second a look.
+                AdminConn::My(c) => {
+                    sqlx::query_as(
+                        "SELECT CASE WHEN locked_until >= CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED) \
+                                     THEN 'running' ELSE 'pending' END AS status, count(*) \
+                         FROM outbox_messages GROUP BY status \
+                         UNION ALL SELECT 'dead', count(*) FROM outbox_dead HAVING count(*) > 0 \
+                         UNION ALL SELECT 'done', count(DISTINCT d.id) FROM test_deleted d \
+                             WHERE NOT EXISTS (SELECT 1 FROM outbox_messages m WHERE m.id = d.id) \
+                               AND NOT EXISTS (SELECT 1 FROM outbox_dead x WHERE x.id = d.id) \
+                             HAVING count(*) > 0",
+                    )
+                    .fetch_all(c)
+                    .await
+                }
+            };
             match r {
                 Ok(rows) => return rows.into_iter().collect(),
                 Err(_) => {
@@ -554,28 +924,36 @@ impl Chaos {
 #[test]
 #[ignore = "the fault-injection soak takes minutes: run with --ignored (CI runs it as its own stage)"]
 fn soak() {
+    soak_on(Server::Postgres);
+}
+
+#[test]
+#[ignore = "the fault-injection soak takes minutes: run with --ignored (CI runs it as its own stage)"]
+fn soak_mariadb() {
+    soak_on(Server::MariaDb);
+}
+
+fn soak_on(server: Server) {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .expect("tokio runtime");
-    runtime.block_on(run());
+    runtime.block_on(run(server));
 }
 
-async fn run() {
-    let s = Arc::new(Settings::from_env());
+async fn run(server: Server) {
+    let s = Arc::new(Settings::from_env(server));
     assert!(
         s.messages >= 3 * BATCH,
         "SOAK_MESSAGES must be at least {}",
         3 * BATCH
     );
-    let db = pg().await;
-    // Done messages are deleted: keep their last rows for the final checks (`soak_messages`).
-    db.archive_done().await;
-    schema(&db.pool).await;
+    let db = SoakDb::create(server).await;
     let logs = std::env::temp_dir().join(format!("outbox-soak-{}", db.name));
     std::fs::create_dir_all(&logs).expect("create the worker log directory");
     let mut admin = Admin {
+        server,
         url: db.url.clone(),
         conn: None,
     };
@@ -777,8 +1155,12 @@ async fn run() {
         }
     };
     let messages = enqueued.load(Ordering::SeqCst);
+    let name = match server {
+        Server::Postgres => "soak",
+        Server::MariaDb => "soak (MariaDB)",
+    };
     let mut line = format!(
-        "soak: messages={messages} kills={} connection_kills={} duplicates={} dead={} wall={:.1}s rate={:.1} msg/s",
+        "{name}: messages={messages} kills={} connection_kills={} duplicates={} dead={} wall={:.1}s rate={:.1} msg/s",
         chaos.kills,
         chaos.connection_kills,
         report.duplicates,
@@ -818,7 +1200,7 @@ async fn run() {
 /// Replays the workers' protocol traces through the model's statements (`tests/model`, see
 /// its `trace` module for what that checks and what a trace cannot tell) and compares the
 /// model's final state of every message with the database's. Returns the summary.
-async fn validate_trace(pool: &PgPool, logs: &Path) -> Result<String, String> {
+async fn validate_trace(pool: &Db, logs: &Path) -> Result<String, String> {
     let mut events = Vec::new();
     let entries = std::fs::read_dir(logs).map_err(|e| format!("trace: {e}"))?;
     for entry in entries.flatten() {
@@ -833,14 +1215,14 @@ async fn validate_trace(pool: &PgPool, logs: &Path) -> Result<String, String> {
     if events.is_empty() {
         return Err("trace: the workers recorded no protocol event".into());
     }
-    let statuses: Vec<(String, String)> =
-        sqlx::query_as("SELECT id::text, status FROM soak_messages")
-            .fetch_all(pool)
-            .await
-            .map_err(|e| format!("trace: reading the final statuses: {e}"))?;
+    let statuses: Vec<(Uuid, String)> = pool
+        .rows("SELECT id, status FROM soak_messages")
+        .await
+        .map_err(|e| format!("trace: reading the final statuses: {e}"))?;
     let finals: HashMap<String, Final> = statuses
         .into_iter()
         .map(|(id, status)| {
+            let id = id.to_string();
             let state = match status.as_str() {
                 "done" => Final::Done,
                 "dead" => Final::Dead,
@@ -862,37 +1244,6 @@ async fn validate_trace(pool: &PgPool, logs: &Path) -> Result<String, String> {
             sample(&violations.iter().map(ToString::to_string).collect::<Vec<_>>())
         )),
     }
-}
-
-async fn schema(pool: &PgPool) {
-    sqlx::raw_sql(
-        "CREATE TABLE soak_effects (message_id uuid NOT NULL, n bigint NOT NULL, pid int NOT NULL, \
-             attempt int NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp()); \
-         CREATE INDEX soak_effects_message ON soak_effects (message_id); \
-         CREATE TABLE soak_deliveries (message_id uuid NOT NULL, handler text NOT NULL, \
-             pid int NOT NULL, attempt int NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp()); \
-         CREATE INDEX soak_deliveries_message ON soak_deliveries (message_id, handler); \
-         CREATE TABLE soak_preempted (message_id uuid NOT NULL, handler text NOT NULL, \
-             attempt int NOT NULL, newer_attempt int NOT NULL, pid int NOT NULL, \
-             at timestamptz NOT NULL DEFAULT clock_timestamp()); \
-         CREATE VIEW soak_messages AS \
-             SELECT m.id, m.topic, m.payload, \
-                    CASE WHEN m.locked_until >= now() THEN 'running' ELSE 'pending' END AS status, \
-                    m.attempts, m.last_error, \
-                    (SELECT w.name FROM outbox_workers w WHERE w.id = m.claimed_by) AS claimed_by \
-             FROM outbox_messages m \
-             UNION ALL \
-             SELECT x.id, x.topic, x.payload, 'dead', x.attempts, x.last_error, NULL FROM outbox_dead x \
-             UNION ALL \
-             SELECT d.id, d.topic, d.payload, 'done', d.attempts, d.last_error, \
-                    (SELECT w.name FROM outbox_workers w WHERE w.id = d.claimed_by) \
-             FROM (SELECT DISTINCT ON (id) * FROM test_deleted ORDER BY id, seq DESC) d \
-             WHERE NOT EXISTS (SELECT 1 FROM outbox_messages m WHERE m.id = d.id) \
-               AND NOT EXISTS (SELECT 1 FROM outbox_dead x WHERE x.id = d.id);",
-    )
-    .execute(pool)
-    .await
-    .expect("create the soak tables");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -921,25 +1272,24 @@ fn sample<T: std::fmt::Debug>(rows: &[T]) -> String {
     format!("{}{more}", shown.join("; "))
 }
 
-async fn check(pool: &PgPool, s: &Settings, chaos: &Chaos, enqueued: i64) -> Report {
+/// The final checks. Their queries read the `soak_messages` view and the soak's tables in SQL
+/// that PostgreSQL and MariaDB/MySQL both run.
+async fn check(pool: &Db, s: &Settings, chaos: &Chaos, enqueued: i64) -> Report {
     let mut failures = Vec::new();
-    let q = |sql: &'static str| sqlx::query_scalar::<_, i64>(sql);
 
-    let counts: BTreeMap<String, i64> = sqlx::query_as::<_, (String, i64)>(
-        "SELECT status, count(*) FROM soak_messages GROUP BY status",
-    )
-    .fetch_all(pool)
-    .await
-    .expect("count by status")
-    .into_iter()
-    .collect();
+    let counts: BTreeMap<String, i64> = pool
+        .rows::<(String, i64)>("SELECT status, count(*) FROM soak_messages GROUP BY status")
+        .await
+        .expect("count by status")
+        .into_iter()
+        .collect();
     let (done, dead) = (get(&counts, "done"), get(&counts, "dead"));
-    let rows = q("SELECT count(*) FROM soak_messages")
-        .fetch_one(pool)
+    let rows = pool
+        .count("SELECT count(*) FROM soak_messages")
         .await
         .expect("count");
-    let distinct = q("SELECT count(DISTINCT (payload->>'n')::bigint) FROM soak_messages")
-        .fetch_one(pool)
+    let distinct = pool
+        .count("SELECT count(DISTINCT n) FROM soak_messages")
         .await
         .expect("count distinct");
     if enqueued != done + dead || rows != enqueued || distinct != enqueued {
@@ -950,13 +1300,13 @@ async fn check(pool: &PgPool, s: &Settings, chaos: &Chaos, enqueued: i64) -> Rep
     }
     let expected_poison = (0..s.messages).filter(|n| s.body(*n).poison).count() as i64;
 
-    let in_flight: Vec<(Uuid, String, String, i32)> = sqlx::query_as(
-        "SELECT id, topic, status, attempts FROM soak_messages \
-         WHERE status IN ('pending', 'running') ORDER BY id",
-    )
-    .fetch_all(pool)
-    .await
-    .expect("in flight");
+    let in_flight: Vec<(Uuid, String, String, i32)> = pool
+        .rows(
+            "SELECT id, topic, status, attempts FROM soak_messages \
+             WHERE status IN ('pending', 'running') ORDER BY id",
+        )
+        .await
+        .expect("in flight");
     if !in_flight.is_empty() {
         failures.push(format!(
             "{} message(s) left pending or running (id, topic, status, attempts): {}",
@@ -965,13 +1315,13 @@ async fn check(pool: &PgPool, s: &Settings, chaos: &Chaos, enqueued: i64) -> Rep
         ));
     }
 
-    let not_done: Vec<(Uuid, String, String, i32, bool, Option<String>)> = sqlx::query_as(
-        "SELECT id, topic, status, attempts, (payload->>'laggard')::bool, last_error \
-         FROM soak_messages WHERE status <> 'done' AND NOT (payload->>'poison')::bool ORDER BY id",
-    )
-    .fetch_all(pool)
-    .await
-    .expect("healthy messages not done");
+    let not_done: Vec<(Uuid, String, String, i32, bool, Option<String>)> = pool
+        .rows(
+            "SELECT id, topic, status, attempts, laggard, last_error \
+             FROM soak_messages WHERE status <> 'done' AND NOT poison ORDER BY id",
+        )
+        .await
+        .expect("healthy messages not done");
     let stale_dead: Vec<_> = not_done
         .iter()
         .filter(|m| m.2 == "dead" && m.4 && m.5.as_deref().is_some_and(|e| e.contains("is stale")))
@@ -1015,13 +1365,13 @@ async fn check(pool: &PgPool, s: &Settings, chaos: &Chaos, enqueued: i64) -> Rep
         ));
     }
 
-    let poison: Vec<(Uuid, String, String, i32, Option<String>)> = sqlx::query_as(
-        "SELECT id, topic, status, attempts, last_error FROM soak_messages \
-         WHERE (payload->>'poison')::bool ORDER BY id",
-    )
-    .fetch_all(pool)
-    .await
-    .expect("poison messages");
+    let poison: Vec<(Uuid, String, String, i32, Option<String>)> = pool
+        .rows(
+            "SELECT id, topic, status, attempts, last_error FROM soak_messages \
+             WHERE poison ORDER BY id",
+        )
+        .await
+        .expect("poison messages");
     // The last error is the handler's, unless a kill caught the last attempt: then the next
     // claim, past the limit, dead-letters the message with its own explanation.
     let bad_poison: Vec<_> = poison
@@ -1050,18 +1400,18 @@ async fn check(pool: &PgPool, s: &Settings, chaos: &Chaos, enqueued: i64) -> Rep
 
     // The dedup-wrapped handler: exactly one effect per DONE message, none for poison ones, and
     // never more than one (a healthy message wrongly DEAD is reported above).
-    let effects: Vec<(Uuid, i64, String, i64)> = sqlx::query_as(
-        "SELECT id, n, status, effects FROM ( \
-            SELECT m.id, (m.payload->>'n')::bigint AS n, m.status, (m.payload->>'poison')::bool AS poison, \
-                   (SELECT count(*) FROM soak_effects e WHERE e.message_id = m.id) AS effects \
-            FROM soak_messages m WHERE m.topic = 'soak.billing' \
-         ) c \
-         WHERE effects > 1 OR (status = 'done' AND effects <> 1) OR (poison AND effects <> 0) \
-         ORDER BY id",
-    )
-    .fetch_all(pool)
-    .await
-    .expect("effects per message");
+    let effects: Vec<(Uuid, i64, String, i64)> = pool
+        .rows(
+            "SELECT id, n, status, effects FROM ( \
+                SELECT m.id, m.n, m.status, m.poison, \
+                       (SELECT count(*) FROM soak_effects e WHERE e.message_id = m.id) AS effects \
+                FROM soak_messages m WHERE m.topic = 'soak.billing' \
+             ) c \
+             WHERE effects > 1 OR (status = 'done' AND effects <> 1) OR (poison AND effects <> 0) \
+             ORDER BY id",
+        )
+        .await
+        .expect("effects per message");
     if !effects.is_empty() {
         failures.push(format!(
             "the dedup-wrapped handler `ledger` broke exactly-once: {} message(s) of soak.billing without exactly one effect in soak_effects (id, n, status, effects): {}",
@@ -1069,27 +1419,30 @@ async fn check(pool: &PgPool, s: &Settings, chaos: &Chaos, enqueued: i64) -> Rep
             sample(&effects)
         ));
     }
-    let orphans = q("SELECT count(*) FROM soak_effects e \
-                     WHERE NOT EXISTS (SELECT 1 FROM soak_messages m WHERE m.id = e.message_id)")
-    .fetch_one(pool)
-    .await
-    .expect("orphan effects");
+    let orphans = pool
+        .count(
+            "SELECT count(*) FROM soak_effects e \
+             WHERE NOT EXISTS (SELECT 1 FROM soak_messages m WHERE m.id = e.message_id)",
+        )
+        .await
+        .expect("orphan effects");
     if orphans > 0 {
         failures.push(format!("{orphans} effect(s) of no message"));
     }
 
     // Every handler reached: at least one delivery per DONE message and plain handler.
-    let missing: Vec<(Uuid, String, String)> = sqlx::query_as(
-        "SELECT m.id, m.topic, h.handler FROM soak_messages m \
-         JOIN (VALUES ('soak.billing', 'audit'), ('soak.emails', 'mail'), ('soak.index', 'index')) \
-              AS h(topic, handler) ON h.topic = m.topic \
-         WHERE m.status = 'done' AND NOT EXISTS ( \
-             SELECT 1 FROM soak_deliveries d WHERE d.message_id = m.id AND d.handler = h.handler) \
-         ORDER BY m.id",
-    )
-    .fetch_all(pool)
-    .await
-    .expect("missing deliveries");
+    let missing: Vec<(Uuid, String, String)> = pool
+        .rows(
+            "SELECT m.id, m.topic, h.handler FROM soak_messages m \
+             JOIN (SELECT 'soak.billing' AS topic, 'audit' AS handler \
+                   UNION ALL SELECT 'soak.emails', 'mail' \
+                   UNION ALL SELECT 'soak.index', 'index') h ON h.topic = m.topic \
+             WHERE m.status = 'done' AND NOT EXISTS ( \
+                 SELECT 1 FROM soak_deliveries d WHERE d.message_id = m.id AND d.handler = h.handler) \
+             ORDER BY m.id",
+        )
+        .await
+        .expect("missing deliveries");
     if !missing.is_empty() {
         failures.push(format!(
             "{} delivery(ies) never happened (id, topic, handler): {}",
@@ -1099,20 +1452,35 @@ async fn check(pool: &PgPool, s: &Settings, chaos: &Chaos, enqueued: i64) -> Rep
     }
 
     // Duplicates only where a kill (or a staged laggard) explains them.
-    let laggards: HashSet<Uuid> =
-        sqlx::query_scalar("SELECT id FROM soak_messages WHERE (payload->>'laggard')::bool")
-            .fetch_all(pool)
-            .await
-            .expect("laggards")
-            .into_iter()
-            .collect();
-    let dups: Vec<Duplicate> = sqlx::query_as(
-        "SELECT message_id, handler, count(*), array_agg(attempt ORDER BY at), array_agg(pid ORDER BY at) \
-         FROM soak_deliveries GROUP BY message_id, handler HAVING count(*) > 1",
-    )
-    .fetch_all(pool)
-    .await
-    .expect("duplicate deliveries");
+    let laggards: HashSet<Uuid> = pool
+        .rows::<(Uuid,)>("SELECT id FROM soak_messages WHERE laggard")
+        .await
+        .expect("laggards")
+        .into_iter()
+        .map(|(id,)| id)
+        .collect();
+    // The deliveries of each (message, handler) delivered more than once, in time order.
+    let repeated: Vec<(Uuid, String, i32, i32)> = pool
+        .rows(
+            "SELECT message_id, handler, attempt, pid FROM soak_deliveries \
+             WHERE (message_id, handler) IN ( \
+                 SELECT message_id, handler FROM soak_deliveries \
+                 GROUP BY message_id, handler HAVING count(*) > 1) \
+             ORDER BY message_id, handler, at",
+        )
+        .await
+        .expect("duplicate deliveries");
+    let mut dups: Vec<Duplicate> = Vec::new();
+    for (id, handler, attempt, pid) in repeated {
+        match dups.last_mut() {
+            Some(d) if d.0 == id && d.1 == handler => {
+                d.2 += 1;
+                d.3.push(attempt);
+                d.4.push(pid);
+            }
+            _ => dups.push((id, handler, 1, vec![attempt], vec![pid])),
+        }
+    }
     let duplicates: i64 = dups.iter().map(|d| d.2 - 1).sum();
     let unexplained: Vec<_> = dups
         .iter()
@@ -1128,8 +1496,8 @@ async fn check(pool: &PgPool, s: &Settings, chaos: &Chaos, enqueued: i64) -> Rep
     }
 
     // The staged stale outcome must really have happened, or the fencing went unchecked.
-    let stale = q("SELECT count(DISTINCT message_id) FROM soak_preempted")
-        .fetch_one(pool)
+    let stale = pool
+        .count("SELECT count(DISTINCT message_id) FROM soak_preempted")
         .await
         .expect("stale outcomes");
     if stale == 0 && !laggards.is_empty() {

@@ -1,11 +1,14 @@
 //! The worker of the fault-injection soak (tests/soak.rs), built on
-//! `outbox::cli::run_worker` exactly as a user's worker is.
+//! `outbox::cli::run_worker` exactly as a user's worker is. It serves a PostgreSQL
+//! (`postgres://`) or a MariaDB/MySQL (`mysql://`) database: the soak's tables are on it, and
+//! the few statements the handlers run are written for each ([`SoakDb`]).
 //!
 //! Topics and handlers:
 //!
 //! - `soak.billing`: two handlers. `audit` (plain) appends each successful delivery to
-//!   `soak_deliveries`; `ledger` is `Paced<Dedup<Ledger, Postgres>>`, whose effect is an INSERT into
-//!   `soak_effects`, a table with no unique key: exactly one row per message proves the dedup.
+//!   `soak_deliveries`; `ledger` is `Paced<Dedup<Ledger, Postgres>>` (on MariaDB `Dedup<Ledger, MySql>`), whose
+//!   effect is an INSERT into `soak_effects` on the dedup transaction, a table with no unique
+//!   key: exactly one row per message proves the dedup.
 //! - `soak.emails`: `mail` (plain, logs to `soak_deliveries`).
 //! - `soak.index`: `index` (plain, logs to `soak_deliveries`).
 //!
@@ -33,7 +36,8 @@ use outbox::{
 };
 use outbox_handlers::dedup::{Dedup, TxHandler};
 use serde::{Deserialize, Serialize};
-use sqlx::{PgConnection, PgPool};
+use sqlx::{MySqlConnection, MySqlPool, PgConnection, PgPool};
+use uuid::Uuid;
 
 /// Per handler, on a laggard's first attempt, the longest wait for a newer claim: two of them
 /// outlast the soak's lease (2.5 s), one stays below the handler timeout (2 s).
@@ -128,7 +132,7 @@ fn injected(body: &Body, ctx: &Context) -> Option<HandlerError> {
 /// fails permanently: a dead-letter order from a stale claim, which the fence
 /// must drop. On later attempts it sleeps [`LIVE_SLEEP`], so the newer claim is still running
 /// when the stale outcome is written.
-async fn pace(body: &Body, ctx: &Context, pool: &PgPool) -> Result<(), HandlerError> {
+async fn pace(body: &Body, ctx: &Context, db: &SoakDb) -> Result<(), HandlerError> {
     if !body.laggard {
         return Ok(());
     }
@@ -142,38 +146,16 @@ async fn pace(body: &Body, ctx: &Context, pool: &PgPool) -> Result<(), HandlerEr
         // second, so lapse it again on every look until another worker takes the message).
         let _ = tokio::time::timeout(
             Duration::from_millis(300),
-            sqlx::query(
-                "UPDATE outbox_messages SET locked_until = now() - interval '1 millisecond' \
-                 WHERE id = $1 AND attempts = $2",
-            )
-            .bind(ctx.message_id())
-            .bind(attempt_i32(ctx))
-            .execute(pool),
+            db.lapse(ctx.message_id(), attempt_i32(ctx)),
         )
         .await;
-        let current = tokio::time::timeout(
-            Duration::from_millis(300),
-            sqlx::query_scalar::<_, i32>("SELECT attempts FROM outbox_messages WHERE id = $1")
-                .bind(ctx.message_id())
-                .fetch_one(pool),
-        )
-        .await;
+        let current =
+            tokio::time::timeout(Duration::from_millis(300), db.attempts(ctx.message_id())).await;
         if let Ok(Ok(current)) = current {
             if i64::from(current) > i64::from(ctx.attempt()) {
-                let _ = tokio::time::timeout(
-                    Duration::from_millis(300),
-                    sqlx::query(
-                        "INSERT INTO soak_preempted (message_id, handler, attempt, newer_attempt, pid) \
-                         VALUES ($1, $2, $3, $4, $5)",
-                    )
-                    .bind(ctx.message_id())
-                    .bind(ctx.handler_name())
-                    .bind(attempt_i32(ctx))
-                    .bind(current)
-                    .bind(pid_i32())
-                    .execute(pool),
-                )
-                .await;
+                let _ =
+                    tokio::time::timeout(Duration::from_millis(300), db.preempted(ctx, current))
+                        .await;
                 return Err(HandlerError::permanent(format!(
                     "injected: laggard n={} attempt {} is stale (attempt {current} claimed it meanwhile): dead-letter it",
                     body.n,
@@ -216,28 +198,126 @@ fn pid_i32() -> i32 {
     i32::try_from(std::process::id()).unwrap_or(i32::MAX)
 }
 
+/// The soak's database, a worker resource: the statements of the handlers, each written for
+/// PostgreSQL and for MariaDB/MySQL (ids `BINARY(16)`, times Unix milliseconds).
+#[derive(Clone)]
+enum SoakDb {
+    Pg(PgPool),
+    My(MySqlPool),
+}
+
+impl SoakDb {
+    /// Lets the lease of `id`'s claim at `attempt` lapse (a laggard's injected fault).
+    async fn lapse(&self, id: Uuid, attempt: i32) -> Result<(), sqlx::Error> {
+        match self {
+            SoakDb::Pg(pool) => sqlx::query(
+                "UPDATE outbox_messages SET locked_until = now() - interval '1 millisecond' \
+                 WHERE id = $1 AND attempts = $2",
+            )
+            .bind(id)
+            .bind(attempt)
+            .execute(pool)
+            .await
+            .map(drop),
+            SoakDb::My(pool) => sqlx::query(
+                "UPDATE outbox_messages SET locked_until = CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED) - 1 \
+                 WHERE id = ? AND attempts = ?",
+            )
+            .bind(id)
+            .bind(attempt)
+            .execute(pool)
+            .await
+            .map(drop),
+        }
+    }
+
+    /// The attempts of live message `id`: past the caller's when a newer claim took it.
+    async fn attempts(&self, id: Uuid) -> Result<i32, sqlx::Error> {
+        match self {
+            SoakDb::Pg(pool) => {
+                sqlx::query_scalar("SELECT attempts FROM outbox_messages WHERE id = $1")
+                    .bind(id)
+                    .fetch_one(pool)
+                    .await
+            }
+            SoakDb::My(pool) => {
+                sqlx::query_scalar("SELECT attempts FROM outbox_messages WHERE id = ?")
+                    .bind(id)
+                    .fetch_one(pool)
+                    .await
+            }
+        }
+    }
+
+    /// Records that a laggard saw the newer claim at attempt `newer` (`soak_preempted`).
+    async fn preempted(&self, ctx: &Context, newer: i32) -> Result<(), sqlx::Error> {
+        const SQL: [&str; 2] = [
+            "INSERT INTO soak_preempted (message_id, handler, attempt, newer_attempt, pid) \
+             VALUES ($1, $2, $3, $4, $5)",
+            "INSERT INTO soak_preempted (message_id, handler, attempt, newer_attempt, pid) \
+             VALUES (?, ?, ?, ?, ?)",
+        ];
+        match self {
+            SoakDb::Pg(pool) => sqlx::query(SQL[0])
+                .bind(ctx.message_id())
+                .bind(ctx.handler_name())
+                .bind(attempt_i32(ctx))
+                .bind(newer)
+                .bind(pid_i32())
+                .execute(pool)
+                .await
+                .map(drop),
+            SoakDb::My(pool) => sqlx::query(SQL[1])
+                .bind(ctx.message_id())
+                .bind(ctx.handler_name())
+                .bind(attempt_i32(ctx))
+                .bind(newer)
+                .bind(pid_i32())
+                .execute(pool)
+                .await
+                .map(drop),
+        }
+    }
+
+    /// Appends this delivery to `soak_deliveries`.
+    async fn delivered(&self, ctx: &Context) -> Result<(), sqlx::Error> {
+        const SQL: [&str; 2] = [
+            "INSERT INTO soak_deliveries (message_id, handler, pid, attempt) VALUES ($1, $2, $3, $4)",
+            "INSERT INTO soak_deliveries (message_id, handler, pid, attempt) VALUES (?, ?, ?, ?)",
+        ];
+        match self {
+            SoakDb::Pg(pool) => sqlx::query(SQL[0])
+                .bind(ctx.message_id())
+                .bind(ctx.handler_name())
+                .bind(pid_i32())
+                .bind(attempt_i32(ctx))
+                .execute(pool)
+                .await
+                .map(drop),
+            SoakDb::My(pool) => sqlx::query(SQL[1])
+                .bind(ctx.message_id())
+                .bind(ctx.handler_name())
+                .bind(pid_i32())
+                .bind(attempt_i32(ctx))
+                .execute(pool)
+                .await
+                .map(drop),
+        }
+    }
+}
+
 /// A plain handler: appends each successful delivery to `soak_deliveries`.
 struct LogDelivery<E> {
-    pool: PgPool,
+    db: SoakDb,
     _event: std::marker::PhantomData<fn() -> E>,
 }
 
-async fn log_delivery(pool: &PgPool, body: &Body, ctx: &Context) -> Result<(), HandlerError> {
-    pace(body, ctx, pool).await?;
+async fn log_delivery(db: &SoakDb, body: &Body, ctx: &Context) -> Result<(), HandlerError> {
+    pace(body, ctx, db).await?;
     if let Some(e) = injected(body, ctx) {
         return Err(e);
     }
-    retry_db(|| {
-        sqlx::query(
-            "INSERT INTO soak_deliveries (message_id, handler, pid, attempt) VALUES ($1, $2, $3, $4)",
-        )
-        .bind(ctx.message_id())
-        .bind(ctx.handler_name())
-        .bind(pid_i32())
-        .bind(attempt_i32(ctx))
-        .execute(pool)
-    })
-    .await?;
+    retry_db(|| db.delivered(ctx)).await?;
     Ok(())
 }
 
@@ -249,14 +329,14 @@ macro_rules! plain_handler {
             const NAME: &'static str = $name;
 
             async fn handle(&self, event: $event, ctx: &Context) -> Result<(), HandlerError> {
-                log_delivery(&self.pool, event.as_ref(), ctx).await
+                log_delivery(&self.db, event.as_ref(), ctx).await
             }
         }
 
         impl FromResources for LogDelivery<$event> {
             fn from_resources(resources: &Resources) -> Result<Self, ResourceError> {
                 Ok(LogDelivery {
-                    pool: resources.require::<PgPool>()?.clone(),
+                    db: resources.require::<SoakDb>()?.clone(),
                     _event: std::marker::PhantomData,
                 })
             }
@@ -274,36 +354,71 @@ plain_handler!(IndexChanged, "index");
 /// failure comes after the INSERT, so the rollback of effect and record together is exercised.
 struct Ledger;
 
+macro_rules! ledger {
+    ($db:ty, $conn:ty, $insert:literal) => {
+        #[outbox::async_trait]
+        impl TxHandler<$db> for Ledger {
+            type Event = InvoiceIssued;
+            const NAME: &'static str = "ledger";
+
+            async fn handle(
+                &self,
+                event: InvoiceIssued,
+                ctx: &Context,
+                tx: &mut $conn,
+            ) -> Result<(), HandlerError> {
+                sqlx::query($insert)
+                    .bind(ctx.message_id())
+                    .bind(event.body.n)
+                    .bind(pid_i32())
+                    .bind(attempt_i32(ctx))
+                    .execute(&mut *tx)
+                    .await?;
+                if let Some(e) = injected(&event.body, ctx) {
+                    return Err(e);
+                }
+                Ok(())
+            }
+        }
+    };
+}
+
+ledger!(
+    sqlx::Postgres,
+    PgConnection,
+    "INSERT INTO soak_effects (message_id, n, pid, attempt) VALUES ($1, $2, $3, $4)"
+);
+ledger!(
+    sqlx::MySql,
+    MySqlConnection,
+    "INSERT INTO soak_effects (message_id, n, pid, attempt) VALUES (?, ?, ?, ?)"
+);
+
+/// [`Ledger`] under the dedup wrapper of the soak's database.
+enum DedupLedger {
+    Pg(Dedup<Ledger, sqlx::Postgres>),
+    My(Dedup<Ledger, sqlx::MySql>),
+}
+
 #[outbox::async_trait]
-impl TxHandler<sqlx::Postgres> for Ledger {
+impl Handler for DedupLedger {
     type Event = InvoiceIssued;
     const NAME: &'static str = "ledger";
 
-    async fn handle(
-        &self,
-        event: InvoiceIssued,
-        ctx: &Context,
-        tx: &mut PgConnection,
-    ) -> Result<(), HandlerError> {
-        sqlx::query(
-            "INSERT INTO soak_effects (message_id, n, pid, attempt) VALUES ($1, $2, $3, $4)",
-        )
-        .bind(ctx.message_id())
-        .bind(event.body.n)
-        .bind(pid_i32())
-        .bind(attempt_i32(ctx))
-        .execute(&mut *tx)
-        .await?;
-        if let Some(e) = injected(&event.body, ctx) {
-            return Err(e);
+    async fn handle(&self, event: InvoiceIssued, ctx: &Context) -> Result<(), HandlerError> {
+        match self {
+            DedupLedger::Pg(h) => h.handle(event, ctx).await,
+            DedupLedger::My(h) => h.handle(event, ctx).await,
         }
-        Ok(())
     }
 }
 
-impl FromResources for Ledger {
-    fn from_resources(_: &Resources) -> Result<Self, ResourceError> {
-        Ok(Ledger)
+impl FromResources for DedupLedger {
+    fn from_resources(resources: &Resources) -> Result<Self, ResourceError> {
+        Ok(match resources.require::<SoakDb>()? {
+            SoakDb::Pg(pool) => DedupLedger::Pg(Dedup::with_pool(Ledger, pool.clone())),
+            SoakDb::My(pool) => DedupLedger::My(Dedup::with_pool(Ledger, pool.clone())),
+        })
     }
 }
 
@@ -311,7 +426,7 @@ impl FromResources for Ledger {
 /// makes a repeat safe, so a connection killed mid-transaction costs no attempt.
 struct Paced<H> {
     inner: H,
-    pool: PgPool,
+    db: SoakDb,
 }
 
 #[outbox::async_trait]
@@ -320,7 +435,7 @@ impl<H: Handler<Event = InvoiceIssued>> Handler for Paced<H> {
     const NAME: &'static str = H::NAME;
 
     async fn handle(&self, event: InvoiceIssued, ctx: &Context) -> Result<(), HandlerError> {
-        pace(&event.body, ctx, &self.pool).await?;
+        pace(&event.body, ctx, &self.db).await?;
         let mut tries = 0;
         loop {
             match self.inner.handle(event.clone(), ctx).await {
@@ -339,12 +454,12 @@ impl<H: FromResources> FromResources for Paced<H> {
     fn from_resources(resources: &Resources) -> Result<Self, ResourceError> {
         Ok(Paced {
             inner: H::from_resources(resources)?,
-            pool: resources.require::<PgPool>()?.clone(),
+            db: resources.require::<SoakDb>()?.clone(),
         })
     }
 }
 
-register_handler!(Paced<Dedup<Ledger, sqlx::Postgres>>);
+register_handler!(Paced<DedupLedger>);
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -363,12 +478,25 @@ async fn main() -> ExitCode {
                 .allow_unhandled("test.work")
                 .allow_unhandled("test.job"),
         );
-        let pool = sqlx::postgres::PgPoolOptions::new()
-            .max_connections(6)
-            .acquire_timeout(Duration::from_secs(5))
-            .connect_lazy(&args.database_url)
-            .expect("database URL parses");
-        builder.resource(pool)
+        let url = &args.database_url;
+        let db = if url.starts_with("mysql://") || url.starts_with("mariadb://") {
+            SoakDb::My(
+                sqlx::mysql::MySqlPoolOptions::new()
+                    .max_connections(6)
+                    .acquire_timeout(Duration::from_secs(5))
+                    .connect_lazy(url)
+                    .expect("database URL parses"),
+            )
+        } else {
+            SoakDb::Pg(
+                sqlx::postgres::PgPoolOptions::new()
+                    .max_connections(6)
+                    .acquire_timeout(Duration::from_secs(5))
+                    .connect_lazy(url)
+                    .expect("database URL parses"),
+            )
+        };
+        builder.resource(db)
     })
     .await
 }
