@@ -10,7 +10,7 @@
 //!
 //! Every test makes a stream and a durable consumer of its own and deletes them at the end.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use futures_util::StreamExt;
 use outbox::{outbox_event, Context, Event, HandlerError, Resources};
@@ -19,10 +19,9 @@ use outbox_handlers::dedup::TxHandler;
 use outbox_handlers::inbox::{Inbox, InboxMessage, Processed};
 use outbox_handlers::relay::headers;
 use outbox_handlers::relay::nats::NatsPublisher;
-use outbox_tests::{pg, wait_until, TestDb};
+use outbox_tests::{mysql, pg, wait_until, MySqlDb, TestDb};
 use serde::{Deserialize, Serialize};
-use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
-use sqlx::{Connection, Database, MySql, MySqlConnection, MySqlPool, Pool, Postgres};
+use sqlx::{Database, MySql, Pool, Postgres};
 use uuid::Uuid;
 
 #[outbox_event(topic = "inbox.payment.captured")]
@@ -175,93 +174,6 @@ impl Db for MySqlDb {
     }
 }
 
-// The MariaDB test database, here until the support crate's `outbox_tests::mysql` (branch
-// `mysql-tests`) is merged: then this section goes, for `use outbox_tests::{mysql, MySqlDb}`.
-
-/// A MariaDB (or MySQL) database of its own for one test, on `MYSQL_URL` (default
-/// `mysql://root@127.0.0.1:3306`); dropped by [`MySqlDb::drop_db`], or when it goes away.
-struct MySqlDb {
-    pool: MySqlPool,
-    /// The database's name; `None` once dropped.
-    name: Option<String>,
-}
-
-fn mysql_url() -> String {
-    std::env::var("MYSQL_URL").unwrap_or_else(|_| "mysql://root@127.0.0.1:3306".into())
-}
-
-/// A fresh MariaDB database `outbox_t_<unix secs>_<uuid>`, with the outbox migrations applied.
-async fn mysql() -> MySqlDb {
-    let base = mysql_url();
-    let opts: MySqlConnectOptions = base.parse().expect("MYSQL_URL parses");
-    let mut admin = MySqlConnection::connect_with(&opts)
-        .await
-        .unwrap_or_else(|e| {
-            panic!("cannot connect to MariaDB/MySQL at {base}: {e}; start it or set MYSQL_URL")
-        });
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs();
-    let name = format!("outbox_t_{now}_{}", Uuid::now_v7().simple());
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "CREATE DATABASE {name} CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"
-    )))
-    .execute(&mut admin)
-    .await
-    .expect("create the test database");
-    admin.close().await.ok();
-    let db = MySqlDb {
-        pool: MySqlPoolOptions::new()
-            .max_connections(10)
-            .connect_with(opts.database(&name))
-            .await
-            .expect("connect to the test database"),
-        name: Some(name),
-    };
-    outbox::migrate(&db.pool)
-        .await
-        .expect("outbox migrations apply on MariaDB");
-    db
-}
-
-async fn mysql_drop(name: String) {
-    if let Ok(mut admin) = MySqlConnection::connect(&mysql_url()).await {
-        let _ = sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-            "DROP DATABASE IF EXISTS {name}"
-        )))
-        .execute(&mut admin)
-        .await;
-    }
-}
-
-impl MySqlDb {
-    /// Closes the pool and drops the database.
-    async fn drop_db(mut self) {
-        let _ = tokio::time::timeout(Duration::from_secs(1), self.pool.close()).await;
-        if let Some(name) = self.name.take() {
-            mysql_drop(name).await;
-        }
-    }
-}
-
-impl Drop for MySqlDb {
-    /// A test that panicked leaves no database behind: dropped on a thread and runtime of its
-    /// own, as this may run inside (or while unwinding) the test's runtime.
-    fn drop(&mut self) {
-        let Some(name) = self.name.take() else { return };
-        let _ = std::thread::spawn(move || {
-            if let Ok(rt) = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            {
-                rt.block_on(mysql_drop(name));
-            }
-        })
-        .join();
-    }
-}
-
 /// Runs each of the generic tests named on PostgreSQL (`postgres::<test>`) and on MariaDB
 /// (`mariadb::<test>`).
 macro_rules! on_each_database {
@@ -275,7 +187,7 @@ macro_rules! on_each_database {
         mod mariadb {
             $(#[tokio::test]
             async fn $test() {
-                super::$test::<super::MySqlDb>().await;
+                super::$test::<outbox_tests::MySqlDb>().await;
             })*
         }
     };
