@@ -1,4 +1,4 @@
-//! Errors say what happened: real database failures (PostgreSQL and SQLite) are told apart as
+//! Errors say what happened: real database failures (PostgreSQL, SQLite and MariaDB) are told apart as
 //! connectivity, missing schema, constraint, data and bad argument, each with its own advice and
 //! its own exit code, and the `outbox` command line refuses absurd arguments before any SQL.
 
@@ -229,6 +229,166 @@ async fn sqlite_errors_are_classified_by_what_happened() {
     holder.execute("ROLLBACK").await.unwrap();
 }
 
+#[tokio::test]
+async fn mysql_errors_are_classified_by_what_happened() {
+    let db = outbox_tests::mysql_empty().await;
+    let pool = &db.pool;
+
+    let e = sqlx::query("SELECT count(*) FROM outbox_messages")
+        .execute(pool)
+        .await
+        .unwrap_err();
+    assert_kind(
+        "1146 no such table",
+        seen(e),
+        DatabaseErrorKind::MissingSchema,
+        exit::SCHEMA,
+        "run `outbox migrate`",
+    );
+
+    pool.execute(
+        "CREATE TABLE t (id BIGINT PRIMARY KEY, name VARCHAR(8) NOT NULL, n TINYINT) \
+         ENGINE = InnoDB",
+    )
+    .await
+    .unwrap();
+    let e = sqlx::query("SELECT no_such_column FROM t")
+        .execute(pool)
+        .await
+        .unwrap_err();
+    assert_kind(
+        "1054 unknown column",
+        seen(e),
+        DatabaseErrorKind::MissingSchema,
+        exit::SCHEMA,
+        "outbox tables are missing",
+    );
+
+    pool.execute("INSERT INTO t VALUES (1, 'a', 0)")
+        .await
+        .unwrap();
+    for (what, sql) in [
+        ("1062 duplicate key", "INSERT INTO t VALUES (1, 'b', 0)"),
+        ("1048 not null", "INSERT INTO t VALUES (2, NULL, 0)"),
+    ] {
+        let e = sqlx::query(sql).execute(pool).await.unwrap_err();
+        assert_kind(
+            what,
+            seen(e),
+            DatabaseErrorKind::Constraint,
+            exit::CONSTRAINT,
+            "breaks a constraint",
+        );
+    }
+    for (what, sql) in [
+        (
+            "1406 data too long",
+            "INSERT INTO t VALUES (3, 'too long a name', 0)",
+        ),
+        ("1264 out of range", "INSERT INTO t VALUES (4, 'x', 1000)"),
+    ] {
+        let e = sqlx::query(sql).execute(pool).await.unwrap_err();
+        assert_kind(
+            what,
+            seen(e),
+            DatabaseErrorKind::Data,
+            exit::DATA,
+            "invalid or out of range",
+        );
+    }
+
+    // Another transaction holds the row; this one waits a second for it, then gives up.
+    let mut holder = pool.begin().await.unwrap();
+    sqlx::query("UPDATE t SET n = 1 WHERE id = 1")
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    let mut impatient = pool.acquire().await.unwrap();
+    impatient
+        .execute("SET SESSION innodb_lock_wait_timeout = 1")
+        .await
+        .unwrap();
+    let e = sqlx::query("UPDATE t SET n = 2 WHERE id = 1")
+        .execute(&mut *impatient)
+        .await
+        .unwrap_err();
+    // Its exit code is not checked: `exit::for_error` gives a conflict no code of its own
+    // (it falls to FAILURE, as an unclassified error).
+    let (kind, _, line) = seen(e);
+    assert_eq!(
+        kind,
+        Some(DatabaseErrorKind::Conflict),
+        "1205 lock wait timeout: {line}"
+    );
+    assert!(
+        line.contains("run the whole transaction again"),
+        "1205 lock wait timeout: {line}"
+    );
+    holder.rollback().await.unwrap();
+    drop(impatient);
+
+    // An administrator ends the session, then the server is unreachable.
+    let mut conn = pool.acquire().await.unwrap();
+    let id: i64 = sqlx::query_scalar("SELECT CAST(CONNECTION_ID() AS SIGNED)")
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!("KILL {id}")))
+        .execute(pool)
+        .await
+        .unwrap();
+    let e = sqlx::query("SELECT 1")
+        .execute(&mut *conn)
+        .await
+        .unwrap_err();
+    assert_kind(
+        "killed session",
+        seen(e),
+        DatabaseErrorKind::Connection,
+        exit::DATABASE,
+        "cannot reach the database",
+    );
+    conn.detach();
+
+    let e = sqlx::MySqlConnection::connect("mysql://root@127.0.0.1:1/none")
+        .await
+        .unwrap_err();
+    assert_kind(
+        "connection refused",
+        seen(e),
+        DatabaseErrorKind::Connection,
+        exit::DATABASE,
+        "cannot reach the database",
+    );
+
+    let missing = format!("{}_missing", db.name);
+    let mut opts: sqlx::mysql::MySqlConnectOptions = db.url.parse().unwrap();
+    opts = opts.database(&missing);
+    let e = opts.connect().await.unwrap_err();
+    assert_kind(
+        "1049 unknown database",
+        seen(e),
+        DatabaseErrorKind::Connection,
+        exit::DATABASE,
+        "cannot reach the database",
+    );
+
+    let e = outbox::cli::connect("mysql://root@:99999999/x")
+        .await
+        .unwrap_err();
+    assert_eq!(
+        e.database_kind(),
+        Some(DatabaseErrorKind::InvalidArgument),
+        "{e}"
+    );
+    assert_eq!(
+        exit::for_error(&e),
+        exit::USAGE,
+        "a bad URL is a bad argument"
+    );
+    db.drop_db().await;
+}
+
 fn ops(url: &str, args: &[&str]) -> (i32, String) {
     let o: Output = std::process::Command::new(env!("CARGO_BIN_EXE_ops"))
         .args(args)
@@ -319,6 +479,13 @@ async fn a_worker_refuses_an_unmigrated_postgres_database() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_refuses_an_unmigrated_sqlite_database() {
     let db = outbox_tests::sqlite_empty().await;
+    run_until_refuses_an_unmigrated_database(outbox::Store::from(&db.pool)).await;
+    db.drop_db().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_refuses_an_unmigrated_mysql_database() {
+    let db = outbox_tests::mysql_empty().await;
     run_until_refuses_an_unmigrated_database(outbox::Store::from(&db.pool)).await;
     db.drop_db().await;
 }

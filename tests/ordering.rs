@@ -1,4 +1,4 @@
-//! Per-key ordering, on both backends: messages with an ordering key are handled in
+//! Per-key ordering, on every backend: messages with an ordering key are handled in
 //! enqueue order with the earlier messages of their key, across topics and handlers, through
 //! retries, delays and dead letters; unkeyed messages beside them are never held back.
 //!
@@ -243,6 +243,17 @@ impl KeyCount for sqlx::PgPool {
 }
 
 #[outbox::async_trait]
+impl KeyCount for sqlx::MySqlPool {
+    async fn live_of(&self, key: &str) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM outbox_messages WHERE ordering_key = ?")
+            .bind(key)
+            .fetch_one(self)
+            .await
+            .unwrap()
+    }
+}
+
+#[outbox::async_trait]
 impl KeyCount for sqlx::SqlitePool {
     async fn live_of(&self, key: &str) -> i64 {
         sqlx::query_scalar("SELECT count(*) FROM outbox_messages WHERE ordering_key = ?1")
@@ -305,7 +316,7 @@ fn watching_worker(
         .expect("the watching worker builds")
 }
 
-macro_rules! both_backends {
+macro_rules! all_backends {
     ($(async fn $name:ident($store:ident, $pool:ident) $body:block)*) => {
         mod postgres {
             use super::*;
@@ -333,10 +344,23 @@ macro_rules! both_backends {
                 }
             )*
         }
+        mod mysql {
+            use super::*;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    let db = outbox_tests::mysql().await;
+                    let $store = Store::from(&db.pool);
+                    let $pool = db.pool.clone();
+                    $body
+                    db.drop_db().await;
+                }
+            )*
+        }
     };
 }
 
-both_backends! {
+all_backends! {
     async fn each_key_is_handled_in_enqueue_order_across_topics_handlers_and_retries(store, pool) {
         let keys: Vec<String> = (0..30).map(|k| format!("booking:{k}")).collect();
         const STEPS: i64 = 12;

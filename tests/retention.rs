@@ -1,4 +1,4 @@
-//! The event log, on both backends: delivered events of a retained topic are kept (and those of
+//! The event log, on every backend (PostgreSQL, SQLite, MariaDB): delivered events of a retained topic are kept (and those of
 //! other topics, and dead letters, are not), the longest declared window wins unless an
 //! operator set one, windows end by whole days (PostgreSQL partitions) or batched deletes
 //! (SQLite), and workers starting together declare a topic once.

@@ -1,4 +1,4 @@
-//! Trace context with OpenTelemetry (feature `opentelemetry`), on PostgreSQL and SQLite, with
+//! Trace context with OpenTelemetry (feature `opentelemetry`), on PostgreSQL, SQLite and MariaDB, with
 //! the JetStream relay and the inbox against the NATS server at `NATS_URL` (default
 //! 127.0.0.1:4222):
 //!
@@ -30,7 +30,7 @@ use outbox_handlers::dedup::TxHandler;
 use outbox_handlers::inbox::{Inbox, InboxMessage};
 use outbox_handlers::relay::headers;
 use outbox_handlers::relay::nats::NatsPublisher;
-use outbox_tests::{pg, sqlite, SqliteDb, TestDb};
+use outbox_tests::{mysql, pg, sqlite, MySqlDb, SqliteDb, TestDb};
 use serde::{Deserialize, Serialize};
 use sqlx::PgConnection;
 use tracing::Instrument;
@@ -165,6 +165,7 @@ impl TxHandler<sqlx::Postgres> for CountBooking {
 enum Db {
     Pg(TestDb),
     Lite(SqliteDb),
+    My(MySqlDb),
 }
 
 impl Db {
@@ -172,6 +173,7 @@ impl Db {
         match self {
             Db::Pg(db) => Store::from(&db.pool),
             Db::Lite(db) => Store::from(&db.pool),
+            Db::My(db) => Store::from(&db.pool),
         }
     }
 
@@ -184,6 +186,12 @@ impl Db {
                 id
             }
             Db::Lite(db) => {
+                let mut tx = db.pool.begin().await.unwrap();
+                let id = enqueue(&mut *tx, event).await.unwrap();
+                tx.commit().await.unwrap();
+                id
+            }
+            Db::My(db) => {
                 let mut tx = db.pool.begin().await.unwrap();
                 let id = enqueue(&mut *tx, event).await.unwrap();
                 tx.commit().await.unwrap();
@@ -221,6 +229,12 @@ impl Db {
                 tx.commit().await.unwrap();
                 ids
             }
+            Db::My(db) => {
+                let mut tx = db.pool.begin().await.unwrap();
+                let ids = enqueue_many(&mut *tx, events).await.unwrap();
+                tx.commit().await.unwrap();
+                ids
+            }
         }
     }
 
@@ -237,6 +251,13 @@ impl Db {
             Db::Lite(db) => {
                 sqlx::query_as("SELECT traceparent, tracestate FROM outbox_dead WHERE id = ?1")
                     .bind(id.to_string())
+                    .fetch_one(&db.pool)
+                    .await
+                    .expect("the message is dead")
+            }
+            Db::My(db) => {
+                sqlx::query_as("SELECT traceparent, tracestate FROM outbox_dead WHERE id = ?")
+                    .bind(id)
                     .fetch_one(&db.pool)
                     .await
                     .expect("the message is dead")
@@ -261,6 +282,13 @@ impl Db {
                     .await
                     .expect("the message is live")
             }
+            Db::My(db) => {
+                sqlx::query_as("SELECT traceparent, tracestate FROM outbox_messages WHERE id = ?")
+                    .bind(id)
+                    .fetch_one(&db.pool)
+                    .await
+                    .expect("the message is live")
+            }
         }
     }
 
@@ -269,6 +297,7 @@ impl Db {
         match self {
             Db::Pg(db) => db.crash_claims(attempts, last_error).await,
             Db::Lite(db) => db.crash_claims(attempts, last_error).await,
+            Db::My(db) => db.crash_claims(attempts, last_error).await,
         }
     }
 
@@ -276,6 +305,7 @@ impl Db {
         match self {
             Db::Pg(db) => db.drop_db().await,
             Db::Lite(db) => db.drop_db().await,
+            Db::My(db) => db.drop_db().await,
         }
     }
 }
@@ -718,9 +748,14 @@ async fn a_handler_past_its_deadline_is_an_error_in_the_trace_on_sqlite() {
     a_handler_past_its_deadline_is_an_error_in_the_trace(Db::Lite(sqlite().await)).await;
 }
 
-/// Each scenario's two tests, the first on PostgreSQL and the second on SQLite.
-macro_rules! on_both_backends {
-    ($($scenario:ident: $on_postgres:ident, $on_sqlite:ident;)*) => {$(
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_past_its_deadline_is_an_error_in_the_trace_on_mysql() {
+    a_handler_past_its_deadline_is_an_error_in_the_trace(Db::My(mysql().await)).await;
+}
+
+/// Each scenario's three tests: on PostgreSQL, on SQLite and on MariaDB.
+macro_rules! on_all_backends {
+    ($($scenario:ident: $on_postgres:ident, $on_sqlite:ident, $on_mysql:ident;)*) => {$(
         #[tokio::test]
         async fn $on_postgres() {
             $scenario(Db::Pg(pg().await)).await;
@@ -730,18 +765,29 @@ macro_rules! on_both_backends {
         async fn $on_sqlite() {
             $scenario(Db::Lite(sqlite().await)).await;
         }
+
+        #[tokio::test]
+        async fn $on_mysql() {
+            $scenario(Db::My(mysql().await)).await;
+        }
     )*};
 }
 
-on_both_backends! {
+on_all_backends! {
     an_exhausted_message_is_an_error_in_the_trace:
         an_exhausted_message_is_an_error_in_the_trace_on_postgres,
-        an_exhausted_message_is_an_error_in_the_trace_on_sqlite;
+        an_exhausted_message_is_an_error_in_the_trace_on_sqlite,
+        an_exhausted_message_is_an_error_in_the_trace_on_mysql;
     batches_and_dead_letters_keep_the_trace:
         batches_and_dead_letters_keep_the_trace_on_postgres,
-        batches_and_dead_letters_keep_the_trace_on_sqlite;
-    one_booking_is_one_trace: one_booking_is_one_trace_on_postgres, one_booking_is_one_trace_on_sqlite;
+        batches_and_dead_letters_keep_the_trace_on_sqlite,
+        batches_and_dead_letters_keep_the_trace_on_mysql;
+    one_booking_is_one_trace:
+        one_booking_is_one_trace_on_postgres,
+        one_booking_is_one_trace_on_sqlite,
+        one_booking_is_one_trace_on_mysql;
     no_context_writes_no_trace_columns:
         no_context_writes_no_trace_columns_on_postgres,
-        no_context_writes_no_trace_columns_on_sqlite;
+        no_context_writes_no_trace_columns_on_sqlite,
+        no_context_writes_no_trace_columns_on_mysql;
 }

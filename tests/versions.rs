@@ -1,4 +1,4 @@
-//! Events that change shape, on both backends: a version stored with each message, upcasts
+//! Events that change shape, on every backend (PostgreSQL, SQLite, MariaDB): a version stored with each message, upcasts
 //! from older versions to the type a handler takes, and messages of a version a worker does not
 //! know left pending for a worker that does (a rolling deploy).
 //!

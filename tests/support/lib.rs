@@ -541,6 +541,18 @@ impl TestDb {
         n
     }
 
+    /// Rewrites the stored payload of event `id` of the event log, as a build whose type has
+    /// since changed would have stored it; returns how many events it rewrote.
+    pub async fn set_event_payload(&self, id: Uuid, payload: &str) -> u64 {
+        sqlx::query("UPDATE outbox_events SET payload = $1::json WHERE id = $2")
+            .bind(payload)
+            .bind(id)
+            .execute(&self.pool)
+            .await
+            .expect("rewrite an event's payload")
+            .rows_affected()
+    }
+
     /// The applied outbox migration versions.
     pub async fn migration_versions(&self) -> Vec<i64> {
         sqlx::query_scalar("SELECT version FROM outbox_migrations ORDER BY version")
@@ -798,6 +810,18 @@ impl SqliteDb {
         .await
         .expect("raw insert");
         id
+    }
+
+    /// Rewrites the stored payload of event `id` of the event log, as a build whose type has
+    /// since changed would have stored it; returns how many events it rewrote.
+    pub async fn set_event_payload(&self, id: Uuid, payload: &str) -> u64 {
+        sqlx::query("UPDATE outbox_events SET payload = ?1 WHERE id = ?2")
+            .bind(payload)
+            .bind(id.to_string())
+            .execute(&self.pool)
+            .await
+            .expect("rewrite an event's payload")
+            .rows_affected()
     }
 
     /// The applied outbox migration versions.
@@ -1150,6 +1174,18 @@ impl MySqlDb {
         .await
         .expect("raw insert");
         id
+    }
+
+    /// Rewrites the stored payload of event `id` of the event log, as a build whose type has
+    /// since changed would have stored it; returns how many events it rewrote.
+    pub async fn set_event_payload(&self, id: Uuid, payload: &str) -> u64 {
+        sqlx::query("UPDATE outbox_events SET payload = ? WHERE id = ?")
+            .bind(payload)
+            .bind(id)
+            .execute(&self.pool)
+            .await
+            .expect("rewrite an event's payload")
+            .rows_affected()
     }
 
     /// The applied outbox migration versions.
