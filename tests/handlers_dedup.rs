@@ -1,7 +1,7 @@
-//! The processed-id dedup wrapper (`outbox_handlers::dedup`) against PostgreSQL and SQLite: a
-//! redelivered message whose id is recorded is skipped, an inner failure rolls the record back
-//! with the effect, concurrent deliveries of one message serialize, records are purged in
-//! batches, and (PostgreSQL) a worker SIGKILLed after the effect committed but before the
+//! The processed-id dedup wrapper (`outbox_handlers::dedup`) against PostgreSQL, SQLite and
+//! MariaDB: a redelivered message whose id is recorded is skipped, an inner failure rolls the
+//! record back with the effect, concurrent deliveries of one message serialize, records are
+//! purged in batches, and (PostgreSQL) a worker SIGKILLed after the effect committed but before the
 //! message was marked done does not repeat the effect after redelivery.
 //!
 //! The effect of every handler here is an INSERT into an `effects` table of the same database;
@@ -16,9 +16,9 @@ use outbox::{
     RetryPolicy, Worker, WorkerConfig,
 };
 use outbox_handlers::dedup::{purge_processed, Dedup, DedupConfig, DedupLayer, TxHandler};
-use outbox_tests::{pg, sqlite, SqliteDb, TestDb};
+use outbox_tests::{mysql, pg, sqlite, MySqlDb, SqliteDb, TestDb};
 use serde::{Deserialize, Serialize};
-use sqlx::{PgConnection, PgPool, Postgres, Sqlite, SqliteConnection, SqlitePool};
+use sqlx::{MySql, MySqlConnection, PgConnection, PgPool, Postgres, Sqlite, SqliteConnection};
 use tokio::process::{Child, Command};
 use uuid::Uuid;
 
@@ -388,199 +388,319 @@ async fn a_worker_killed_after_the_commit_does_not_repeat_the_effect() {
     db.drop_db().await;
 }
 
-// ---- SQLite: the same wrapper on a SQLite database, its record written by outbox's SQLite
-// backend.
+// ---- SQLite and MariaDB: the same wrapper, its record written by outbox's SQLite or MySQL
+// backend. One source (`dedup_suite!`), a module per backend with its handler and helpers.
 
-/// [`AddEntry`] on SQLite: one row into `effects` on the dedup transaction.
-#[derive(Debug)]
-struct AddEntryLite;
+/// The in-process tests on a database other than PostgreSQL. The module that expands it
+/// defines `DB` (the sqlx database) and `DB_NAME` (as the wrapper's error names it),
+/// `AddEntryOn` (the effect), `setup`, `counts`, `put`, `processed` and `insert_processed`.
+macro_rules! dedup_suite {
+    () => {
+        #[tokio::test]
+        async fn a_redelivered_message_whose_id_is_recorded_is_skipped() {
+            let db = setup().await;
+            let dedup = Dedup::with_pool(AddEntryOn, db.pool.clone());
+            assert_eq!(<Dedup<AddEntryOn, DB> as Handler>::NAME, "ledger");
+            let w = Worker::builder(&db.pool)
+                .handler(dedup)
+                .config(config())
+                .build()
+                .unwrap();
+            let id = put(&db, &entry(1)).await;
+            assert_eq!(w.run_once().await.unwrap().done, 1);
+            assert_eq!(counts(&db).await, (1, 1));
+            let (handler, message_id, at) = processed(&db).await;
+            assert_eq!((handler.as_str(), message_id), ("ledger", id));
+            let now_ms = chrono::Utc::now().timestamp_millis();
+            assert!(
+                (now_ms - 60_000..=now_ms).contains(&at),
+                "processed_at {at} is in ms, just now"
+            );
 
-#[outbox::async_trait]
-impl TxHandler<Sqlite> for AddEntryLite {
-    type Event = LedgerEntry;
-    const NAME: &'static str = "ledger";
-
-    async fn handle(
-        &self,
-        e: LedgerEntry,
-        ctx: &Context,
-        tx: &mut SqliteConnection,
-    ) -> Result<(), HandlerError> {
-        sqlx::query("INSERT INTO effects (message_id, n) VALUES (?1, ?2)")
-            .bind(ctx.message_id().to_string())
-            .bind(e.n)
-            .execute(&mut *tx)
-            .await?;
-        if e.sleep_ms > 0 {
-            tokio::time::sleep(Duration::from_millis(e.sleep_ms)).await;
+            // The same message delivered again (its outcome was lost, as after a crash): skipped.
+            let again = Dedup::with_pool(AddEntryOn, db.pool.clone());
+            let ctx = Context::for_delivery(id, LedgerEntry::TOPIC, "ledger", Resources::new());
+            again.handle(entry(1), &ctx).await.unwrap();
+            assert_eq!(counts(&db).await, (1, 1), "the effect is not repeated");
+            db.drop_db().await;
         }
-        if e.fail_first && ctx.attempt() == 1 {
-            return Err(HandlerError::retry("the ledger is busy"));
+
+        #[tokio::test]
+        async fn an_inner_failure_rolls_the_record_back_with_the_effect() {
+            let db = setup().await;
+            let w = Worker::builder(&db.pool)
+                .handler(DedupLayer::with_pool(db.pool.clone()).layer(AddEntryOn))
+                .config(config())
+                .build()
+                .unwrap();
+            put(
+                &db,
+                &LedgerEntry {
+                    fail_first: true,
+                    ..entry(2)
+                },
+            )
+            .await;
+            let r = w.run_once().await.unwrap();
+            assert_eq!(r.retried, 1);
+            assert_eq!(counts(&db).await, (0, 0), "rolled back together");
+            db.make_due().await;
+            let r = w.run_once().await.unwrap();
+            assert_eq!((r.claimed, r.done), (1, 1), "the second attempt succeeds");
+            assert_eq!(counts(&db).await, (1, 1));
+            db.drop_db().await;
         }
-        Ok(())
+
+        #[tokio::test]
+        async fn concurrent_deliveries_of_one_message_run_the_effect_once() {
+            let db = setup().await;
+            let dedup = Dedup::with_pool(AddEntryOn, db.pool.clone());
+            let ctx = Context::for_test(LedgerEntry::TOPIC, "ledger", Resources::new());
+            let slow = LedgerEntry {
+                sleep_ms: 300,
+                ..entry(3)
+            };
+            // The second waits for the first's record (SQLite's write lock, InnoDB's lock on
+            // the key), then skips.
+            let (a, b) = tokio::join!(
+                dedup.handle(slow.clone(), &ctx),
+                dedup.handle(slow.clone(), &ctx)
+            );
+            a.unwrap();
+            b.unwrap();
+            assert_eq!(counts(&db).await, (1, 1));
+            let other = Context::for_test(LedgerEntry::TOPIC, "ledger", Resources::new());
+            dedup.handle(entry(4), &other).await.unwrap();
+            assert_eq!(counts(&db).await, (2, 2));
+            db.drop_db().await;
+        }
+
+        #[tokio::test]
+        async fn the_pool_comes_from_the_worker_resources_or_the_error_names_it() {
+            let db = setup().await;
+            let w = Worker::builder(&db.pool)
+                .resource(db.pool.clone())
+                .handler(Dedup::new(AddEntryOn))
+                .config(config())
+                .build()
+                .unwrap();
+            put(&db, &entry(5)).await;
+            assert_eq!(w.run_once().await.unwrap().done, 1);
+            assert_eq!(counts(&db).await, (1, 1));
+
+            let bare: Dedup<AddEntryOn, DB> = Dedup::new(AddEntryOn);
+            let ctx = Context::for_test(LedgerEntry::TOPIC, "ledger", Resources::new());
+            let err = bare.handle(entry(6), &ctx).await.unwrap_err();
+            assert_eq!(err.kind(), FailureKind::Retry);
+            assert!(err.to_string().contains(DB_NAME), "{err}");
+            db.drop_db().await;
+        }
+
+        #[tokio::test]
+        async fn purge_deletes_old_records_in_bounded_batches() {
+            let db = setup().await;
+            let now_ms = chrono::Utc::now().timestamp_millis();
+            let day_ms = 24 * 3600 * 1000;
+            for (n, age_ms) in [(25, 10 * day_ms), (4, 0), (6, 2 * 3600 * 1000)] {
+                for _ in 0..n {
+                    insert_processed(&db, now_ms - age_ms).await;
+                }
+            }
+            let count = async || counts(&db).await.1;
+            let week = Duration::from_secs(7 * 24 * 3600);
+            assert_eq!(purge_processed(&db.pool, week, 10).await.unwrap(), 25);
+            assert_eq!(count().await, 10);
+            let retention =
+                DedupConfig::from_toml_str("[dedup]\nretention = '1h'\npurge_batch = 4")
+                    .unwrap()
+                    .retention()
+                    .unwrap();
+            assert_eq!(retention.purge(&db.pool).await.unwrap(), 6);
+            assert_eq!(count().await, 4);
+            db.drop_db().await;
+        }
+    };
+}
+
+/// (effects, processed records) of a database whose `count(*)` is an `i64`.
+macro_rules! counts_of {
+    ($pool:expr) => {
+        (
+            sqlx::query_scalar::<_, i64>("SELECT count(*) FROM effects")
+                .fetch_one($pool)
+                .await
+                .unwrap(),
+            sqlx::query_scalar::<_, i64>("SELECT count(*) FROM outbox_processed")
+                .fetch_one($pool)
+                .await
+                .unwrap(),
+        )
+    };
+}
+
+mod sqlite {
+    use super::*;
+
+    type DB = Sqlite;
+    const DB_NAME: &str = "Sqlite";
+
+    /// [`AddEntry`] on SQLite: one row into `effects` on the dedup transaction.
+    #[derive(Debug)]
+    struct AddEntryOn;
+
+    #[outbox::async_trait]
+    impl TxHandler<Sqlite> for AddEntryOn {
+        type Event = LedgerEntry;
+        const NAME: &'static str = "ledger";
+
+        async fn handle(
+            &self,
+            e: LedgerEntry,
+            ctx: &Context,
+            tx: &mut SqliteConnection,
+        ) -> Result<(), HandlerError> {
+            sqlx::query("INSERT INTO effects (message_id, n) VALUES (?1, ?2)")
+                .bind(ctx.message_id().to_string())
+                .bind(e.n)
+                .execute(&mut *tx)
+                .await?;
+            ledger_pause(&e, ctx).await
+        }
     }
-}
 
-async fn setup_lite() -> SqliteDb {
-    let db = sqlite().await;
-    sqlx::raw_sql(
-        "CREATE TABLE effects (id INTEGER PRIMARY KEY, message_id TEXT NOT NULL, n INTEGER NOT NULL)",
-    )
-    .execute(&db.pool)
-    .await
-    .unwrap();
-    db
-}
-
-async fn lite_scalar(pool: &SqlitePool, sql: &'static str) -> i64 {
-    sqlx::query_scalar(sql).fetch_one(pool).await.unwrap()
-}
-
-/// (effects, processed records) of a SQLite database.
-async fn lite_counts(db: &SqliteDb) -> (i64, i64) {
-    (
-        lite_scalar(&db.pool, "SELECT count(*) FROM effects").await,
-        lite_scalar(&db.pool, "SELECT count(*) FROM outbox_processed").await,
-    )
-}
-
-async fn lite_put(db: &SqliteDb, e: &LedgerEntry) -> Uuid {
-    let mut tx = db.pool.begin().await.unwrap();
-    let id = enqueue(&mut *tx, e).await.unwrap();
-    tx.commit().await.unwrap();
-    id
-}
-
-#[tokio::test]
-async fn sqlite_a_redelivered_message_whose_id_is_recorded_is_skipped() {
-    let db = setup_lite().await;
-    let dedup = Dedup::with_pool(AddEntryLite, db.pool.clone());
-    assert_eq!(<Dedup<AddEntryLite, Sqlite> as Handler>::NAME, "ledger");
-    let w = Worker::builder(&db.pool)
-        .handler(dedup)
-        .config(config())
-        .build()
+    async fn setup() -> SqliteDb {
+        let db = sqlite().await;
+        sqlx::raw_sql(
+            "CREATE TABLE effects (id INTEGER PRIMARY KEY, message_id TEXT NOT NULL, n INTEGER NOT NULL)",
+        )
+        .execute(&db.pool)
+        .await
         .unwrap();
-    let id = lite_put(&db, &entry(1)).await;
-    assert_eq!(w.run_once().await.unwrap().done, 1);
-    assert_eq!(lite_counts(&db).await, (1, 1));
-    let (handler, message_id, at): (String, String, i64) =
+        db
+    }
+
+    async fn counts(db: &SqliteDb) -> (i64, i64) {
+        counts_of!(&db.pool)
+    }
+
+    async fn put(db: &SqliteDb, e: &LedgerEntry) -> Uuid {
+        let mut tx = db.pool.begin().await.unwrap();
+        let id = enqueue(&mut *tx, e).await.unwrap();
+        tx.commit().await.unwrap();
+        id
+    }
+
+    /// (handler, message id, processed at) of the one processed record.
+    async fn processed(db: &SqliteDb) -> (String, Uuid, i64) {
+        let (handler, id, at): (String, String, i64) =
+            sqlx::query_as("SELECT handler, message_id, processed_at FROM outbox_processed")
+                .fetch_one(&db.pool)
+                .await
+                .unwrap();
+        (handler, id.parse().unwrap(), at)
+    }
+
+    /// A processed record of handler `ledger` for a new message id, processed at `at` (ms).
+    async fn insert_processed(db: &SqliteDb, at: i64) {
+        sqlx::query(
+            "INSERT INTO outbox_processed (handler, message_id, processed_at) VALUES (?1, ?2, ?3)",
+        )
+        .bind("ledger")
+        .bind(Uuid::now_v7().to_string())
+        .bind(at)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    }
+
+    dedup_suite!();
+}
+
+mod mysql {
+    use super::*;
+
+    type DB = MySql;
+    const DB_NAME: &str = "MySql";
+
+    /// [`AddEntry`] on MariaDB: one row into `effects` on the dedup transaction.
+    #[derive(Debug)]
+    struct AddEntryOn;
+
+    #[outbox::async_trait]
+    impl TxHandler<MySql> for AddEntryOn {
+        type Event = LedgerEntry;
+        const NAME: &'static str = "ledger";
+
+        async fn handle(
+            &self,
+            e: LedgerEntry,
+            ctx: &Context,
+            tx: &mut MySqlConnection,
+        ) -> Result<(), HandlerError> {
+            sqlx::query("INSERT INTO effects (message_id, n) VALUES (?, ?)")
+                .bind(ctx.message_id())
+                .bind(e.n)
+                .execute(&mut *tx)
+                .await?;
+            ledger_pause(&e, ctx).await
+        }
+    }
+
+    async fn setup() -> MySqlDb {
+        let db = mysql().await;
+        sqlx::raw_sql(
+            "CREATE TABLE effects (id BIGINT AUTO_INCREMENT PRIMARY KEY, message_id BINARY(16) NOT NULL, \
+             n BIGINT NOT NULL) ENGINE = InnoDB",
+        )
+        .execute(&db.pool)
+        .await
+        .unwrap();
+        db
+    }
+
+    async fn counts(db: &MySqlDb) -> (i64, i64) {
+        counts_of!(&db.pool)
+    }
+
+    async fn put(db: &MySqlDb, e: &LedgerEntry) -> Uuid {
+        let mut tx = db.pool.begin().await.unwrap();
+        let id = enqueue(&mut *tx, e).await.unwrap();
+        tx.commit().await.unwrap();
+        id
+    }
+
+    /// (handler, message id, processed at) of the one processed record.
+    async fn processed(db: &MySqlDb) -> (String, Uuid, i64) {
         sqlx::query_as("SELECT handler, message_id, processed_at FROM outbox_processed")
             .fetch_one(&db.pool)
             .await
-            .unwrap();
-    assert_eq!((handler.as_str(), message_id), ("ledger", id.to_string()));
-    let now_ms = chrono::Utc::now().timestamp_millis();
-    assert!(
-        (now_ms - 60_000..=now_ms).contains(&at),
-        "processed_at {at} is in ms, just now"
-    );
-
-    // The same message delivered again (its outcome was lost, as after a crash): skipped.
-    let again = Dedup::with_pool(AddEntryLite, db.pool.clone());
-    let ctx = Context::for_delivery(id, LedgerEntry::TOPIC, "ledger", Resources::new());
-    again.handle(entry(1), &ctx).await.unwrap();
-    assert_eq!(lite_counts(&db).await, (1, 1), "the effect is not repeated");
-    db.drop_db().await;
-}
-
-#[tokio::test]
-async fn sqlite_an_inner_failure_rolls_the_record_back_with_the_effect() {
-    let db = setup_lite().await;
-    let w = Worker::builder(&db.pool)
-        .handler(DedupLayer::with_pool(db.pool.clone()).layer(AddEntryLite))
-        .config(config())
-        .build()
-        .unwrap();
-    lite_put(
-        &db,
-        &LedgerEntry {
-            fail_first: true,
-            ..entry(2)
-        },
-    )
-    .await;
-    let r = w.run_once().await.unwrap();
-    assert_eq!(r.retried, 1);
-    assert_eq!(lite_counts(&db).await, (0, 0), "rolled back together");
-    db.make_due().await;
-    let r = w.run_once().await.unwrap();
-    assert_eq!((r.claimed, r.done), (1, 1), "the second attempt succeeds");
-    assert_eq!(lite_counts(&db).await, (1, 1));
-    db.drop_db().await;
-}
-
-#[tokio::test]
-async fn sqlite_concurrent_deliveries_of_one_message_run_the_effect_once() {
-    let db = setup_lite().await;
-    let dedup = Dedup::with_pool(AddEntryLite, db.pool.clone());
-    let ctx = Context::for_test(LedgerEntry::TOPIC, "ledger", Resources::new());
-    let slow = LedgerEntry {
-        sleep_ms: 300,
-        ..entry(3)
-    };
-    // The second waits for the first's write lock (the pool's busy timeout), then skips.
-    let (a, b) = tokio::join!(
-        dedup.handle(slow.clone(), &ctx),
-        dedup.handle(slow.clone(), &ctx)
-    );
-    a.unwrap();
-    b.unwrap();
-    assert_eq!(lite_counts(&db).await, (1, 1));
-    let other = Context::for_test(LedgerEntry::TOPIC, "ledger", Resources::new());
-    dedup.handle(entry(4), &other).await.unwrap();
-    assert_eq!(lite_counts(&db).await, (2, 2));
-    db.drop_db().await;
-}
-
-#[tokio::test]
-async fn sqlite_the_pool_comes_from_the_worker_resources_or_the_error_names_it() {
-    let db = setup_lite().await;
-    let w = Worker::builder(&db.pool)
-        .resource(db.pool.clone())
-        .handler(Dedup::new(AddEntryLite))
-        .config(config())
-        .build()
-        .unwrap();
-    lite_put(&db, &entry(5)).await;
-    assert_eq!(w.run_once().await.unwrap().done, 1);
-    assert_eq!(lite_counts(&db).await, (1, 1));
-
-    let bare: Dedup<AddEntryLite, Sqlite> = Dedup::new(AddEntryLite);
-    let ctx = Context::for_test(LedgerEntry::TOPIC, "ledger", Resources::new());
-    let err = bare.handle(entry(6), &ctx).await.unwrap_err();
-    assert_eq!(err.kind(), FailureKind::Retry);
-    assert!(err.to_string().contains("Sqlite"), "{err}");
-    db.drop_db().await;
-}
-
-#[tokio::test]
-async fn sqlite_purge_deletes_old_records_in_bounded_batches() {
-    let db = sqlite().await;
-    let now_ms = chrono::Utc::now().timestamp_millis();
-    let day_ms = 24 * 3600 * 1000;
-    for (n, age_ms) in [(25, 10 * day_ms), (4, 0), (6, 2 * 3600 * 1000)] {
-        for _ in 0..n {
-            sqlx::query(
-                "INSERT INTO outbox_processed (handler, message_id, processed_at) VALUES (?1, ?2, ?3)",
-            )
-            .bind("ledger")
-            .bind(Uuid::now_v7().to_string())
-            .bind(now_ms - age_ms)
-            .execute(&db.pool)
-            .await
-            .unwrap();
-        }
+            .unwrap()
     }
-    let count = || lite_scalar(&db.pool, "SELECT count(*) FROM outbox_processed");
-    let week = Duration::from_secs(7 * 24 * 3600);
-    assert_eq!(purge_processed(&db.pool, week, 10).await.unwrap(), 25);
-    assert_eq!(count().await, 10);
-    let retention = DedupConfig::from_toml_str("[dedup]\nretention = '1h'\npurge_batch = 4")
-        .unwrap()
-        .retention()
+
+    /// A processed record of handler `ledger` for a new message id, processed at `at` (ms).
+    async fn insert_processed(db: &MySqlDb, at: i64) {
+        sqlx::query(
+            "INSERT INTO outbox_processed (handler, message_id, processed_at) VALUES (?, ?, ?)",
+        )
+        .bind("ledger")
+        .bind(Uuid::now_v7())
+        .bind(at)
+        .execute(&db.pool)
+        .await
         .unwrap();
-    assert_eq!(retention.purge(&db.pool).await.unwrap(), 6);
-    assert_eq!(count().await, 4);
-    db.drop_db().await;
+    }
+
+    dedup_suite!();
+}
+
+/// The rest of [`AddEntry`]'s work after its INSERT: sleep on request, then fail the first
+/// attempt on request.
+async fn ledger_pause(e: &LedgerEntry, ctx: &Context) -> Result<(), HandlerError> {
+    if e.sleep_ms > 0 {
+        tokio::time::sleep(Duration::from_millis(e.sleep_ms)).await;
+    }
+    if e.fail_first && ctx.attempt() == 1 {
+        return Err(HandlerError::retry("the ledger is busy"));
+    }
+    Ok(())
 }

@@ -1,4 +1,4 @@
-//! Any payload serde can serialize is stored on both backends: no string content can make
+//! Any payload serde can serialize is stored on every backend: no string content can make
 //! `enqueue` fail, and so abort the caller's business transaction.
 
 use std::sync::{Arc, Mutex};
@@ -35,56 +35,31 @@ fn texts() -> Vec<String> {
     ]
 }
 
-#[tokio::test]
-async fn every_string_is_stored_and_delivered_on_postgres() {
-    let db = outbox_tests::pg().await;
-    let mut tx = db.pool.begin().await.unwrap();
-    for text in texts() {
-        enqueue(&mut *tx, &Note { text })
+outbox_tests::all_backends! {
+    async fn every_string_is_stored_and_delivered(db, store, pool) {
+        let mut tx = pool.begin().await.unwrap();
+        for text in texts() {
+            enqueue(&mut *tx, &Note { text })
+                .await
+                .expect("enqueue never fails on content");
+        }
+        sqlx::query("SELECT 1")
+            .execute(&mut *tx)
             .await
-            .expect("enqueue never fails on content");
+            .expect("the transaction is still usable");
+        tx.commit().await.unwrap();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let worker = Worker::builder(store)
+            .handler(Keep(seen.clone()))
+            .build()
+            .unwrap();
+        let report = worker.run_once().await.unwrap();
+        assert_eq!(report.done, texts().len());
+        let mut got = seen.lock().unwrap().clone();
+        let mut want = texts();
+        got.sort();
+        want.sort();
+        assert_eq!(got, want, "delivered byte for byte");
+        let _ = &db;
     }
-    sqlx::query("SELECT 1")
-        .execute(&mut *tx)
-        .await
-        .expect("the transaction is still usable");
-    tx.commit().await.unwrap();
-    let seen = Arc::new(Mutex::new(Vec::new()));
-    let worker = Worker::builder(&db.pool)
-        .handler(Keep(seen.clone()))
-        .build()
-        .unwrap();
-    let report = worker.run_once().await.unwrap();
-    assert_eq!(report.done, texts().len());
-    let mut got = seen.lock().unwrap().clone();
-    let mut want = texts();
-    got.sort();
-    want.sort();
-    assert_eq!(got, want, "delivered byte for byte");
-    db.drop_db().await;
-}
-
-#[tokio::test]
-async fn every_string_is_stored_and_delivered_on_sqlite() {
-    let db = outbox_tests::sqlite().await;
-    let mut tx = db.pool.begin().await.unwrap();
-    for text in texts() {
-        enqueue(&mut *tx, &Note { text })
-            .await
-            .expect("enqueue never fails on content");
-    }
-    tx.commit().await.unwrap();
-    let seen = Arc::new(Mutex::new(Vec::new()));
-    let worker = Worker::builder(&db.pool)
-        .handler(Keep(seen.clone()))
-        .build()
-        .unwrap();
-    let report = worker.run_once().await.unwrap();
-    assert_eq!(report.done, texts().len());
-    let mut got = seen.lock().unwrap().clone();
-    let mut want = texts();
-    got.sort();
-    want.sort();
-    assert_eq!(got, want);
-    db.drop_db().await;
 }

@@ -1,4 +1,7 @@
 //! A handler crate that is linked registers its handler, and the registry finds it.
+//!
+//! On SQLite only, as a database at hand: the registry and its checks are the same on every
+//! backend, so there is no PostgreSQL or MariaDB variant.
 
 // Referring to the crate is what links it; without this line its registration is dropped.
 use fixture_handlers as _;

@@ -1,4 +1,7 @@
 //! A handler crate that is not linked registers nothing, and the registry says so by name.
+//!
+//! On SQLite only, as a database at hand: the registry and its checks are the same on every
+//! backend, so there is no PostgreSQL or MariaDB variant.
 
 use fixture_events::FixtureShipped;
 use outbox::{

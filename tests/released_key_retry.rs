@@ -3,7 +3,7 @@
 //! of its key: it must wait for the messages of its key claimed before the retry (the worker
 //! holds them, running or waiting for a handler slot), and run before those still pending, so
 //! that a key never runs two messages at once. Found by the protocol's model: the retried
-//! letter was claimed at once and ran beside its running successor. On PostgreSQL and SQLite.
+//! letter was claimed at once and ran beside its running successor. On every backend.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -156,22 +156,12 @@ async fn the_retried_release_waits_for_the_running_successor(store: Store, first
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn pg_a_retried_released_letter_waits_for_its_running_successor() {
-    let db = outbox_tests::pg().await;
-    let mut tx = db.pool.begin().await.unwrap();
-    let first = enqueue_steps(&mut *tx).await;
-    tx.commit().await.unwrap();
-    the_retried_release_waits_for_the_running_successor(Store::from(&db.pool), first).await;
-    db.drop_db().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sqlite_a_retried_released_letter_waits_for_its_running_successor() {
-    let db = outbox_tests::sqlite().await;
-    let mut tx = db.pool.begin().await.unwrap();
-    let first = enqueue_steps(&mut *tx).await;
-    tx.commit().await.unwrap();
-    the_retried_release_waits_for_the_running_successor(Store::from(&db.pool), first).await;
-    db.drop_db().await;
+outbox_tests::all_backends! {
+    async fn a_retried_released_letter_waits_for_its_running_successor(db, store, pool) {
+        let mut tx = pool.begin().await.unwrap();
+        let first = enqueue_steps(&mut *tx).await;
+        tx.commit().await.unwrap();
+        the_retried_release_waits_for_the_running_successor(store, first).await;
+        let _ = &db;
+    }
 }

@@ -1,4 +1,4 @@
-//! The worker keeps its word under pressure, on PostgreSQL and SQLite:
+//! The worker keeps its word under pressure, on PostgreSQL, SQLite and MariaDB:
 //! - the shutdown deadline holds whatever the worker holds: with 100 messages claimed at
 //!   concurrency 8, the 92 waiting for a handler go back at the stop request and never start,
 //!   the 8 running go back at the deadline, and the process exits within the grace period plus
@@ -14,7 +14,7 @@ use outbox::{enqueue, outbox_event, Context, Event, Handler, HandlerError, Store
 use outbox::{MessageStatus, WorkerConfig};
 use outbox_tests::events::Work;
 use outbox_tests::proxy::{host_port, Proxy};
-use outbox_tests::{sigterm, wait_until, SqliteDb, TestDb};
+use outbox_tests::{sigterm, wait_until, MySqlDb, SqliteDb, TestDb};
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 use tokio::process::{Child, Command};
@@ -24,6 +24,7 @@ use uuid::Uuid;
 enum Db {
     Pg(TestDb),
     Sqlite(SqliteDb),
+    MySql(MySqlDb),
 }
 
 impl Db {
@@ -35,10 +36,15 @@ impl Db {
         Db::Sqlite(outbox_tests::sqlite().await)
     }
 
+    async fn mysql() -> Db {
+        Db::MySql(outbox_tests::mysql().await)
+    }
+
     fn url(&self) -> String {
         match self {
             Db::Pg(db) => db.url.clone(),
             Db::Sqlite(db) => db.url.clone(),
+            Db::MySql(db) => db.url.clone(),
         }
     }
 
@@ -46,6 +52,7 @@ impl Db {
         match self {
             Db::Pg(db) => Store::from(&db.pool),
             Db::Sqlite(db) => Store::from(&db.pool),
+            Db::MySql(db) => Store::from(&db.pool),
         }
     }
 
@@ -60,6 +67,10 @@ impl Db {
                 self.exec("CREATE TABLE effects (message_id TEXT NOT NULL, handler TEXT NOT NULL, n INTEGER NOT NULL)")
                     .await
             }
+            Db::MySql(_) => {
+                self.exec("CREATE TABLE effects (message_id BINARY(16) NOT NULL, handler TEXT NOT NULL, n BIGINT NOT NULL)")
+                    .await
+            }
         }
     }
 
@@ -67,6 +78,7 @@ impl Db {
         match self {
             Db::Pg(db) => sqlx::query(sql).execute(&db.pool).await.map(drop),
             Db::Sqlite(db) => sqlx::query(sql).execute(&db.pool).await.map(drop),
+            Db::MySql(db) => sqlx::query(sql).execute(&db.pool).await.map(drop),
         }
         .unwrap_or_else(|e| panic!("{sql}: {e}"));
     }
@@ -75,6 +87,7 @@ impl Db {
         match self {
             Db::Pg(db) => sqlx::query_scalar(sql).fetch_one(&db.pool).await,
             Db::Sqlite(db) => sqlx::query_scalar(sql).fetch_one(&db.pool).await,
+            Db::MySql(db) => sqlx::query_scalar(sql).fetch_one(&db.pool).await,
         }
         .unwrap_or_else(|e| panic!("{sql}: {e}"))
     }
@@ -97,6 +110,13 @@ impl Db {
                 }
                 tx.commit().await.expect("commit");
             }
+            Db::MySql(db) => {
+                let mut tx = db.pool.begin().await.expect("begin");
+                for e in events {
+                    ids.push(enqueue(&mut *tx, e).await.expect("enqueue"));
+                }
+                tx.commit().await.expect("commit");
+            }
         }
         ids
     }
@@ -105,6 +125,7 @@ impl Db {
         match self {
             Db::Pg(db) => db.drop_db().await,
             Db::Sqlite(db) => db.drop_db().await,
+            Db::MySql(db) => db.drop_db().await,
         }
     }
 }
@@ -146,8 +167,8 @@ fn record_starts(child: &mut Child) -> Arc<Mutex<Vec<String>>> {
 enum AtStop {
     /// It answers as usual.
     Answers,
-    /// It stops answering: a network partition on PostgreSQL, a write lock held by another
-    /// connection on SQLite.
+    /// It stops answering: a network partition on PostgreSQL and MariaDB, a write lock held
+    /// by another connection on SQLite.
     Unreachable,
 }
 
@@ -163,10 +184,10 @@ async fn the_deadline_holds_with_messages_claimed_ahead(db: Db, at_stop: AtStop)
         })
         .collect();
     let ids = db.enqueue(&work).await;
-    // On PostgreSQL the worker goes through a proxy that can black-hole its connections.
+    // On a server the worker goes through a proxy that can black-hole its connections.
     let proxy = match &db {
-        Db::Pg(pg) if at_stop == AtStop::Unreachable => {
-            Some(Proxy::start(host_port(&pg.url)).await)
+        Db::Pg(_) | Db::MySql(_) if at_stop == AtStop::Unreachable => {
+            Some(Proxy::start(host_port(&db.url())).await)
         }
         _ => None,
     };
@@ -210,7 +231,9 @@ async fn the_deadline_holds_with_messages_claimed_ahead(db: Db, at_stop: AtStop)
     // The database stops answering the worker just before the stop request.
     let mut lock = None;
     match (&db, at_stop) {
-        (Db::Pg(_), AtStop::Unreachable) => proxy.as_ref().expect("proxy").black_hole(),
+        (Db::Pg(_) | Db::MySql(_), AtStop::Unreachable) => {
+            proxy.as_ref().expect("proxy").black_hole()
+        }
         (Db::Sqlite(s), AtStop::Unreachable) => {
             let mut conn = s.pool.acquire().await.expect("connection");
             sqlx::query("BEGIN EXCLUSIVE")
@@ -319,6 +342,11 @@ async fn sqlite_the_deadline_holds_with_messages_claimed_ahead() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_the_deadline_holds_with_messages_claimed_ahead() {
+    the_deadline_holds_with_messages_claimed_ahead(Db::mysql().await, AtStop::Answers).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_the_deadline_holds_with_the_database_unreachable() {
     the_deadline_holds_with_messages_claimed_ahead(Db::pg().await, AtStop::Unreachable).await;
 }
@@ -326,6 +354,11 @@ async fn postgres_the_deadline_holds_with_the_database_unreachable() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_the_deadline_holds_with_the_database_unreachable() {
     the_deadline_holds_with_messages_claimed_ahead(Db::sqlite().await, AtStop::Unreachable).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_the_deadline_holds_with_the_database_unreachable() {
+    the_deadline_holds_with_messages_claimed_ahead(Db::mysql().await, AtStop::Unreachable).await;
 }
 
 /// A message whose handler blocks its thread for `block_ms` on every attempt.
@@ -492,4 +525,9 @@ async fn postgres_a_blocked_thread_costs_only_the_handler_that_blocks_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_a_blocked_thread_costs_only_the_handler_that_blocks_it() {
     a_blocked_thread_costs_only_the_handler_that_blocks_it(Db::sqlite().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_a_blocked_thread_costs_only_the_handler_that_blocks_it() {
+    a_blocked_thread_costs_only_the_handler_that_blocks_it(Db::mysql().await).await;
 }

@@ -1,5 +1,5 @@
 //! A topic whose ready messages no live worker serves is loud wherever an operator looks, on
-//! both backends: `outbox stats` lists it apart, every worker's `/metrics` has its
+//! every backend: `outbox stats` lists it apart, every worker's `/metrics` has its
 //! `outbox_unserved_ready_messages` gauge and its `/health` turns 503 naming it once the oldest
 //! of them has waited over 60 s; the workers that do run record the topics they serve.
 
@@ -150,10 +150,11 @@ async fn unserved_is_loud(
     server.shutdown();
 }
 
-/// A pool on either backend.
+/// A pool on any backend.
 enum StoreConn {
     Pg(sqlx::PgPool),
     Sqlite(sqlx::SqlitePool),
+    MySql(sqlx::MySqlPool),
 }
 
 impl StoreConn {
@@ -161,6 +162,7 @@ impl StoreConn {
         match self {
             StoreConn::Pg(p) => Store::from(p),
             StoreConn::Sqlite(p) => Store::from(p),
+            StoreConn::MySql(p) => Store::from(p),
         }
     }
 
@@ -176,6 +178,13 @@ impl StoreConn {
                 tx.commit().await.unwrap();
             }
             StoreConn::Sqlite(p) => {
+                let mut tx = p.begin().await.unwrap();
+                enqueue_with(&mut *tx, &Served { n: 1 }, &later)
+                    .await
+                    .unwrap();
+                tx.commit().await.unwrap();
+            }
+            StoreConn::MySql(p) => {
                 let mut tx = p.begin().await.unwrap();
                 enqueue_with(&mut *tx, &Served { n: 1 }, &later)
                     .await
@@ -220,4 +229,19 @@ async fn a_topic_no_live_worker_serves_shows_in_stats_metrics_and_health() {
     )
     .await;
     lite.drop_db().await;
+
+    let my = outbox_tests::mysql().await;
+    my.insert_raw("forgotten.mysql", "{}", 3).await;
+    sqlx::query("UPDATE outbox_messages SET available_at = available_at - 120000, created_at = created_at - 120000")
+        .execute(&my.pool)
+        .await
+        .unwrap();
+    unserved_is_loud(
+        StoreConn::MySql(my.pool.clone()),
+        &my.url,
+        "forgotten.mysql",
+        &prometheus,
+    )
+    .await;
+    my.drop_db().await;
 }

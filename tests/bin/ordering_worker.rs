@@ -1,5 +1,5 @@
 //! The worker of the ordering chaos test (tests/ordering_chaos.rs), built on
-//! `outbox::cli::run_worker` exactly as a user's worker is, on PostgreSQL or SQLite.
+//! `outbox::cli::run_worker` exactly as a user's worker is, on PostgreSQL, SQLite or MariaDB.
 //!
 //! Topics and handlers:
 //!
@@ -7,7 +7,8 @@
 //! - `chaos.b` (ordered by `key`): one handler, `index`;
 //! - `chaos.plain` (unordered): one handler, `plain`.
 //!
-//! Every handler call appends (handler, key, seq, attempt, pid) to `chaos_log` when it starts,
+//! Every handler call appends (handler, key, seq, attempt, pid) to `chaos_log` when it starts
+//! (the key in column `ord_key`: `key` is a reserved word on MySQL),
 //! before anything can fail, so the log holds the order in which calls started. Faults:
 //! about 5 % of the calls of the first two attempts fail (chosen by a hash of message id,
 //! attempt and handler), and `poison` messages fail on every attempt until the harness
@@ -20,7 +21,7 @@ use outbox::{
     ResourceError, Resources,
 };
 use serde::{Deserialize, Serialize};
-use sqlx::{PgPool, SqlitePool};
+use sqlx::{MySqlPool, PgPool, SqlitePool};
 
 #[outbox_event(topic = "chaos.a", ordering_key = "key", retain = "1d")]
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -67,6 +68,7 @@ fn fnv(parts: &[&[u8]]) -> u64 {
 enum Db {
     Pg(PgPool),
     Sqlite(SqlitePool),
+    MySql(MySqlPool),
 }
 
 impl Db {
@@ -76,7 +78,7 @@ impl Db {
         match self {
             Db::Pg(pool) => {
                 sqlx::query(
-                    "INSERT INTO chaos_log (handler, key, seq, attempt, pid) VALUES ($1, $2, $3, $4, $5)",
+                    "INSERT INTO chaos_log (handler, ord_key, seq, attempt, pid) VALUES ($1, $2, $3, $4, $5)",
                 )
                 .bind(ctx.handler_name())
                 .bind(key)
@@ -88,7 +90,19 @@ impl Db {
             }
             Db::Sqlite(pool) => {
                 sqlx::query(
-                    "INSERT INTO chaos_log (handler, key, seq, attempt, pid) VALUES (?1, ?2, ?3, ?4, ?5)",
+                    "INSERT INTO chaos_log (handler, ord_key, seq, attempt, pid) VALUES (?1, ?2, ?3, ?4, ?5)",
+                )
+                .bind(ctx.handler_name())
+                .bind(key)
+                .bind(seq)
+                .bind(attempt)
+                .bind(pid)
+                .execute(pool)
+                .await?;
+            }
+            Db::MySql(pool) => {
+                sqlx::query(
+                    "INSERT INTO chaos_log (handler, ord_key, seq, attempt, pid) VALUES (?, ?, ?, ?, ?)",
                 )
                 .bind(ctx.handler_name())
                 .bind(key)
@@ -110,6 +124,11 @@ impl Db {
                     .await?
             }
             Db::Sqlite(pool) => {
+                sqlx::query_scalar("SELECT count(*) FROM chaos_cured")
+                    .fetch_one(pool)
+                    .await?
+            }
+            Db::MySql(pool) => {
                 sqlx::query_scalar("SELECT count(*) FROM chaos_cured")
                     .fetch_one(pool)
                     .await?
@@ -227,6 +246,13 @@ async fn main() -> ExitCode {
         let db = if url.starts_with("sqlite:") {
             let options = outbox::sqlite_options(url).expect("SQLite URL parses");
             Db::Sqlite(SqlitePool::connect_lazy_with(options))
+        } else if url.starts_with("mysql:") || url.starts_with("mariadb:") {
+            Db::MySql(
+                sqlx::mysql::MySqlPoolOptions::new()
+                    .max_connections(8)
+                    .connect_lazy(url)
+                    .expect("MySQL URL parses"),
+            )
         } else {
             Db::Pg(
                 sqlx::postgres::PgPoolOptions::new()

@@ -2,7 +2,7 @@
 //! request, and fail on request. Built on `outbox::cli` exactly as a user's worker is.
 //!
 //! Events: topic `test.work` (handler `record`). Each run inserts a row into `effects`
-//! (message_id, handler, n) of the same database, PostgreSQL or SQLite; the test decides
+//! (message_id, handler, n) of the same database, PostgreSQL, SQLite or MariaDB; the test decides
 //! whether that table has a unique key. With `OUTBOX_TEST_LOG_STARTS` set, each run also prints
 //! `started <message id> attempt <n>` on stdout as it begins, before it sleeps.
 
@@ -13,13 +13,14 @@ use outbox::{
     register_handler, Context, FromResources, Handler, HandlerError, ResourceError, Resources,
 };
 use outbox_tests::events::Work;
-use sqlx::{PgPool, SqlitePool};
+use sqlx::{MySqlPool, PgPool, SqlitePool};
 
 /// Where the effects go: the worker's own database.
 #[derive(Clone)]
 enum Effects {
     Pg(PgPool),
     Sqlite(SqlitePool),
+    MySql(MySqlPool),
 }
 
 struct Record {
@@ -56,6 +57,14 @@ impl Handler for Record {
                     .execute(pool)
                     .await?;
             }
+            Effects::MySql(pool) => {
+                sqlx::query("INSERT INTO effects (message_id, handler, n) VALUES (?, ?, ?)")
+                    .bind(ctx.message_id())
+                    .bind(ctx.handler_name())
+                    .bind(work.n)
+                    .execute(pool)
+                    .await?;
+            }
         }
         Ok(())
     }
@@ -81,6 +90,8 @@ async fn main() -> ExitCode {
         let effects = if url.starts_with("sqlite:") {
             let options = outbox::sqlite_options(url).expect("SQLite URL parses");
             Effects::Sqlite(SqlitePool::connect_lazy_with(options))
+        } else if url.starts_with("mysql:") || url.starts_with("mariadb:") {
+            Effects::MySql(MySqlPool::connect_lazy(url).expect("MySQL URL parses"))
         } else {
             Effects::Pg(PgPool::connect_lazy(url).expect("database URL parses"))
         };
