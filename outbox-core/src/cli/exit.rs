@@ -6,7 +6,7 @@
 //! | 1 | failed while running, or not found / refused, or an unclassified database error | read the message |
 //! | 2 | bad command line or argument (also a malformed database URL) | fix the arguments |
 //! | 3 | the handlers or the configuration are not sound; for `--list-topics`, something it lists as `missing:` | fix the worker's setup |
-//! | 4 | the database could not be reached (refused, lost, shut down, timed out) or stayed locked | check the server and the URL; retrying later may work |
+//! | 4 | the database could not be reached (refused, lost, shut down, timed out), stayed locked, or ended the transaction on a deadlock or lock wait timeout | check the server and the URL; retrying later may work |
 //! | 5 | the outbox schema is missing, out of date or newer than this build | run `outbox migrate`, or upgrade |
 //! | 6 | the database refused a write that breaks a constraint | fix the data; a retry will not help |
 //! | 7 | the database refused a value as invalid or out of range | fix the arguments or the data |
@@ -25,7 +25,8 @@ pub const USAGE: u8 = 2;
 /// no handlers, a declared event without a handler, bad setting). A worker binary's
 /// `--list-topics` exits with it, after its listing, when it names something missing.
 pub const CONFIG: u8 = 3;
-/// The database could not be reached (or stayed locked): a retry later may work.
+/// The database could not be reached, stayed locked, or ended the transaction on a deadlock or
+/// lock wait timeout: a retry later may work.
 pub const DATABASE: u8 = 4;
 /// The outbox schema is missing, out of date, or newer than this build.
 pub const SCHEMA: u8 = 5;
@@ -45,7 +46,11 @@ pub const DATA: u8 = 7;
 pub fn for_error(e: &Error) -> u8 {
     match e {
         Error::Database(_) => match e.database_kind() {
-            Some(DatabaseErrorKind::Connection | DatabaseErrorKind::Busy) => DATABASE,
+            Some(
+                DatabaseErrorKind::Connection
+                | DatabaseErrorKind::Busy
+                | DatabaseErrorKind::Conflict,
+            ) => DATABASE,
             Some(DatabaseErrorKind::MissingSchema) => SCHEMA,
             Some(DatabaseErrorKind::Constraint) => CONSTRAINT,
             Some(DatabaseErrorKind::Data) => DATA,
