@@ -75,6 +75,7 @@ async fn explain(
 
 #[tokio::test]
 async fn the_claim_reads_its_index_in_due_order_and_never_sorts() {
+    outbox_tests::skip_without_mysql!();
     let db = mysql().await;
     // A table that looks like production: three topics, keyed and unkeyed rows, some running.
     let mut tx = db.pool.begin().await.unwrap();
@@ -130,6 +131,7 @@ async fn the_claim_reads_its_index_in_due_order_and_never_sorts() {
 
 #[tokio::test]
 async fn a_payload_over_max_allowed_packet_is_refused_before_it_is_sent() {
+    outbox_tests::skip_without_mysql!();
     let db = mysql().await;
     let limit: u64 = sqlx::query_scalar("SELECT @@max_allowed_packet")
         .fetch_one(&db.pool)
@@ -169,6 +171,7 @@ async fn a_payload_over_max_allowed_packet_is_refused_before_it_is_sent() {
 
 #[tokio::test]
 async fn four_byte_utf8_round_trips_through_the_worker() {
+    outbox_tests::skip_without_mysql!();
     let db = mysql().await;
     let text = "Harbour Loft 🏨 for 2 🧳, ☕ included, 𝄞 and 漢字";
     let mut tx = db.pool.begin().await.unwrap();
@@ -201,6 +204,7 @@ async fn four_byte_utf8_round_trips_through_the_worker() {
 
 #[tokio::test]
 async fn a_lock_wait_in_the_callers_transaction_comes_back_classified_and_is_not_retried() {
+    outbox_tests::skip_without_mysql!();
     let db = mysql().await;
     // Another transaction holds a gap lock over the whole (empty) table at REPEATABLE READ: an
     // insert waits for it.
@@ -247,6 +251,7 @@ async fn a_lock_wait_in_the_callers_transaction_comes_back_classified_and_is_not
 
 #[tokio::test]
 async fn a_deadlock_is_classified_as_a_conflict() {
+    outbox_tests::skip_without_mysql!();
     let db = mysql().await;
     sqlx::raw_sql(
         "CREATE TABLE rooms (id BIGINT PRIMARY KEY, booked INT NOT NULL DEFAULT 0) ENGINE = InnoDB;
@@ -291,6 +296,7 @@ async fn a_deadlock_is_classified_as_a_conflict() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_connections_mid_drain_lose_nothing() {
+    outbox_tests::skip_without_mysql!();
     let db = mysql().await;
     let n = 3_000;
     let mut tx = db.pool.begin().await.unwrap();
@@ -451,6 +457,7 @@ fn all_handled(seen: &Mutex<Vec<Note>>, n: i64) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_down_at_start_and_restarted_mid_drain_loses_nothing() {
+    outbox_tests::skip_without_mysql!();
     let db = mysql().await;
     let n = 2_000;
     let mut tx = db.pool.begin().await.unwrap();

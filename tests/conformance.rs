@@ -150,6 +150,7 @@ macro_rules! conformance {
             $(
                 #[tokio::test]
                 async fn $name() {
+                    outbox_tests::skip_without_mysql!();
                     let $db = outbox_tests::mysql().await;
                     $body
                     $db.drop_db().await;

@@ -231,6 +231,7 @@ async fn sqlite_errors_are_classified_by_what_happened() {
 
 #[tokio::test]
 async fn mysql_errors_are_classified_by_what_happened() {
+    outbox_tests::skip_without_mysql!();
     let db = outbox_tests::mysql_empty().await;
     let pool = &db.pool;
 
@@ -485,6 +486,7 @@ async fn a_worker_refuses_an_unmigrated_sqlite_database() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_refuses_an_unmigrated_mysql_database() {
+    outbox_tests::skip_without_mysql!();
     let db = outbox_tests::mysql_empty().await;
     run_until_refuses_an_unmigrated_database(outbox::Store::from(&db.pool)).await;
     db.drop_db().await;

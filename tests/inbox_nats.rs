@@ -187,6 +187,7 @@ macro_rules! on_each_database {
         mod mariadb {
             $(#[tokio::test]
             async fn $test() {
+                outbox_tests::skip_without_mysql!();
                 super::$test::<outbox_tests::MySqlDb>().await;
             })*
         }

@@ -349,6 +349,7 @@ macro_rules! all_backends {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $name() {
+                    outbox_tests::skip_without_mysql!();
                     let db = outbox_tests::mysql().await;
                     let $store = Store::from(&db.pool);
                     let $pool = db.pool.clone();

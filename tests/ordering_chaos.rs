@@ -622,6 +622,7 @@ async fn sqlite_a_replay_goes_on_through_kills_and_failures() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mysql_a_replay_goes_on_through_kills_and_failures() {
+    outbox_tests::skip_without_mysql!();
     replay_chaos(Db::MySql(outbox_tests::mysql().await)).await;
 }
 
@@ -647,6 +648,7 @@ async fn sqlite_keys_stay_in_order_through_kills_failures_and_dead_letters() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mysql_keys_stay_in_order_through_kills_failures_and_dead_letters() {
+    outbox_tests::skip_without_mysql!();
     chaos(
         Db::MySql(outbox_tests::mysql().await),
         200,
@@ -683,6 +685,7 @@ async fn sqlite_full_size() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "minutes on a small machine; run by hand with --ignored"]
 async fn mysql_full_size() {
+    outbox_tests::skip_without_mysql!();
     chaos(
         Db::MySql(outbox_tests::mysql().await),
         2000,

@@ -343,6 +343,7 @@ async fn sqlite_the_deadline_holds_with_messages_claimed_ahead() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mysql_the_deadline_holds_with_messages_claimed_ahead() {
+    outbox_tests::skip_without_mysql!();
     the_deadline_holds_with_messages_claimed_ahead(Db::mysql().await, AtStop::Answers).await;
 }
 
@@ -358,6 +359,7 @@ async fn sqlite_the_deadline_holds_with_the_database_unreachable() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mysql_the_deadline_holds_with_the_database_unreachable() {
+    outbox_tests::skip_without_mysql!();
     the_deadline_holds_with_messages_claimed_ahead(Db::mysql().await, AtStop::Unreachable).await;
 }
 
@@ -529,5 +531,6 @@ async fn sqlite_a_blocked_thread_costs_only_the_handler_that_blocks_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mysql_a_blocked_thread_costs_only_the_handler_that_blocks_it() {
+    outbox_tests::skip_without_mysql!();
     a_blocked_thread_costs_only_the_handler_that_blocks_it(Db::mysql().await).await;
 }

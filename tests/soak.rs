@@ -930,6 +930,7 @@ fn soak() {
 #[test]
 #[ignore = "the fault-injection soak takes minutes: run with --ignored (CI runs it as its own stage)"]
 fn soak_mariadb() {
+    outbox_tests::skip_without_mysql!();
     soak_on(Server::MariaDb);
 }
 

@@ -750,6 +750,7 @@ async fn a_handler_past_its_deadline_is_an_error_in_the_trace_on_sqlite() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handler_past_its_deadline_is_an_error_in_the_trace_on_mysql() {
+    outbox_tests::skip_without_mysql!();
     a_handler_past_its_deadline_is_an_error_in_the_trace(Db::My(mysql().await)).await;
 }
 
@@ -768,6 +769,7 @@ macro_rules! on_all_backends {
 
         #[tokio::test]
         async fn $on_mysql() {
+            outbox_tests::skip_without_mysql!();
             $scenario(Db::My(mysql().await)).await;
         }
     )*};

@@ -230,6 +230,7 @@ async fn a_topic_no_live_worker_serves_shows_in_stats_metrics_and_health() {
     .await;
     lite.drop_db().await;
 
+    outbox_tests::skip_without_mysql!();
     let my = outbox_tests::mysql().await;
     my.insert_raw("forgotten.mysql", "{}", 3).await;
     sqlx::query("UPDATE outbox_messages SET available_at = available_at - 120000, created_at = created_at - 120000")

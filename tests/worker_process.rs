@@ -702,6 +702,7 @@ async fn two_workers_on_one_sqlite_file_take_different_messages() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_workers_on_one_mysql_database_take_different_messages() {
+    outbox_tests::skip_without_mysql!();
     two_workers_take_different_messages(OtherDb::MySql(outbox_tests::mysql().await)).await;
 }
 

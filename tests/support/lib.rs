@@ -833,6 +833,57 @@ impl SqliteDb {
     }
 }
 
+/// Whether the MariaDB/MySQL tests can run: the server at [`mysql_url`] accepts a TCP
+/// connection (looked at once per test process). When it does not, each test that needs it
+/// says on stderr that it is skipped and why, and passes; with `OUTBOX_REQUIRE_MYSQL=1` (set
+/// by `.ci/run`) a missing server fails it instead. Use [`skip_without_mysql!`] at the top of
+/// such a test.
+///
+/// # Panics
+///
+/// When the server is missing and `OUTBOX_REQUIRE_MYSQL=1`.
+pub fn mysql_up(test: &str) -> bool {
+    static UP: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let url = mysql_url();
+    let up = *UP.get_or_init(|| {
+        let opts: MySqlConnectOptions = match url.parse() {
+            Ok(o) => o,
+            Err(_) => return false,
+        };
+        let addr = format!("{}:{}", opts.get_host(), opts.get_port());
+        std::net::ToSocketAddrs::to_socket_addrs(&addr)
+            .ok()
+            .and_then(|mut a| a.next())
+            .is_some_and(|a| {
+                std::net::TcpStream::connect_timeout(&a, Duration::from_millis(500)).is_ok()
+            })
+    });
+    if up {
+        return true;
+    }
+    assert!(
+        !std::env::var("OUTBOX_REQUIRE_MYSQL").is_ok_and(|v| v == "1"),
+        "{test}: no MariaDB/MySQL at {url}; start it or set MYSQL_URL (OUTBOX_REQUIRE_MYSQL=1 \
+         makes this a failure rather than a skip)"
+    );
+    eprintln!(
+        "SKIPPED {test}: no MariaDB/MySQL at {url}; start one (or set MYSQL_URL) to run the \
+         MariaDB tests"
+    );
+    false
+}
+
+/// Returns from the test (a skip, said on stderr) when no MariaDB/MySQL server is there to
+/// run it; see [`mysql_up`].
+#[macro_export]
+macro_rules! skip_without_mysql {
+    () => {
+        if !$crate::mysql_up(module_path!()) {
+            return;
+        }
+    };
+}
+
 /// The MariaDB or MySQL server the MySQL tests use: `MYSQL_URL`, else the local test server
 /// (`mysql://root@127.0.0.1:3306`). Each test gets a database of its own on it.
 pub fn mysql_url() -> String {
@@ -1992,6 +2043,9 @@ macro_rules! on_backend {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $name() {
+                    if stringify!($module) == "mysql" {
+                        $crate::skip_without_mysql!();
+                    }
                     let $db = $open().await;
                     let $store = ::outbox::Store::from(&$db.pool);
                     let $pool = $db.pool.clone();
