@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{watch, Notify};
 
 use crate::cpu::{CpuMeter, CpuPer};
-use crate::db::{on_pool, Db, Kind, Pool};
+use crate::db::{on_pool, Db, Kind, Orders as _, Pool};
 
 /// The message of every workload: ~200 bytes of JSON.
 #[outbox_event(topic = "bench.message")]
@@ -527,7 +527,6 @@ async fn in_span<F: std::future::Future>(span: Option<&tracing::Span>, f: F) -> 
 /// INSERT, plus `enqueue` of a message of the new order when `with_enqueue`, and COMMIT; in a
 /// request's span as `traced` says. Returns the seconds they took.
 async fn produce(
-    db: &Db,
     pool: &Pool,
     producers: u32,
     total: u64,
@@ -535,12 +534,6 @@ async fn produce(
     traced: Traced,
 ) -> Result<(f64, Vec<Pairs>)> {
     let next = Arc::new(AtomicU64::new(0));
-    let insert = match db.kind {
-        Kind::Postgres => {
-            "INSERT INTO bench_orders (customer, amount) VALUES ($1, $2) RETURNING id"
-        }
-        Kind::Sqlite => "INSERT INTO bench_orders (customer, amount) VALUES (?1, ?2) RETURNING id",
-    };
     let start = Instant::now();
     let mut tasks = Vec::new();
     for _ in 0..producers {
@@ -572,14 +565,7 @@ async fn produce(
                 };
                 on_pool!(&pool, p => {
                     let mut tx = in_span(business, p.begin()).await?;
-                    let id: i64 = in_span(
-                        business,
-                        sqlx::query_scalar(insert)
-                            .bind(&customer)
-                            .bind(amount)
-                            .fetch_one(&mut *tx),
-                    )
-                    .await?;
+                    let id: i64 = in_span(business, tx.insert_order(&customer, amount)).await?;
                     if with_enqueue {
                         let mut m = BenchMessage::new(i);
                         m.order_id = format!("ord-{id:012}");
@@ -711,7 +697,7 @@ async fn w2_run(
     tokio::time::sleep(Duration::from_millis(300)).await;
 
     let meter = CpuMeter::start(db).await;
-    let produced = produce(db, &pool, producers, total, with_enqueue, traced).await;
+    let produced = produce(&pool, producers, total, with_enqueue, traced).await;
     let cpu = meter.stop(db).await;
     let drained = !handled || produced.is_err() || state.wait_all(limit_for(total)).await;
     stop.notify_one();
@@ -962,7 +948,7 @@ pub(crate) async fn w10(
     tokio::time::sleep(settle).await;
 
     let meter = CpuMeter::start(db).await;
-    let produced = produce(db, &producer_pool, producers, total, true, Traced::No).await;
+    let produced = produce(&producer_pool, producers, total, true, Traced::No).await;
     let cpu = meter.stop(db).await;
     // Notifications go out at commit; give the last ones time to arrive. The workers are not
     // waited for: the next run starts from an empty table, and a poll-mode worker would take
@@ -1110,6 +1096,12 @@ pub(crate) async fn worker_child(kind: Kind, url: &str, n: u64, setting: Setting
                 .await?,
         ),
         Kind::Sqlite => Pool::Sqlite(outbox::sqlite_pool(url).await?),
+        Kind::Mysql => Pool::My(
+            sqlx::mysql::MySqlPoolOptions::new()
+                .max_connections(10)
+                .connect(url)
+                .await?,
+        ),
     };
     let secs = drain(&pool, n, setting).await?;
     let own = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
