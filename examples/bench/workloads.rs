@@ -7,7 +7,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{anyhow, bail, Context as _, Result};
 use outbox::{
@@ -106,6 +106,9 @@ pub(crate) struct ProbeState {
     all: Notify,
     /// Handler start per `seq` (W3 only).
     starts: Vec<OnceLock<Instant>>,
+    /// Handler start per `seq` on the system clock (W3 across processes only: the producer's
+    /// process reads the same clock at its commits).
+    wall: Vec<OnceLock<SystemTime>>,
     /// W9 with one key: the last `seq` handled (plus one), and calls that came out of order.
     serial: Option<(AtomicU64, AtomicU64)>,
 }
@@ -118,6 +121,20 @@ impl ProbeState {
             target,
             all: Notify::new(),
             starts: (0..record).map(|_| OnceLock::new()).collect(),
+            wall: Vec::new(),
+            serial: None,
+        })
+    }
+
+    /// Expects `target` calls; records the system-clock start times of the first `record`
+    /// sequence numbers.
+    pub(crate) fn wall(target: u64, record: usize) -> Arc<Self> {
+        Arc::new(ProbeState {
+            handled: AtomicU64::new(0),
+            target,
+            all: Notify::new(),
+            starts: Vec::new(),
+            wall: (0..record).map(|_| OnceLock::new()).collect(),
             serial: None,
         })
     }
@@ -129,6 +146,7 @@ impl ProbeState {
             target,
             all: Notify::new(),
             starts: Vec::new(),
+            wall: Vec::new(),
             serial: Some((AtomicU64::new(0), AtomicU64::new(0))),
         })
     }
@@ -176,6 +194,9 @@ impl ProbeState {
         let now = Instant::now();
         if let Some(slot) = usize::try_from(seq).ok().and_then(|i| self.starts.get(i)) {
             let _ = slot.set(now);
+        }
+        if let Some(slot) = usize::try_from(seq).ok().and_then(|i| self.wall.get(i)) {
+            let _ = slot.set(SystemTime::now());
         }
         if let Some((last, bad)) = &self.serial {
             if last.swap(seq + 1, Ordering::SeqCst) > seq {
@@ -859,6 +880,174 @@ impl Pickup {
 
 /// W3's pace: one message committed every 10 ms.
 const W3_INTERVAL: Duration = Duration::from_millis(10);
+
+/// W3 across processes: what [`w3_cross`] measured.
+#[derive(Debug, Clone)]
+pub(crate) struct CrossPickup {
+    /// Every message after the first: committed while the earlier ones flowed.
+    pub(crate) flowing: Latency,
+    /// The first message, which finds the worker idle.
+    pub(crate) first_ms: f64,
+}
+
+/// W3 with the worker in another process (MariaDB/MySQL, where nothing tells a worker of
+/// another process about a commit: it polls, every claim interval while messages flow and
+/// every poll interval when idle). The producer's connection is opened here first; then a
+/// child process (this binary with `--pickup-child`) connects as a worker binary does
+/// (`outbox::cli::connect`), starts a fresh default worker, gives it [`W3_START`] and says it
+/// is ready; one message is committed here every 10 ms for `duration`. Latency is the child's
+/// handler start minus the moment `commit()` returned here, both read from the system clock of
+/// this machine. The first message is reported apart: it finds the worker idle.
+pub(crate) async fn w3_cross(db: &Db, duration: Duration) -> Result<CrossPickup> {
+    let interval = W3_INTERVAL;
+    let n = usize::try_from((duration.as_millis() / interval.as_millis()).max(1))?;
+    let pool = db.extra_pool(1).await?;
+    let mut child = Command::new(std::env::current_exe()?)
+        .args(["--pickup-child", "--backend", db.kind.name()])
+        .args(["--child-url", &db.url, "--child-count", &n.to_string()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .context("starting the pickup child")?;
+    let stdout = child
+        .stdout
+        .take()
+        .ok_or_else(|| anyhow!("no child stdout"))?;
+    let (lines_tx, mut lines) = tokio::sync::mpsc::unbounded_channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            if lines_tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let produced = async {
+        let ready = tokio::time::timeout(Duration::from_secs(60), lines.recv())
+            .await
+            .map_err(|_| anyhow!("the pickup child was not ready within 60 s"))?
+            .ok_or_else(|| anyhow!("the pickup child exited before it was ready"))??;
+        if ready.trim() != PICKUP_READY {
+            bail!("the pickup child said `{}`", ready.trim());
+        }
+        let mut commits: Vec<SystemTime> = Vec::with_capacity(n);
+        let t0 = tokio::time::Instant::now() + interval;
+        for i in 0..n {
+            tokio::time::sleep_until(t0 + interval * u32::try_from(i)?).await;
+            let m = BenchMessage::new(u64::try_from(i)?);
+            on_pool!(&pool, p => {
+                let mut tx = p.begin().await?;
+                enqueue(&mut *tx, &m).await?;
+                tx.commit().await?;
+            });
+            commits.push(SystemTime::now());
+        }
+        let limit = limit_for(u64::try_from(n)?) + Duration::from_secs(10);
+        let line = tokio::time::timeout(limit, lines.recv())
+            .await
+            .map_err(|_| anyhow!("the pickup child did not report within {limit:?}"))?
+            .ok_or_else(|| anyhow!("the pickup child exited without a report"))??;
+        let report: PickupReport = serde_json::from_str(line.trim())
+            .with_context(|| format!("the pickup child said `{}`", line.trim()))?;
+        Ok((commits, report))
+    }
+    .await;
+    pool.close().await;
+    if produced.is_err() {
+        let _ = child.kill();
+    }
+    let exit = tokio::task::spawn_blocking(move || child.wait()).await??;
+    let (commits, report) = produced?;
+    if let Some(e) = report.error {
+        bail!("the pickup child ({exit}): {e}");
+    }
+    let lat: Vec<f64> = commits
+        .iter()
+        .zip(&report.starts_unix_ns)
+        .map(|(commit, start)| {
+            let commit = commit
+                .duration_since(UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_nanos();
+            let start = start.map_or(commit, u128::from);
+            // Signed: a handler may start before commit() has returned to the producer.
+            (start as f64 - commit as f64) / 1e6
+        })
+        .collect();
+    let first_ms = lat.first().copied().unwrap_or(0.0);
+    let flowing = if lat.len() > 1 {
+        lat[1..].to_vec()
+    } else {
+        lat
+    };
+    Ok(CrossPickup {
+        flowing: Latency::of(flowing),
+        first_ms,
+    })
+}
+
+/// What the pickup child prints once it is ready to be measured.
+const PICKUP_READY: &str = "ready";
+
+/// What the pickup child prints when its messages were handled (or it gave up).
+#[derive(Debug, Serialize, Deserialize)]
+struct PickupReport {
+    /// Handler start of message `seq` (index), Unix nanoseconds; `None` if never handled.
+    starts_unix_ns: Vec<Option<u64>>,
+    /// Why it gave up, if it did.
+    error: Option<String>,
+}
+
+/// The `--pickup-child` mode: connect to `url` as a worker binary does, run a fresh default
+/// worker, print [`PICKUP_READY`] once it had [`W3_START`] to start, wait for `n` messages to
+/// be handled, print a [`PickupReport`], exit.
+pub(crate) async fn pickup_child(url: &str, n: u64) -> Result<()> {
+    let store = outbox::cli::connect(url).await?;
+    let record = usize::try_from(n)?;
+    let state = ProbeState::wall(n, record);
+    let w = Worker::builder(store)
+        .handler(Probe(state.clone()))
+        .config(WorkerConfig::default())
+        .build()?;
+    let stop = Arc::new(Notify::new());
+    let running = {
+        let stop = stop.clone();
+        tokio::spawn(async move { w.run_until(async move { stop.notified().await }).await })
+    };
+    tokio::time::sleep(W3_START).await;
+    let say = |line: &str| -> Result<()> {
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "{line}")?;
+        out.flush()?;
+        Ok(())
+    };
+    say(PICKUP_READY)?;
+    let drained = state.wait_all(limit_for(n)).await;
+    stop.notify_one();
+    let ran = running.await;
+    let error = match (drained, ran) {
+        (false, _) => Some(format!(
+            "the worker handled {} of {n} messages",
+            state.handled()
+        )),
+        (true, Ok(Err(e))) => Some(format!("the worker failed: {e}")),
+        (true, Err(e)) => Some(format!("the worker task failed: {e}")),
+        (true, Ok(Ok(_))) => None,
+    };
+    let starts_unix_ns = state
+        .wall
+        .iter()
+        .map(|s| {
+            s.get().map(|t| {
+                u64::try_from(t.duration_since(UNIX_EPOCH).unwrap_or_default().as_nanos())
+                    .unwrap_or(u64::MAX)
+            })
+        })
+        .collect();
+    say(&serde_json::to_string(&PickupReport {
+        starts_unix_ns,
+        error,
+    })?)
+}
 
 /// Nearest-rank percentile of sorted values.
 fn percentile(sorted: &[f64], p: f64) -> f64 {
