@@ -488,7 +488,8 @@ impl Db {
                      WHERE topic = 'booking.created')",
         );
         // MySQL casts to SIGNED, not BIGINT.
-        let mysql_events = "SELECT (SELECT count(*) FROM outbox_messages WHERE topic = 'booking.created') \
+        let mysql_events =
+            "SELECT (SELECT count(*) FROM outbox_messages WHERE topic = 'booking.created') \
                   + (SELECT count(*) FROM outbox_dead WHERE topic = 'booking.created') \
                   + (SELECT CAST(coalesce(sum(done), 0) AS SIGNED) FROM outbox_done_counts \
                      WHERE topic = 'booking.created')";

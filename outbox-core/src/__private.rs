@@ -4,3 +4,10 @@
 pub use crate::event::{decode_current, same_topic, EventDescriptor};
 pub use crate::registry::HandlerRegistration;
 pub use inventory;
+
+/// The unordered claim's locking select on MySQL, for the test that checks its plan.
+#[cfg(feature = "mysql")]
+pub const MYSQL_CLAIM_UNKEYED: &str = crate::backend::mysql::CLAIM_UNKEYED;
+/// The walk over the ordering keys on MySQL, for the test that checks its plan.
+#[cfg(feature = "mysql")]
+pub const MYSQL_WALK_KEYS: &str = crate::backend::mysql::WALK_KEYS;

@@ -53,7 +53,8 @@
 //! - The schema is applied by [`migrate`] and tracked in its own table, apart from your
 //!   application's sqlx migrations.
 //! - All SQL lives in one folder per database (`backend/<database>/`, the same files in each);
-//!   PostgreSQL is the `postgres` feature, SQLite the `sqlite` feature.
+//!   PostgreSQL is the `postgres` feature, SQLite the `sqlite` feature, MariaDB and MySQL
+//!   the `mysql` feature.
 //! - On SQLite, begin a transaction that reads before it writes with
 //!   `outbox::sqlite_begin_immediate` (feature `sqlite`): a plain `pool.begin()` fails such a transaction with
 //!   "database is locked" while other connections write.
@@ -74,7 +75,12 @@
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 // Without a backend feature the backend seam has no implementation to use its types.
 #![cfg_attr(
-    not(any(feature = "postgres", feature = "sqlite", feature = "sqlite-unbundled")),
+    not(any(
+        feature = "postgres",
+        feature = "sqlite",
+        feature = "sqlite-unbundled",
+        feature = "mysql"
+    )),
     allow(dead_code)
 )]
 

@@ -11,12 +11,12 @@ use async_trait::async_trait;
 
 use crate::error::Result;
 
+#[cfg(feature = "mysql")]
+pub(crate) mod mysql;
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;
 #[cfg(any(feature = "sqlite", feature = "sqlite-unbundled"))]
 pub(crate) mod sqlite;
-#[cfg(feature = "mysql")]
-pub(crate) mod mysql;
 
 pub(crate) mod schema;
 pub(crate) mod types;
@@ -369,6 +369,10 @@ pub(crate) trait Backend: Send + Sync + 'static {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Wake {
     /// Its transaction has committed, or something changed that a claim should look at now.
+    #[cfg_attr(
+        not(any(feature = "postgres", feature = "sqlite", feature = "sqlite-unbundled")),
+        allow(dead_code)
+    )]
     Committed,
     /// It was inserted in this process, and its transaction may not have committed yet: a
     /// claim right away may not see it.

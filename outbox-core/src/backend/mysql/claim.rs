@@ -66,7 +66,7 @@ const TAKE: &str = concat!(
 );
 
 /// Up to `?` (second) keys after the key `?` (first), in key order, each with its head.
-const WALK_AFTER: &str = "SELECT ordering_key, MIN(id) FROM outbox_messages \
+pub(super) const WALK_AFTER: &str = "SELECT ordering_key, MIN(id) FROM outbox_messages \
      WHERE ordering_key > ? GROUP BY ordering_key ORDER BY ordering_key LIMIT ?";
 
 /// Up to `?` (third) keys after the key `?` and up to the key `?` (the first two), in key
@@ -179,7 +179,11 @@ fn room(p: &ClaimParams<'_>, out: &[ClaimedMessage]) -> i64 {
 
 /// Claims unordered messages into `out` up to the rest of the batch ([`CLAIM_UNKEYED`]),
 /// topic by topic, one transaction each.
-async fn unkeyed(b: &MySqlBackend, p: &ClaimParams<'_>, out: &mut Vec<ClaimedMessage>) -> Result<()> {
+async fn unkeyed(
+    b: &MySqlBackend,
+    p: &ClaimParams<'_>,
+    out: &mut Vec<ClaimedMessage>,
+) -> Result<()> {
     for (topic, version) in p.topics.iter().zip(p.versions) {
         let want = room(p, out);
         if want <= 0 {
@@ -237,11 +241,18 @@ async fn released_heads(b: &MySqlBackend, keys: &[&str]) -> Result<Vec<(String, 
 /// Walks every key from the one after the key this backend claimed last, wrapping around,
 /// a page of heads at a time, claiming those that may start, until the batch is full or every
 /// key was looked at; then remembers the greatest key claimed, so keys take turns.
-async fn walk_keys(b: &MySqlBackend, p: &ClaimParams<'_>, out: &mut Vec<ClaimedMessage>) -> Result<()> {
+async fn walk_keys(
+    b: &MySqlBackend,
+    p: &ClaimParams<'_>,
+    out: &mut Vec<ClaimedMessage>,
+) -> Result<()> {
     if room(p, out) <= 0 {
         return Ok(());
     }
-    *b.claims.walked.lock().unwrap_or_else(PoisonError::into_inner) = Instant::now();
+    *b.claims
+        .walked
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner) = Instant::now();
     let cursor = b
         .claims
         .cursor
@@ -291,7 +302,10 @@ async fn walk_keys(b: &MySqlBackend, p: &ClaimParams<'_>, out: &mut Vec<ClaimedM
         .max()
         .map(str::to_owned);
     if greatest.is_some() {
-        *b.claims.cursor.lock().unwrap_or_else(PoisonError::into_inner) = greatest;
+        *b.claims
+            .cursor
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = greatest;
     }
     Ok(())
 }

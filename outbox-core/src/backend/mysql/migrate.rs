@@ -1,8 +1,10 @@
 //! The embedded migrations and the runner that applies them, one migrator at a time.
 //!
 //! MySQL commits every DDL statement on its own, so migrations cannot share one transaction
-//! as on PostgreSQL and SQLite. One migrator runs at a time, under the named lock
-//! `outbox_migrate` (`GET_LOCK`, held by its connection); each migration's statements run one
+//! as on PostgreSQL and SQLite. One migrator runs at a time per database, under a named lock
+//! (`GET_LOCK`; the name holds a hash of the database's name, since named locks are the whole
+//! server's), held by a connection of its own that is closed, not pooled, when the migrator
+//! ends or is cancelled, so no pooled session keeps the lock; each migration's statements run one
 //! by one, and its record is written after the last. A migration that fails part-way leaves
 //! its earlier statements applied and is not recorded: the error names it, and the schema
 //! must be mended by hand before the next run (each statement here is one that a rerun would
@@ -86,30 +88,32 @@ const RECORD_APPLIED: &str = concat!(
     ")"
 );
 
-/// Takes the migrators' named lock, waiting up to 60 s: 1 when taken.
-const LOCK: &str = "SELECT GET_LOCK('outbox_migrate', 60)";
-
-const UNLOCK: &str = "SELECT RELEASE_LOCK('outbox_migrate')";
+/// Takes this database's migrators' named lock, waiting up to 60 s: 1 when taken.
+const LOCK: &str = "SELECT GET_LOCK(CONCAT('outbox_migrate.', MD5(DATABASE())), 60)";
 
 /// Applies the migrations this database still needs, one migrator at a time.
 pub(super) async fn migrate(pool: &MySqlPool) -> Result<()> {
-    let mut conn = pool.acquire().await?;
-    let locked: Option<i64> = sqlx::query_scalar(LOCK).fetch_one(&mut *conn).await?;
+    // Out of the pool: the lock ends with this connection, whatever happens.
+    let mut conn = pool.acquire().await?.detach();
+    let locked: Option<i64> = sqlx::query_scalar(LOCK).fetch_one(&mut conn).await?;
     if locked != Some(1) {
         return Err(Error::Config(
-            "another process has been migrating this database for over 60 s (the named lock \
-             `outbox_migrate` is held); wait for it to finish, or end its session"
+            "another process has been migrating this database for over 60 s (its named lock \
+             `outbox_migrate.<hash of the database name>` is held); wait for it to finish, or \
+             end its session"
                 .into(),
         ));
     }
     let result = apply(&mut conn).await;
-    // A lock left behind ends with the session anyway; an error here changes nothing.
-    let _ = sqlx::query(UNLOCK).execute(&mut *conn).await;
+    // Closing the connection releases the lock; an error here changes nothing.
+    let _ = conn.close().await;
     result
 }
 
 async fn apply(conn: &mut sqlx::MySqlConnection) -> Result<()> {
-    sqlx::query(CREATE_MIGRATIONS_TABLE).execute(&mut *conn).await?;
+    sqlx::query(CREATE_MIGRATIONS_TABLE)
+        .execute(&mut *conn)
+        .await?;
     let applied: Vec<(i64, i64)> = sqlx::query_as(APPLIED).fetch_all(&mut *conn).await?;
     for m in schema::pending(MIGRATIONS, &applied)? {
         for statement in statements(m.sql) {
@@ -169,7 +173,11 @@ mod tests {
             let parts = statements(m.sql);
             assert!(!parts.is_empty(), "migration {} has statements", m.version);
             for p in parts {
-                assert!(!p.contains(";\n"), "one statement per part in {}: {p}", m.version);
+                assert!(
+                    !p.contains(";\n"),
+                    "one statement per part in {}: {p}",
+                    m.version
+                );
                 assert!(!p.ends_with(';'));
             }
         }

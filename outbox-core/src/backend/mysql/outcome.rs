@@ -40,7 +40,8 @@ const DONE_PROGRESS: &str = "DELETE FROM outbox_deliveries WHERE message_id IN (
 
 /// Adds `?` done messages of topic `?` to this minute's count of worker `?`: one `{row}` per
 /// topic.
-const DONE_COUNT: &str = "INSERT INTO outbox_done_counts (topic, minute, worker, done) VALUES {rows} \
+const DONE_COUNT: &str =
+    "INSERT INTO outbox_done_counts (topic, minute, worker, done) VALUES {rows} \
      ON DUPLICATE KEY UPDATE done = done + VALUES(done)";
 
 /// One row of [`DONE_COUNT`]: topic, worker, count.
@@ -53,6 +54,10 @@ const FAILED_RETRY: &str = concat!(
     " + ?, locked_until = NULL, claim_token = NULL, last_error = ? \
      WHERE id = ? AND claim_token = ?"
 );
+
+/// Locks message `?` and reads its claim token: the fence of a failed attempt, held until it
+/// commits, so no claim can take the message over between its statements.
+const FAILED_LOCK: &str = "SELECT claim_token FROM outbox_messages WHERE id = ? FOR UPDATE";
 
 /// Message `?` under claim token `?` copied to the dead letters with its error `?` (first),
 /// dead now; [`FAILED_DEAD_DELETE`] then deletes it from the live table.
@@ -155,14 +160,23 @@ pub(super) async fn mark_done(b: &MySqlBackend, worker: Uuid, done: &[Done]) -> 
     .await
 }
 
-/// Writes one failed attempt ([`FAILED_RETRY`], or [`FAILED_DEAD`] and
-/// [`FAILED_DEAD_DELETE`]) and the handlers that succeeded ([`FAILED_SUCCEEDED`]); false when
-/// fenced out.
+/// Locks the message and checks its fence ([`FAILED_LOCK`]), then writes one failed attempt
+/// ([`FAILED_RETRY`], or [`FAILED_DEAD`] and [`FAILED_DEAD_DELETE`]) and the handlers that
+/// succeeded ([`FAILED_SUCCEEDED`]); false when fenced out.
 pub(super) async fn mark_failed(b: &MySqlBackend, f: &Failure<'_>) -> Result<bool> {
     let id = f.fence.id;
     let token = f.fence.claim_token;
     retrying("failed", || async {
         let mut tx = b.begin().await?;
+        let held: Option<Option<Uuid>> = sqlx::query_scalar(FAILED_LOCK)
+            .bind(id)
+            .fetch_optional(&mut *tx)
+            .await?;
+        if held != Some(Some(token)) {
+            // Fenced out: its claim was taken over, or the message is gone.
+            tx.commit().await?;
+            return Ok(false);
+        }
         let current = match f.retry_in {
             Some(delay) => {
                 sqlx::query(FAILED_RETRY)
