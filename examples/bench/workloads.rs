@@ -884,10 +884,12 @@ const W3_INTERVAL: Duration = Duration::from_millis(10);
 /// W3 across processes: what [`w3_cross`] measured.
 #[derive(Debug, Clone)]
 pub(crate) struct CrossPickup {
-    /// Every message after the first: committed while the earlier ones flowed.
+    /// The messages committed once the worker had found the first one: messages flowing, the
+    /// worker polling at its claim interval.
     pub(crate) flowing: Latency,
-    /// The first message, which finds the worker idle.
-    pub(crate) first_ms: f64,
+    /// The first message and those committed before the worker found it: the worker idle,
+    /// polling at its poll interval.
+    pub(crate) idle: Latency,
 }
 
 /// W3 with the worker in another process (MariaDB/MySQL, where nothing tells a worker of
@@ -897,7 +899,9 @@ pub(crate) struct CrossPickup {
 /// (`outbox::cli::connect`), starts a fresh default worker, gives it [`W3_START`] and says it
 /// is ready; one message is committed here every 10 ms for `duration`. Latency is the child's
 /// handler start minus the moment `commit()` returned here, both read from the system clock of
-/// this machine. The first message is reported apart: it finds the worker idle.
+/// this machine. The messages committed before the worker found the first one (it was idle,
+/// and finds the first at its next poll) are reported apart from those committed after
+/// (messages flowing).
 pub(crate) async fn w3_cross(db: &Db, duration: Duration) -> Result<CrossPickup> {
     let interval = W3_INTERVAL;
     let n = usize::try_from((duration.as_millis() / interval.as_millis()).max(1))?;
@@ -960,28 +964,28 @@ pub(crate) async fn w3_cross(db: &Db, duration: Duration) -> Result<CrossPickup>
     if let Some(e) = report.error {
         bail!("the pickup child ({exit}): {e}");
     }
-    let lat: Vec<f64> = commits
-        .iter()
-        .zip(&report.starts_unix_ns)
-        .map(|(commit, start)| {
-            let commit = commit
-                .duration_since(UNIX_EPOCH)
-                .unwrap_or_default()
-                .as_nanos();
-            let start = start.map_or(commit, u128::from);
-            // Signed: a handler may start before commit() has returned to the producer.
-            (start as f64 - commit as f64) / 1e6
-        })
-        .collect();
-    let first_ms = lat.first().copied().unwrap_or(0.0);
-    let flowing = if lat.len() > 1 {
-        lat[1..].to_vec()
-    } else {
-        lat
-    };
+    let ns = |t: &SystemTime| t.duration_since(UNIX_EPOCH).unwrap_or_default().as_nanos();
+    let first_start = report
+        .starts_unix_ns
+        .first()
+        .copied()
+        .flatten()
+        .map_or(0, u128::from);
+    let (mut flowing, mut idle) = (Vec::new(), Vec::new());
+    for (commit, start) in commits.iter().zip(&report.starts_unix_ns) {
+        let commit = ns(commit);
+        let start = start.map_or(commit, u128::from);
+        // Signed: a handler may start before commit() has returned to the producer.
+        let ms = (start as f64 - commit as f64) / 1e6;
+        if commit > first_start {
+            flowing.push(ms);
+        } else {
+            idle.push(ms);
+        }
+    }
     Ok(CrossPickup {
         flowing: Latency::of(flowing),
-        first_ms,
+        idle: Latency::of(idle),
     })
 }
 
