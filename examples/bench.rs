@@ -1,16 +1,18 @@
 //! The outbox benchmark: the workloads of the README's Performance table, each figure beside its target.
 //!
 //! Run with `cargo run --release -p outbox-examples --example bench`
-//! (`-- --backend postgres|sqlite|all --json --scale 1.0`). PostgreSQL is the server at
+//! (`-- --backend postgres|sqlite|mysql|all --json --scale 1.0`). PostgreSQL is the server at
 //! `DATABASE_URL` (default `postgres://postgres@127.0.0.1:5432/test`); the bench creates a
 //! database of its own there (`outbox_bench_*`) and drops it at the end. SQLite runs in a
-//! temporary file.
+//! temporary file. MariaDB (or MySQL) is the server at `MYSQL_URL` (default
+//! `mysql://root@127.0.0.1:3306`), in a database of its own as for PostgreSQL. `--backend all`
+//! runs PostgreSQL, then SQLite, then MariaDB.
 //!
 //! | row | workload |
 //! |-----|----------|
 //! | W1  | drain 20,000 pending ~200-byte messages with a no-op handler, timed from building a new pool and worker (a cold start, as a worker binary's) until no live message is left: concurrency 1, a sweep of settings, the default `WorkerConfig` and the best setting (median of `--repeat` runs, every run's figure and the largest deviation from the median); with `--peer`, the peer's drain alternates with the default's (after one untimed round of each) and their ratio is reported |
 //! | W2  | 5,000 transactions (business `INSERT` + `enqueue`) from 1 and 8 producers with a worker running, against the same transactions without `enqueue`, and their ratio |
-//! | W3  | a fresh default worker (new pool, nothing handled before), idle; one message committed every 10 ms for 5 s: p50 and p99 of handler start - commit |
+//! | W3  | a fresh default worker (new pool, nothing handled before), idle; one message committed every 10 ms for 5 s: p50 and p99 of handler start - commit; on MariaDB/MySQL also across processes: the worker in a child process (a fresh default worker connected as a worker binary connects), the producer in the bench process, so no commit wakes the worker and it finds messages by polling; handler start - commit on the machine's system clock; the messages committed once the worker had found the first (messages flowing: it polls at its claim interval) apart from the first and those committed before the worker found it (idle: it polls at its poll interval) |
 //! | W4  | W1 (best setting) with 2,000,000 done rows in the table (a second database); ratio to W1 as the median of at least 5 pairs' ratios, each pair's order alternating |
 //! | W5  | W1 (best setting) with 10,000 pending messages of an unhandled topic due earlier; ratio to W1 as the median of at least 5 pairs' ratios, each pair's order alternating |
 //! | W6  | `enqueue_many` of 100,000 messages in batches of 1,000 |
@@ -33,7 +35,11 @@
 //! Without it nothing of the peer runs.
 //!
 //! Targets are for PostgreSQL on a 2-core machine with the server on the same machine; SQLite
-//! figures are printed without targets. `--scale 0.01` shrinks every workload (CI runs it so
+//! figures are printed without targets. MariaDB/MySQL has targets of its own on four figures
+//! only: W1 default at least 20,000 msgs/s and at least 0.4 x PostgreSQL's W1 default of the
+//! same run (when both ran), W2 with `enqueue` at least 0.7 x without, pickup across processes
+//! p99 at most 50 ms, RSS at most 50 MB; it skips the PostgreSQL-only workloads (W7, W8, W10,
+//! W13-W15), as SQLite does. `--scale 0.01` shrinks every workload (CI runs it so
 //! that the bench keeps compiling and running). Nothing here asserts on timing: a missed target
 //! is reported, not failed; the exit status is non-zero only when a workload could not run.
 //! The pgbench scripts of the SQL reference figures are in `examples/bench/pgbench/`.
@@ -118,7 +124,7 @@ use workloads::{Sample, Setting, Traced, DEFAULT_SETTING};
 #[derive(Debug, Parser)]
 #[command(
     name = "bench",
-    about = "Benchmark the outbox on PostgreSQL and SQLite"
+    about = "Benchmark the outbox on PostgreSQL, SQLite and MariaDB/MySQL"
 )]
 struct Args {
     /// Which database to run on.
@@ -166,10 +172,16 @@ struct Args {
         default_value = "postgres://postgres@127.0.0.1:5432/test"
     )]
     database_url: String,
+    /// The MariaDB (or MySQL) server to create the bench database on.
+    #[arg(long, env = "MYSQL_URL", default_value = "mysql://root@127.0.0.1:3306")]
+    mysql_url: String,
 
     /// Internal: run as the worker process of the RSS measurement.
     #[arg(long, hide = true)]
     worker_child: bool,
+    /// Internal: run as the worker process of W3 across processes (MariaDB/MySQL).
+    #[arg(long, hide = true)]
+    pickup_child: bool,
     /// Internal: the database URL of the worker child.
     #[arg(long, hide = true, default_value = "")]
     child_url: String,
@@ -188,7 +200,9 @@ enum BackendArg {
     Postgres,
     /// SQLite only.
     Sqlite,
-    /// Both, PostgreSQL first.
+    /// MariaDB (or MySQL) only.
+    Mysql,
+    /// All three: PostgreSQL, then SQLite, then MariaDB.
     All,
 }
 
@@ -200,16 +214,43 @@ impl Args {
     fn scaled(&self, n: u64) -> u64 {
         ((n as f64 * self.scale).round() as u64).max(1)
     }
+
+    /// The server URL of `kind` (unused for SQLite).
+    fn url_of(&self, kind: Kind) -> &str {
+        match kind {
+            Kind::Mysql => &self.mysql_url,
+            Kind::Postgres | Kind::Sqlite => &self.database_url,
+        }
+    }
 }
+
+/// MariaDB/MySQL's W1 default target, msgs/s.
+const MYSQL_W1_DEFAULT: f64 = 20_000.0;
+
+/// MariaDB/MySQL's W1 default against PostgreSQL's of the same run, at least.
+const MYSQL_W1_OF_PG: f64 = 0.4;
+
+/// MariaDB/MySQL's W2 target: transactions with `enqueue` against those without, at least.
+const MYSQL_W2_RATIO: f64 = 0.7;
+
+/// MariaDB/MySQL's target for the p99 of pickup across processes while messages flow, ms.
+const MYSQL_PICKUP_P99_MS: f64 = 50.0;
+
+/// MariaDB/MySQL's peak RSS target, MB (PostgreSQL's too).
+const MYSQL_RSS_MB: f64 = 50.0;
 
 #[tokio::main]
 async fn main() -> Result<()> {
     let args = Args::parse();
+    if args.pickup_child {
+        return workloads::pickup_child(&args.child_url, args.child_count).await;
+    }
     if args.worker_child {
         let kind = match args.backend {
             BackendArg::Postgres => Kind::Postgres,
             BackendArg::Sqlite => Kind::Sqlite,
-            BackendArg::All => bail!("--worker-child needs --backend postgres or sqlite"),
+            BackendArg::Mysql => Kind::Mysql,
+            BackendArg::All => bail!("--worker-child needs --backend postgres, sqlite or mysql"),
         };
         return workloads::worker_child(
             kind,
@@ -235,13 +276,14 @@ async fn main() -> Result<()> {
     let kinds: &[Kind] = match args.backend {
         BackendArg::Postgres => &[Kind::Postgres],
         BackendArg::Sqlite => &[Kind::Sqlite],
-        BackendArg::All => &[Kind::Postgres, Kind::Sqlite],
+        BackendArg::Mysql => &[Kind::Mysql],
+        BackendArg::All => &[Kind::Postgres, Kind::Sqlite, Kind::Mysql],
     };
     let mut reports = Vec::new();
     let mut failed = false;
     for &kind in kinds {
         eprintln!("== {}", kind.name());
-        let mut db = Db::create(kind, &args.database_url).await?;
+        let mut db = Db::create(kind, args.url_of(kind)).await?;
         let mut report = Report {
             backend: kind.name(),
             server: db.server.clone(),
@@ -251,7 +293,14 @@ async fn main() -> Result<()> {
             load: [report::load_average(), None],
             rows: Vec::new(),
         };
-        let outcome = run(&args, &mut db, &mut report).await;
+        // PostgreSQL's W1 default of this run, which MariaDB's is held against.
+        let pg_w1 = reports
+            .iter()
+            .filter(|r: &&Report| r.backend == Kind::Postgres.name())
+            .flat_map(|r| &r.rows)
+            .find(|r| r.id == "W1" && r.unit == "msgs/s" && r.name.starts_with(W1_DEFAULT))
+            .and_then(|r| r.value);
+        let outcome = run(&args, &mut db, &mut report, pg_w1).await;
         report.load[1] = report::load_average();
         db.drop_all().await;
         outcome?;
@@ -502,9 +551,21 @@ async fn w9_peer(
     Ok(())
 }
 
+/// The name of W1's default drain row (before its setting), which MariaDB's run looks up in
+/// PostgreSQL's report.
+const W1_DEFAULT: &str = "drain, default WorkerConfig";
+
 /// W1 with the default `WorkerConfig`, `--repeat` runs; with `--peer` (on PostgreSQL), each
-/// followed by one of the peer's, and the peer's median and the ratio reported beside ours.
-async fn w1_default(args: &Args, db: &mut Db, report: &mut Report, n: u64) -> Result<()> {
+/// followed by one of the peer's, and the peer's median and the ratio reported beside ours. On
+/// MariaDB/MySQL, its targets, and the ratio to PostgreSQL's W1 default of the run (`pg_w1`)
+/// when PostgreSQL ran first.
+async fn w1_default(
+    args: &Args,
+    db: &mut Db,
+    report: &mut Report,
+    n: u64,
+    pg_w1: Option<f64>,
+) -> Result<()> {
     let peer = match (&args.peer, db.kind) {
         (Some(dir), Kind::Postgres) => Some((dir, PeerDb::create(&args.database_url).await?)),
         _ => None,
@@ -551,14 +612,30 @@ async fn w1_default(args: &Args, db: &mut Db, report: &mut Report, n: u64) -> Re
             w.to_string()
         }
     };
+    let row = report.rows.len();
     let ours = report.push_runs(
         "W1",
-        what(&format!("drain, default WorkerConfig ({DEFAULT_SETTING})")),
+        what(&format!("{W1_DEFAULT} ({DEFAULT_SETTING})")),
         ours,
         "msgs/s",
         None,
         true,
     );
+    if db.kind == Kind::Mysql {
+        report.set_target(row, Target::at_least(MYSQL_W1_DEFAULT));
+        if let Some(pg) = pg_w1 {
+            report.push(
+                "W1",
+                "default WorkerConfig / PostgreSQL's of this run",
+                ours.as_ref()
+                    .map(|s| s.rate / pg)
+                    .map_err(|e| anyhow::anyhow!("{e:#}")),
+                "x",
+                None,
+            );
+            report.set_target(report.rows.len() - 1, Target::at_least(MYSQL_W1_OF_PG));
+        }
+    }
     if args.peer.is_some() && db.kind == Kind::Postgres {
         let row = report.rows.len();
         let theirs = report.push_runs(
@@ -838,8 +915,38 @@ async fn w10(args: &Args, db: &mut Db, report: &mut Report) -> Result<()> {
     Ok(())
 }
 
+/// W3 across processes (MariaDB/MySQL): the worker in a child process, polling.
+async fn w3_cross(db: &Db, report: &mut Report, duration: Duration) {
+    match workloads::w3_cross(db, duration).await {
+        Ok(c) => {
+            let (n, l) = (c.flowing.count, &c.flowing);
+            let what = |p: &str| {
+                format!("pickup across processes {p}, {n} msgs committed while messages flow")
+            };
+            if n > 0 {
+                report.push("W3", what("p50"), Ok(l.p50_ms), "ms", None);
+                report.push("W3", what("p99"), Ok(l.p99_ms), "ms", None);
+                report.set_target(report.rows.len() - 1, Target::at_most(MYSQL_PICKUP_P99_MS));
+                report.push("W3", what("max"), Ok(l.max_ms), "ms", None);
+            }
+            report.push(
+                "W3",
+                format!(
+                    "pickup across processes max, {} msgs committed before the worker found \
+                     the first (idle, polling)",
+                    c.idle.count
+                ),
+                Ok(c.idle.max_ms),
+                "ms",
+                None,
+            );
+        }
+        Err(e) => report.push("W3", "pickup across processes", Err(e), "ms", None),
+    }
+}
+
 /// Every workload on one database, in order; each figure lands in `report`.
-async fn run(args: &Args, db: &mut Db, report: &mut Report) -> Result<()> {
+async fn run(args: &Args, db: &mut Db, report: &mut Report, pg_w1: Option<f64>) -> Result<()> {
     let n1 = args.scaled(20_000);
     let repeat = args.repeat;
     let runs = |what: &str| {
@@ -878,7 +985,7 @@ async fn run(args: &Args, db: &mut Db, report: &mut Report) -> Result<()> {
             report.push_sample("W1", format!("drain, sweep {s}"), r, "msgs/s", None);
         }
 
-        w1_default(args, db, report, n1).await?;
+        w1_default(args, db, report, n1, pg_w1).await?;
 
         // Runs of their own: the sweep's run was picked for being the fastest, so counting it
         // would lift the median and widen the spread.
@@ -948,6 +1055,9 @@ async fn run(args: &Args, db: &mut Db, report: &mut Report) -> Result<()> {
                 "x",
                 Target::at_least(target),
             );
+            if db.kind == Kind::Mysql {
+                report.set_target(report.rows.len() - 1, Target::at_least(MYSQL_W2_RATIO));
+            }
         }
     }
 
@@ -1078,32 +1188,43 @@ async fn run(args: &Args, db: &mut Db, report: &mut Report) -> Result<()> {
     if args.wants("w3") {
         db.reset().await?;
         let duration = Duration::from_secs_f64((5.0 * args.scale).max(0.01));
+        // On MariaDB/MySQL the producer's enqueue wakes the workers of its own process: this
+        // is the pickup within one process, and the one across processes follows.
+        let within = if db.kind == Kind::Mysql {
+            " (producer in the worker's process)"
+        } else {
+            ""
+        };
         match workloads::w3(db, duration).await {
             Ok(l) => {
                 let n = l.count;
                 report.push(
                     "W3",
-                    format!("pickup p50, {n} msgs"),
+                    format!("pickup p50, {n} msgs{within}"),
                     Ok(l.p50_ms),
                     "ms",
                     Target::at_most(1.5),
                 );
                 report.push(
                     "W3",
-                    format!("pickup p99, {n} msgs"),
+                    format!("pickup p99, {n} msgs{within}"),
                     Ok(l.p99_ms),
                     "ms",
                     Target::at_most(5.0),
                 );
                 report.push(
                     "W3",
-                    format!("pickup max, {n} msgs"),
+                    format!("pickup max, {n} msgs{within}"),
                     Ok(l.max_ms),
                     "ms",
                     None,
                 );
             }
             Err(e) => report.push("W3", "pickup latency", Err(e), "ms", None),
+        }
+        if db.kind == Kind::Mysql {
+            db.reset().await?;
+            w3_cross(db, report, duration).await;
         }
     }
 
@@ -1113,7 +1234,7 @@ async fn run(args: &Args, db: &mut Db, report: &mut Report) -> Result<()> {
     if args.wants("w4") {
         let done = args.scaled(2_000_000);
         eprintln!("  W4 inserting {done} done rows into a second database");
-        let big = Db::create(db.kind, &args.database_url).await;
+        let big = Db::create(db.kind, args.url_of(db.kind)).await;
         let pairs = match &big {
             Ok(big) => {
                 let filled = async {
@@ -1303,6 +1424,9 @@ async fn run(args: &Args, db: &mut Db, report: &mut Report) -> Result<()> {
                     "MB",
                     Target::at_most(50.0),
                 );
+                if db.kind == Kind::Mysql {
+                    report.set_target(report.rows.len() - 1, Target::at_most(MYSQL_RSS_MB));
+                }
                 report.push("RSS", "worker child drain rate", Ok(r.rate), "msgs/s", None);
             }
             Err(e) => report.push("RSS", "worker peak RSS", Err(e), "MB", None),

@@ -35,7 +35,7 @@ const RETAIN: Duration = Duration::from_secs(30 * 86_400);
 fn pg(db: &Db) -> Result<&PgPool> {
     match &db.pool {
         Pool::Pg(p) => Ok(p),
-        Pool::Sqlite(_) => bail!("the event log workloads run on PostgreSQL only"),
+        Pool::Sqlite(_) | Pool::My(_) => bail!("the event log workloads run on PostgreSQL only"),
     }
 }
 

@@ -60,7 +60,8 @@ pub(crate) struct Row {
     pub(crate) value: Option<f64>,
     /// `msgs/s`, `tx/s`, `x`, `ms`, `MB`.
     pub(crate) unit: &'static str,
-    /// The target, on PostgreSQL; `None` where there is none.
+    /// The target, on PostgreSQL (and the few of MariaDB/MySQL's own, see
+    /// [`Report::set_target`]); `None` where there is none.
     pub(crate) target: Option<Target>,
     /// Whether the target is met; `None` without a target or a figure.
     pub(crate) pass: Option<bool>,
@@ -78,7 +79,7 @@ pub(crate) struct Row {
 /// The report of one backend.
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct Report {
-    /// `postgres` or `sqlite`.
+    /// `postgres`, `sqlite` or `mysql`.
     pub(crate) backend: &'static str,
     /// Server or library version.
     pub(crate) server: String,
@@ -89,7 +90,8 @@ pub(crate) struct Report {
     /// `/proc/loadavg` (1, 5, 15 minutes) when the backend's run started and ended: other
     /// work on the machine skews every figure.
     pub(crate) load: [Option<[f64; 3]>; 2],
-    /// Whether targets apply (PostgreSQL only).
+    /// Whether PostgreSQL's targets apply (PostgreSQL only; MariaDB/MySQL sets its own on a
+    /// few rows with [`Report::set_target`]).
     #[serde(skip)]
     pub(crate) targets: bool,
     /// The figures.
@@ -131,6 +133,18 @@ impl Report {
             note,
             runs: None,
         });
+    }
+
+    /// Sets the target of row `row` and whether its figure meets it: a backend's own target
+    /// where it is not PostgreSQL's (MariaDB/MySQL), whatever [`Report::targets`] says.
+    pub(crate) fn set_target(&mut self, row: usize, target: Option<Target>) {
+        if let Some(r) = self.rows.get_mut(row) {
+            r.target = target;
+            r.pass = match (target, r.value) {
+                (Some(t), Some(v)) => Some(t.met(v)),
+                _ => None,
+            };
+        }
     }
 
     /// Adds a rate with the CPU time behind it.

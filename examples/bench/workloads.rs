@@ -7,7 +7,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{anyhow, bail, Context as _, Result};
 use outbox::{
@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{watch, Notify};
 
 use crate::cpu::{CpuMeter, CpuPer};
-use crate::db::{on_pool, Db, Kind, Pool};
+use crate::db::{on_pool, Db, Kind, Orders as _, Pool};
 
 /// The message of every workload: ~200 bytes of JSON.
 #[outbox_event(topic = "bench.message")]
@@ -106,6 +106,9 @@ pub(crate) struct ProbeState {
     all: Notify,
     /// Handler start per `seq` (W3 only).
     starts: Vec<OnceLock<Instant>>,
+    /// Handler start per `seq` on the system clock (W3 across processes only: the producer's
+    /// process reads the same clock at its commits).
+    wall: Vec<OnceLock<SystemTime>>,
     /// W9 with one key: the last `seq` handled (plus one), and calls that came out of order.
     serial: Option<(AtomicU64, AtomicU64)>,
 }
@@ -118,6 +121,20 @@ impl ProbeState {
             target,
             all: Notify::new(),
             starts: (0..record).map(|_| OnceLock::new()).collect(),
+            wall: Vec::new(),
+            serial: None,
+        })
+    }
+
+    /// Expects `target` calls; records the system-clock start times of the first `record`
+    /// sequence numbers.
+    pub(crate) fn wall(target: u64, record: usize) -> Arc<Self> {
+        Arc::new(ProbeState {
+            handled: AtomicU64::new(0),
+            target,
+            all: Notify::new(),
+            starts: Vec::new(),
+            wall: (0..record).map(|_| OnceLock::new()).collect(),
             serial: None,
         })
     }
@@ -129,6 +146,7 @@ impl ProbeState {
             target,
             all: Notify::new(),
             starts: Vec::new(),
+            wall: Vec::new(),
             serial: Some((AtomicU64::new(0), AtomicU64::new(0))),
         })
     }
@@ -176,6 +194,9 @@ impl ProbeState {
         let now = Instant::now();
         if let Some(slot) = usize::try_from(seq).ok().and_then(|i| self.starts.get(i)) {
             let _ = slot.set(now);
+        }
+        if let Some(slot) = usize::try_from(seq).ok().and_then(|i| self.wall.get(i)) {
+            let _ = slot.set(SystemTime::now());
         }
         if let Some((last, bad)) = &self.serial {
             if last.swap(seq + 1, Ordering::SeqCst) > seq {
@@ -527,7 +548,6 @@ async fn in_span<F: std::future::Future>(span: Option<&tracing::Span>, f: F) -> 
 /// INSERT, plus `enqueue` of a message of the new order when `with_enqueue`, and COMMIT; in a
 /// request's span as `traced` says. Returns the seconds they took.
 async fn produce(
-    db: &Db,
     pool: &Pool,
     producers: u32,
     total: u64,
@@ -535,12 +555,6 @@ async fn produce(
     traced: Traced,
 ) -> Result<(f64, Vec<Pairs>)> {
     let next = Arc::new(AtomicU64::new(0));
-    let insert = match db.kind {
-        Kind::Postgres => {
-            "INSERT INTO bench_orders (customer, amount) VALUES ($1, $2) RETURNING id"
-        }
-        Kind::Sqlite => "INSERT INTO bench_orders (customer, amount) VALUES (?1, ?2) RETURNING id",
-    };
     let start = Instant::now();
     let mut tasks = Vec::new();
     for _ in 0..producers {
@@ -572,14 +586,7 @@ async fn produce(
                 };
                 on_pool!(&pool, p => {
                     let mut tx = in_span(business, p.begin()).await?;
-                    let id: i64 = in_span(
-                        business,
-                        sqlx::query_scalar(insert)
-                            .bind(&customer)
-                            .bind(amount)
-                            .fetch_one(&mut *tx),
-                    )
-                    .await?;
+                    let id: i64 = in_span(business, tx.insert_order(&customer, amount)).await?;
                     if with_enqueue {
                         let mut m = BenchMessage::new(i);
                         m.order_id = format!("ord-{id:012}");
@@ -711,7 +718,7 @@ async fn w2_run(
     tokio::time::sleep(Duration::from_millis(300)).await;
 
     let meter = CpuMeter::start(db).await;
-    let produced = produce(db, &pool, producers, total, with_enqueue, traced).await;
+    let produced = produce(&pool, producers, total, with_enqueue, traced).await;
     let cpu = meter.stop(db).await;
     let drained = !handled || produced.is_err() || state.wait_all(limit_for(total)).await;
     stop.notify_one();
@@ -874,6 +881,178 @@ impl Pickup {
 /// W3's pace: one message committed every 10 ms.
 const W3_INTERVAL: Duration = Duration::from_millis(10);
 
+/// W3 across processes: what [`w3_cross`] measured.
+#[derive(Debug, Clone)]
+pub(crate) struct CrossPickup {
+    /// The messages committed once the worker had found the first one: messages flowing, the
+    /// worker polling at its claim interval.
+    pub(crate) flowing: Latency,
+    /// The first message and those committed before the worker found it: the worker idle,
+    /// polling at its poll interval.
+    pub(crate) idle: Latency,
+}
+
+/// W3 with the worker in another process (MariaDB/MySQL, where nothing tells a worker of
+/// another process about a commit: it polls, every claim interval while messages flow and
+/// every poll interval when idle). The producer's connection is opened here first; then a
+/// child process (this binary with `--pickup-child`) connects as a worker binary does
+/// (`outbox::cli::connect`), starts a fresh default worker, gives it [`W3_START`] and says it
+/// is ready; one message is committed here every 10 ms for `duration`. Latency is the child's
+/// handler start minus the moment `commit()` returned here, both read from the system clock of
+/// this machine. The messages committed before the worker found the first one (it was idle,
+/// and finds the first at its next poll) are reported apart from those committed after
+/// (messages flowing).
+pub(crate) async fn w3_cross(db: &Db, duration: Duration) -> Result<CrossPickup> {
+    let interval = W3_INTERVAL;
+    let n = usize::try_from((duration.as_millis() / interval.as_millis()).max(1))?;
+    let pool = db.extra_pool(1).await?;
+    let mut child = Command::new(std::env::current_exe()?)
+        .args(["--pickup-child", "--backend", db.kind.name()])
+        .args(["--child-url", &db.url, "--child-count", &n.to_string()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .context("starting the pickup child")?;
+    let stdout = child
+        .stdout
+        .take()
+        .ok_or_else(|| anyhow!("no child stdout"))?;
+    let (lines_tx, mut lines) = tokio::sync::mpsc::unbounded_channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            if lines_tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let produced = async {
+        let ready = tokio::time::timeout(Duration::from_secs(60), lines.recv())
+            .await
+            .map_err(|_| anyhow!("the pickup child was not ready within 60 s"))?
+            .ok_or_else(|| anyhow!("the pickup child exited before it was ready"))??;
+        if ready.trim() != PICKUP_READY {
+            bail!("the pickup child said `{}`", ready.trim());
+        }
+        let mut commits: Vec<SystemTime> = Vec::with_capacity(n);
+        let t0 = tokio::time::Instant::now() + interval;
+        for i in 0..n {
+            tokio::time::sleep_until(t0 + interval * u32::try_from(i)?).await;
+            let m = BenchMessage::new(u64::try_from(i)?);
+            on_pool!(&pool, p => {
+                let mut tx = p.begin().await?;
+                enqueue(&mut *tx, &m).await?;
+                tx.commit().await?;
+            });
+            commits.push(SystemTime::now());
+        }
+        let limit = limit_for(u64::try_from(n)?) + Duration::from_secs(10);
+        let line = tokio::time::timeout(limit, lines.recv())
+            .await
+            .map_err(|_| anyhow!("the pickup child did not report within {limit:?}"))?
+            .ok_or_else(|| anyhow!("the pickup child exited without a report"))??;
+        let report: PickupReport = serde_json::from_str(line.trim())
+            .with_context(|| format!("the pickup child said `{}`", line.trim()))?;
+        Ok((commits, report))
+    }
+    .await;
+    pool.close().await;
+    if produced.is_err() {
+        let _ = child.kill();
+    }
+    let exit = tokio::task::spawn_blocking(move || child.wait()).await??;
+    let (commits, report) = produced?;
+    if let Some(e) = report.error {
+        bail!("the pickup child ({exit}): {e}");
+    }
+    let ns = |t: &SystemTime| t.duration_since(UNIX_EPOCH).unwrap_or_default().as_nanos();
+    let first_start = report
+        .starts_unix_ns
+        .first()
+        .copied()
+        .flatten()
+        .map_or(0, u128::from);
+    let (mut flowing, mut idle) = (Vec::new(), Vec::new());
+    for (commit, start) in commits.iter().zip(&report.starts_unix_ns) {
+        let commit = ns(commit);
+        let start = start.map_or(commit, u128::from);
+        // Signed: a handler may start before commit() has returned to the producer.
+        let ms = (start as f64 - commit as f64) / 1e6;
+        if commit > first_start {
+            flowing.push(ms);
+        } else {
+            idle.push(ms);
+        }
+    }
+    Ok(CrossPickup {
+        flowing: Latency::of(flowing),
+        idle: Latency::of(idle),
+    })
+}
+
+/// What the pickup child prints once it is ready to be measured.
+const PICKUP_READY: &str = "ready";
+
+/// What the pickup child prints when its messages were handled (or it gave up).
+#[derive(Debug, Serialize, Deserialize)]
+struct PickupReport {
+    /// Handler start of message `seq` (index), Unix nanoseconds; `None` if never handled.
+    starts_unix_ns: Vec<Option<u64>>,
+    /// Why it gave up, if it did.
+    error: Option<String>,
+}
+
+/// The `--pickup-child` mode: connect to `url` as a worker binary does, run a fresh default
+/// worker, print [`PICKUP_READY`] once it had [`W3_START`] to start, wait for `n` messages to
+/// be handled, print a [`PickupReport`], exit.
+pub(crate) async fn pickup_child(url: &str, n: u64) -> Result<()> {
+    let store = outbox::cli::connect(url).await?;
+    let record = usize::try_from(n)?;
+    let state = ProbeState::wall(n, record);
+    let w = Worker::builder(store)
+        .handler(Probe(state.clone()))
+        .config(WorkerConfig::default())
+        .build()?;
+    let stop = Arc::new(Notify::new());
+    let running = {
+        let stop = stop.clone();
+        tokio::spawn(async move { w.run_until(async move { stop.notified().await }).await })
+    };
+    tokio::time::sleep(W3_START).await;
+    let say = |line: &str| -> Result<()> {
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "{line}")?;
+        out.flush()?;
+        Ok(())
+    };
+    say(PICKUP_READY)?;
+    let drained = state.wait_all(limit_for(n)).await;
+    stop.notify_one();
+    let ran = running.await;
+    let error = match (drained, ran) {
+        (false, _) => Some(format!(
+            "the worker handled {} of {n} messages",
+            state.handled()
+        )),
+        (true, Ok(Err(e))) => Some(format!("the worker failed: {e}")),
+        (true, Err(e)) => Some(format!("the worker task failed: {e}")),
+        (true, Ok(Ok(_))) => None,
+    };
+    let starts_unix_ns = state
+        .wall
+        .iter()
+        .map(|s| {
+            s.get().map(|t| {
+                u64::try_from(t.duration_since(UNIX_EPOCH).unwrap_or_default().as_nanos())
+                    .unwrap_or(u64::MAX)
+            })
+        })
+        .collect();
+    say(&serde_json::to_string(&PickupReport {
+        starts_unix_ns,
+        error,
+    })?)
+}
+
 /// Nearest-rank percentile of sorted values.
 fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
@@ -962,7 +1141,7 @@ pub(crate) async fn w10(
     tokio::time::sleep(settle).await;
 
     let meter = CpuMeter::start(db).await;
-    let produced = produce(db, &producer_pool, producers, total, true, Traced::No).await;
+    let produced = produce(&producer_pool, producers, total, true, Traced::No).await;
     let cpu = meter.stop(db).await;
     // Notifications go out at commit; give the last ones time to arrive. The workers are not
     // waited for: the next run starts from an empty table, and a poll-mode worker would take
@@ -1110,6 +1289,12 @@ pub(crate) async fn worker_child(kind: Kind, url: &str, n: u64, setting: Setting
                 .await?,
         ),
         Kind::Sqlite => Pool::Sqlite(outbox::sqlite_pool(url).await?),
+        Kind::Mysql => Pool::My(
+            sqlx::mysql::MySqlPoolOptions::new()
+                .max_connections(10)
+                .connect(url)
+                .await?,
+        ),
     };
     let secs = drain(&pool, n, setting).await?;
     let own = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
