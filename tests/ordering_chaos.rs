@@ -34,6 +34,8 @@ const WORKERS: usize = 4;
 /// One key in this many has a poison message at step [`POISON_STEP`].
 const POISON_EVERY: usize = 50;
 const POISON_STEP: i64 = 10;
+/// The least time between the producer's steps once the workers run.
+const PACE: Duration = Duration::from_millis(500);
 
 const WORKER_FLAGS: &[&str] = &[
     "--lease",
@@ -353,7 +355,10 @@ async fn chaos(db: Db, keys: usize, drain_limit: Duration) {
             next_kill = Instant::now() + Duration::from_millis(1000 + rng.below(1001));
         }
     };
+    // The second half comes in paced over at least 5 seconds, so that however fast a backend
+    // drains, the kills (one every 1 to 2 seconds) land while work is in flight: at least two.
     for seq in STEPS / 2..STEPS {
+        let paced = Instant::now() + PACE;
         for chunk in (0..keys).step_by(500) {
             db.enqueue_steps(chunk..(chunk + 500).min(keys), seq).await;
         }
@@ -361,6 +366,10 @@ async fn chaos(db: Db, keys: usize, drain_limit: Duration) {
             db.enqueue_plain(0..plain).await;
         }
         kill_due(&mut fleet, &mut kills).await;
+        while Instant::now() < paced {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            kill_due(&mut fleet, &mut kills).await;
+        }
     }
 
     // Drain with kills until only the keys behind dead letters are left.
@@ -549,7 +558,7 @@ async fn replay_chaos(db: Db) {
     db.exec("DELETE FROM chaos_log").await;
 
     let replay = store
-        .start_replay(&outbox::ReplayRequest::new("chaos.a", "audit").rate(150))
+        .start_replay(&outbox::ReplayRequest::new("chaos.a", "audit").rate(100))
         .await
         .expect("the replay starts");
     assert_eq!(replay.total, expected.len() as i64);
