@@ -11,3 +11,6 @@ pub const MYSQL_CLAIM_UNKEYED: &str = crate::backend::mysql::CLAIM_UNKEYED;
 /// The walk over the ordering keys on MySQL, for the test that checks its plan.
 #[cfg(feature = "mysql")]
 pub const MYSQL_WALK_KEYS: &str = crate::backend::mysql::WALK_KEYS;
+/// The head of one ordering key on MySQL, for the test that counts its index reads.
+#[cfg(feature = "mysql")]
+pub const MYSQL_KEY_HEAD: &str = crate::backend::mysql::KEY_HEAD;

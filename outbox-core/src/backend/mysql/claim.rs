@@ -13,8 +13,10 @@
 //! keeps no lock on a row that fails the `WHERE`.
 //!
 //! Ordered messages are claimed through the heads of their keys (each key's live message with
-//! the smallest id), found by a loose index scan of `outbox_messages_key_idx (ordering_key,
-//! id)` (`GROUP BY ordering_key` with `MIN(id)`: one probe per key). A page of heads is first
+//! the smallest id), found on `outbox_messages_key_idx (ordering_key, id)`: the walk over every
+//! key by a loose index scan (`GROUP BY ordering_key` with `MIN(id)`), the heads of the keys a
+//! worker just released by one probe each (`ORDER BY id LIMIT 1`), which reads one entry
+//! whatever the optimizer's statistics say. A page of heads is first
 //! checked without locks (due, not running, not behind a dead letter that holds the key), in
 //! one consistent read; the heads that pass are then locked by primary key with `SKIP LOCKED`
 //! and checked again for what another worker may have changed since (due, not running). A
@@ -65,7 +67,11 @@ const TAKE: &str = concat!(
     " + ? WHERE id IN ({list})"
 );
 
-/// Up to `?` (second) keys after the key `?` (first), in key order, each with its head.
+/// Up to `?` (second) keys after the key `?` (first), in key order, each with its head: a
+/// loose index scan of `outbox_messages_key_idx` (`GROUP BY ordering_key` with `MIN(id)`),
+/// one probe per key, where the optimizer picks it. On few keys of many messages it may scan
+/// their messages instead; the walk runs at most every [`RELEASED_WALK_INTERVAL`] while a
+/// worker's own keys flow, and the heads of those keys are found by [`KEY_HEAD`], which cannot.
 pub(super) const WALK_AFTER: &str = "SELECT ordering_key, MIN(id) FROM outbox_messages \
      WHERE ordering_key > ? GROUP BY ordering_key ORDER BY ordering_key LIMIT ?";
 
@@ -75,9 +81,15 @@ const WALK_UP_TO: &str = "SELECT ordering_key, MIN(id) FROM outbox_messages \
      WHERE ordering_key > ? AND ordering_key <= ? GROUP BY ordering_key \
      ORDER BY ordering_key LIMIT ?";
 
-/// The heads of the keys `{list}`.
-const RELEASED_HEADS: &str = "SELECT ordering_key, MIN(id) FROM outbox_messages \
-     WHERE ordering_key IN ({list}) GROUP BY ordering_key";
+/// The head of key `?` (its live message with the smallest id), if it has one: one probe of
+/// `outbox_messages_key_idx` in the index's own order, one entry read however many messages
+/// the key holds and whatever the table's statistics say. (`MIN(id)` with `GROUP BY` is a
+/// loose index scan only where the optimizer picks it; on the statistics of a nearly empty
+/// table, as an outbox table's usually are, it read every message of the key, and one key of
+/// 20,000 messages drained ever slower.) The heads of several keys are this, once per key,
+/// joined by `UNION ALL`.
+pub(super) const KEY_HEAD: &str = "(SELECT ordering_key, id FROM outbox_messages \
+     FORCE INDEX (outbox_messages_key_idx) WHERE ordering_key = ? ORDER BY id LIMIT 1)";
 
 /// Which of the heads `{list}` may start, read without locks: due, not running, not behind a
 /// dead letter that holds the key, and, for a retried dead letter that had released its key,
@@ -229,9 +241,10 @@ async fn take(
     Ok(())
 }
 
-/// The heads of `keys` ([`RELEASED_HEADS`]).
+/// The heads of `keys` ([`KEY_HEAD`] for each).
 async fn released_heads(b: &MySqlBackend, keys: &[&str]) -> Result<Vec<(String, Uuid)>> {
-    let mut q = sqlx::query_as(with_list(RELEASED_HEADS, keys.len()));
+    let sql = vec![KEY_HEAD; keys.len()].join(" UNION ALL ");
+    let mut q = sqlx::query_as(sqlx::AssertSqlSafe(sql));
     for k in keys {
         q = q.bind(*k);
     }

@@ -153,6 +153,7 @@ where
 /// The statements whose plans a test checks (through `__private`).
 pub(crate) const CLAIM_UNKEYED: &str = claim::CLAIM_UNKEYED;
 pub(crate) const WALK_KEYS: &str = claim::WALK_AFTER;
+pub(crate) const KEY_HEAD: &str = claim::KEY_HEAD;
 
 /// Workers count as alive while their heartbeat is this fresh.
 const LIVE_MS: i64 = 5_000;
