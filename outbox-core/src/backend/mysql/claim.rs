@@ -67,19 +67,46 @@ const TAKE: &str = concat!(
     " + ? WHERE id IN ({list})"
 );
 
-/// Up to `?` (second) keys after the key `?` (first), in key order, each with its head: a
-/// loose index scan of `outbox_messages_key_idx` (`GROUP BY ordering_key` with `MIN(id)`),
-/// one probe per key, where the optimizer picks it. On few keys of many messages it may scan
-/// their messages instead; the walk runs at most every [`RELEASED_WALK_INTERVAL`] while a
-/// worker's own keys flow, and the heads of those keys are found by [`KEY_HEAD`], which cannot.
-pub(super) const WALK_AFTER: &str = "SELECT ordering_key, MIN(id) FROM outbox_messages \
-     WHERE ordering_key > ? GROUP BY ordering_key ORDER BY ordering_key LIMIT ?";
+/// One page of the walk over every key: the keys after the key `?`, up to `$bound` (nothing,
+/// or `AND ... <= ?`), in key order, each with its head (its live message with the smallest
+/// id).
+///
+/// The first row is a probe: the first entry of `outbox_messages_key_idx (ordering_key, id)`
+/// after the key, which is the next key and its head, one entry read. Then up to `?` keys by
+/// `GROUP BY ordering_key` with `MIN(id)` on that index: a loose index scan, one probe per key,
+/// where the optimizer picks it (MySQL 8 is told to by `GROUP_INDEX`; MariaDB has no such
+/// hint). On the statistics of a nearly empty table, as an outbox table's usually are,
+/// MariaDB may pick a range scan over every message of those keys instead, so there the
+/// statement stops after `ROWS EXAMINED` entries (in a comment only MariaDB runs) and returns
+/// what it has: the probe row at least, so a walk moves on by one key a page however its
+/// plan goes. A group cut short still has its true head, as the index is read in `(key, id)`
+/// order, but the walk keeps the last group of a short page only where the probe confirms it.
+macro_rules! walk_page {
+    ($bound:literal) => {
+        concat!(
+            "(SELECT CAST(0 AS SIGNED) AS part, ordering_key, id \
+              FROM outbox_messages FORCE INDEX (outbox_messages_key_idx) \
+              WHERE ordering_key > ?",
+            $bound,
+            " ORDER BY ordering_key, id LIMIT 1) \
+             UNION ALL \
+             (SELECT /*+ GROUP_INDEX(outbox_messages outbox_messages_key_idx) */ \
+                     CAST(1 AS SIGNED), ordering_key, MIN(id) \
+              FROM outbox_messages FORCE INDEX (outbox_messages_key_idx) \
+              WHERE ordering_key > ?",
+            $bound,
+            " GROUP BY ordering_key ORDER BY ordering_key LIMIT ?) \
+             /*M! LIMIT ROWS EXAMINED 2000 */"
+        )
+    };
+}
 
-/// Up to `?` (third) keys after the key `?` and up to the key `?` (the first two), in key
-/// order, each with its head: the walk's wrap-around, up to where it started.
-const WALK_UP_TO: &str = "SELECT ordering_key, MIN(id) FROM outbox_messages \
-     WHERE ordering_key > ? AND ordering_key <= ? GROUP BY ordering_key \
-     ORDER BY ordering_key LIMIT ?";
+/// A page of the walk after the key `?` (the first two), up to `?` (third) keys.
+pub(super) const WALK_AFTER: &str = walk_page!("");
+
+/// A page of the walk's wrap-around: after the key `?` and up to the key `?` where the walk
+/// started (first and second, again third and fourth), up to `?` (fifth) keys.
+const WALK_UP_TO: &str = walk_page!(" AND ordering_key <= ?");
 
 /// The head of key `?` (its live message with the smallest id), if it has one: one probe of
 /// `outbox_messages_key_idx` in the index's own order, one entry read however many messages
@@ -274,7 +301,8 @@ async fn walk_keys(
         .clone()
         .unwrap_or_default();
     let start = out.len();
-    // First the keys after the cursor, then from the first key up to the cursor.
+    // First the keys after the cursor, then from the first key up to the cursor. A page
+    // that comes back empty ends its part of the walk.
     let mut after = cursor.clone();
     let mut wrapped = false;
     loop {
@@ -283,8 +311,10 @@ async fn walk_keys(
             break;
         }
         let page = (want * 2).max(WALK_PAGE);
-        let heads: Vec<(String, Uuid)> = if wrapped {
+        let rows: Vec<(i64, String, Uuid)> = if wrapped {
             sqlx::query_as(WALK_UP_TO)
+                .bind(&after)
+                .bind(&cursor)
                 .bind(&after)
                 .bind(&cursor)
                 .bind(page)
@@ -293,17 +323,22 @@ async fn walk_keys(
         } else {
             sqlx::query_as(WALK_AFTER)
                 .bind(&after)
+                .bind(&after)
                 .bind(page)
                 .fetch_all(&b.pool)
                 .await?
         };
-        let last = heads.last().map(|(k, _)| k.clone());
-        let full_page = i64::try_from(heads.len()).unwrap_or(i64::MAX) >= page;
-        take_heads(b, p, &heads, out).await?;
-        match last {
-            Some(k) if full_page => after = k,
-            _ if wrapped || cursor.is_empty() => break,
-            _ => {
+        let heads = page_heads(rows, page);
+        match heads.last().map(|(k, _)| k.clone()) {
+            Some(last) => {
+                take_heads(b, p, &heads, out).await?;
+                if wrapped && last == cursor {
+                    break;
+                }
+                after = last;
+            }
+            None if wrapped || cursor.is_empty() => break,
+            None => {
                 wrapped = true;
                 after = String::new();
             }
@@ -321,6 +356,32 @@ async fn walk_keys(
             .unwrap_or_else(PoisonError::into_inner) = greatest;
     }
     Ok(())
+}
+
+/// The heads of a page of the walk ([`walk_page!`]), in key order, from its rows (part,
+/// key, head): the probe's (part 0) first, then the groups (part 1) of other keys; of a page
+/// cut short (fewer than `page` groups), all groups but the last, whose key the next page's
+/// probe reads again.
+fn page_heads(rows: Vec<(i64, String, Uuid)>, page: i64) -> Vec<(String, Uuid)> {
+    let Some(probe) = rows
+        .iter()
+        .find(|(part, ..)| *part == 0)
+        .map(|(_, k, h)| (k.clone(), *h))
+    else {
+        return Vec::new();
+    };
+    let mut groups: Vec<(String, Uuid)> = rows
+        .into_iter()
+        .filter(|(part, ..)| *part == 1)
+        .map(|(_, k, h)| (k, h))
+        .collect();
+    if i64::try_from(groups.len()).unwrap_or(i64::MAX) < page {
+        groups.pop();
+    }
+    let probe_key = probe.0.clone();
+    let mut heads = vec![probe];
+    heads.extend(groups.into_iter().filter(|(k, _)| *k != probe_key));
+    heads
 }
 
 /// Claims into `out`, up to the rest of the batch, those of `heads` that may start
@@ -407,4 +468,44 @@ fn claimed(r: &MySqlRow, claim_token: Uuid) -> Result<ClaimedMessage, sqlx::Erro
             .try_get::<Option<String>, _>("traceparent")?
             .map(|p| crate::trace::TraceContext::new(p, r.try_get("tracestate").unwrap_or(None))),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(n: u128) -> Uuid {
+        Uuid::from_u128(n)
+    }
+
+    #[test]
+    fn a_page_of_the_walk_puts_the_probe_first_and_drops_the_last_group_of_a_short_page() {
+        let rows = vec![
+            (0, "a".to_string(), id(1)),
+            (1, "a".to_string(), id(1)),
+            (1, "b".to_string(), id(5)),
+            (1, "c".to_string(), id(9)),
+        ];
+        // Three groups of a page of 100: cut short (or the last keys); "c" waits for the next
+        // page's probe.
+        assert_eq!(
+            page_heads(rows.clone(), 100),
+            vec![("a".to_string(), id(1)), ("b".to_string(), id(5))]
+        );
+        // A full page keeps every group.
+        assert_eq!(
+            page_heads(rows, 3),
+            vec![
+                ("a".to_string(), id(1)),
+                ("b".to_string(), id(5)),
+                ("c".to_string(), id(9))
+            ]
+        );
+        // A page cut before any group ended still moves on by the probe's key.
+        assert_eq!(
+            page_heads(vec![(0, "a".to_string(), id(1))], 100),
+            vec![("a".to_string(), id(1))]
+        );
+        assert!(page_heads(Vec::new(), 100).is_empty());
+    }
 }
