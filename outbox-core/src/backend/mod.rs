@@ -31,6 +31,67 @@ pub(crate) fn selection(which: &crate::model::DeadSelection) -> (Option<uuid::Uu
 }
 pub(crate) use types::*;
 
+/// One topic's row of every backend's statistics query, in its column order: topic, ready,
+/// scheduled, in flight, stalled, dead, done in the last 5 minutes, the oldest ready message,
+/// the oldest stall, live workers, blocked, blocked by a dead letter, the oldest blocked
+/// message, messages of an unknown version. The three times are `A`, in whatever the backend
+/// reads them as.
+pub(crate) type StatsRow<A, V> = (
+    String,
+    i64,
+    i64,
+    i64,
+    i64,
+    i64,
+    i64,
+    Option<A>,
+    Option<A>,
+    i64,
+    i64,
+    i64,
+    Option<A>,
+    Option<V>,
+);
+
+/// A [`StatsRow`] as the model's `TopicStats`, its times turned into ages by `age`.
+pub(crate) fn topic_stats<A, V: TryInto<i32>>(
+    row: StatsRow<A, V>,
+    age: impl Fn(Option<A>) -> Option<std::time::Duration>,
+) -> crate::model::TopicStats {
+    let (
+        topic,
+        ready,
+        scheduled,
+        in_flight,
+        stalled,
+        dead,
+        done_last_5m,
+        oldest,
+        stalled_for,
+        workers,
+        blocked,
+        blocked_by_dead,
+        oldest_blocked,
+        unknown_version,
+    ) = row;
+    crate::model::TopicStats {
+        topic,
+        ready,
+        blocked,
+        blocked_by_dead,
+        oldest_blocked_age: age(oldest_blocked),
+        scheduled,
+        in_flight,
+        stalled,
+        dead,
+        done_last_5m,
+        oldest_ready_age: age(oldest),
+        oldest_stalled_age: age(stalled_for),
+        live_workers: workers,
+        unknown_version: unknown_version.and_then(|v| v.try_into().ok()),
+    }
+}
+
 /// While a worker's done writes keep releasing ordering keys, whose next messages its claims
 /// look up key by key, how often those claims still walk every key (for the heads that other
 /// workers' writes, new keys and due retries made).

@@ -18,7 +18,7 @@ use sqlx::Row;
 use uuid::Uuid;
 
 use super::{ms, now_ms, retrying, time, with_list, MySqlBackend, LIVE_MS};
-use crate::backend::selection;
+use crate::backend::{selection, topic_stats, StatsRow};
 use crate::error::Result;
 use crate::model::{DeadLetterFilter, DeadSelection, MessageInfo, TopicStats};
 
@@ -221,65 +221,13 @@ pub(super) async fn unknown_topics(b: &MySqlBackend, known: &[&str]) -> Result<V
 }
 
 pub(super) async fn stats(b: &MySqlBackend) -> Result<Vec<TopicStats>> {
-    type Row = (
-        String,
-        i64,
-        i64,
-        i64,
-        i64,
-        i64,
-        i64,
-        Option<i64>,
-        Option<i64>,
-        i64,
-        i64,
-        i64,
-        Option<i64>,
-        Option<i32>,
-    );
+    type Row = StatsRow<i64, i32>;
     let rows: Vec<Row> = sqlx::query_as(STATS)
         .bind(LIVE_MS)
         .fetch_all(&b.pool)
         .await?;
     let age = |ms: Option<i64>| ms.map(|ms| Duration::from_millis(u64::try_from(ms).unwrap_or(0)));
-    Ok(rows
-        .into_iter()
-        .map(
-            |(
-                topic,
-                ready,
-                scheduled,
-                in_flight,
-                stalled,
-                dead,
-                done_last_5m,
-                oldest,
-                stalled_for,
-                workers,
-                blocked,
-                blocked_by_dead,
-                oldest_blocked,
-                unknown_version,
-            )| {
-                TopicStats {
-                    topic,
-                    ready,
-                    blocked,
-                    blocked_by_dead,
-                    oldest_blocked_age: age(oldest_blocked),
-                    scheduled,
-                    in_flight,
-                    stalled,
-                    dead,
-                    done_last_5m,
-                    oldest_ready_age: age(oldest),
-                    oldest_stalled_age: age(stalled_for),
-                    live_workers: workers,
-                    unknown_version,
-                }
-            },
-        )
-        .collect())
+    Ok(rows.into_iter().map(|row| topic_stats(row, age)).collect())
 }
 
 pub(super) async fn done_per_minute(

@@ -8,7 +8,7 @@ use sqlx::Row;
 use uuid::Uuid;
 
 use super::secs;
-use crate::backend::selection;
+use crate::backend::{selection, topic_stats, StatsRow};
 use crate::error::Result;
 use crate::model::{DeadLetterFilter, DeadSelection, MessageInfo, TopicStats};
 
@@ -202,62 +202,10 @@ pub(super) async fn unknown_topics(pool: &PgPool, known: &[&str]) -> Result<Vec<
 }
 
 pub(super) async fn stats(pool: &PgPool) -> Result<Vec<TopicStats>> {
-    type Row = (
-        String,
-        i64,
-        i64,
-        i64,
-        i64,
-        i64,
-        i64,
-        Option<f64>,
-        Option<f64>,
-        i64,
-        i64,
-        i64,
-        Option<f64>,
-        Option<i32>,
-    );
+    type Row = StatsRow<f64, i32>;
     let rows: Vec<Row> = sqlx::query_as(STATS).fetch_all(pool).await?;
     let age = |s: Option<f64>| s.and_then(|s| Duration::try_from_secs_f64(s.max(0.0)).ok());
-    Ok(rows
-        .into_iter()
-        .map(
-            |(
-                topic,
-                ready,
-                scheduled,
-                in_flight,
-                stalled,
-                dead,
-                done_last_5m,
-                oldest,
-                stalled_for,
-                workers,
-                blocked,
-                blocked_by_dead,
-                oldest_blocked,
-                unknown_version,
-            )| {
-                TopicStats {
-                    topic,
-                    ready,
-                    blocked,
-                    blocked_by_dead,
-                    oldest_blocked_age: age(oldest_blocked),
-                    scheduled,
-                    in_flight,
-                    stalled,
-                    dead,
-                    done_last_5m,
-                    oldest_ready_age: age(oldest),
-                    oldest_stalled_age: age(stalled_for),
-                    live_workers: workers,
-                    unknown_version,
-                }
-            },
-        )
-        .collect())
+    Ok(rows.into_iter().map(|row| topic_stats(row, age)).collect())
 }
 
 pub(super) async fn done_per_minute(

@@ -8,7 +8,7 @@ use sqlx::Row;
 use uuid::Uuid;
 
 use super::{ms, parse_uuid, time, LIVE_MS};
-use crate::backend::selection;
+use crate::backend::{selection, topic_stats, StatsRow};
 use crate::clock::now_ms;
 use crate::error::Result;
 use crate::model::{DeadLetterFilter, DeadSelection, MessageInfo, TopicStats};
@@ -167,22 +167,7 @@ pub(super) async fn unknown_topics(
 }
 
 pub(super) async fn stats(pool: &SqlitePool) -> Result<Vec<TopicStats>> {
-    type Row = (
-        String,
-        i64,
-        i64,
-        i64,
-        i64,
-        i64,
-        i64,
-        Option<i64>,
-        Option<i64>,
-        i64,
-        i64,
-        i64,
-        Option<i64>,
-        Option<i64>,
-    );
+    type Row = StatsRow<i64, i64>;
     let now = now_ms();
     let rows: Vec<Row> = sqlx::query_as(STATS)
         .bind(now)
@@ -191,44 +176,7 @@ pub(super) async fn stats(pool: &SqlitePool) -> Result<Vec<TopicStats>> {
         .await?;
     let age =
         |t: Option<i64>| t.map(|t| Duration::from_millis(u64::try_from(now - t).unwrap_or(0)));
-    Ok(rows
-        .into_iter()
-        .map(
-            |(
-                topic,
-                ready,
-                scheduled,
-                in_flight,
-                stalled,
-                dead,
-                done_last_5m,
-                oldest,
-                stalled_since,
-                workers,
-                blocked,
-                blocked_by_dead,
-                oldest_blocked,
-                unknown_version,
-            )| {
-                TopicStats {
-                    topic,
-                    ready,
-                    blocked,
-                    blocked_by_dead,
-                    oldest_blocked_age: age(oldest_blocked),
-                    scheduled,
-                    in_flight,
-                    stalled,
-                    dead,
-                    done_last_5m,
-                    oldest_ready_age: age(oldest),
-                    oldest_stalled_age: age(stalled_since),
-                    live_workers: workers,
-                    unknown_version: unknown_version.and_then(|v| i32::try_from(v).ok()),
-                }
-            },
-        )
-        .collect())
+    Ok(rows.into_iter().map(|row| topic_stats(row, age)).collect())
 }
 
 pub(super) async fn done_per_minute(
