@@ -50,6 +50,7 @@ use super::{
     Backend, Beat, ClaimParams, ClaimedMessage, Connection, Done, Failure, Fence, WakeupListener,
 };
 use crate::backend::NewMessage;
+use crate::clock::{ms, time};
 use crate::error::Result;
 use crate::model::{DeadLetterFilter, DeadSelection, MessageInfo, TopicStats, WorkerInfo};
 
@@ -157,16 +158,6 @@ pub(crate) const KEY_HEAD: &str = claim::KEY_HEAD;
 
 /// Workers count as alive while their heartbeat is this fresh.
 const LIVE_MS: i64 = 5_000;
-
-/// A stored time (Unix milliseconds).
-fn time(ms: i64) -> DateTime<Utc> {
-    DateTime::<Utc>::from_timestamp_millis(ms).unwrap_or_default()
-}
-
-/// A duration in milliseconds, as times are stored.
-fn ms(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
-}
 
 /// `n` placeholders, comma-separated, for a list bound one item each: `?, ?, ?`.
 fn marks(n: usize) -> String {

@@ -37,6 +37,7 @@ use super::{
     Backend, Beat, ClaimParams, ClaimedMessage, Connection, Done, Failure, Fence, WakeupListener,
 };
 use crate::backend::NewMessage;
+use crate::clock::{ms, time};
 use crate::error::{Error, Result};
 use crate::model::{DeadLetterFilter, DeadSelection, MessageInfo, TopicStats, WorkerInfo};
 
@@ -96,16 +97,6 @@ impl SqliteBackend {
 
 /// Workers count as alive while their heartbeat is this fresh.
 const LIVE_MS: i64 = 5_000;
-
-/// A stored time (Unix milliseconds).
-fn time(ms: i64) -> DateTime<Utc> {
-    DateTime::<Utc>::from_timestamp_millis(ms).unwrap_or_default()
-}
-
-/// A duration in milliseconds, as times are stored.
-fn ms(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
-}
 
 /// A stored id.
 fn parse_uuid(s: &str) -> Result<Uuid, sqlx::Error> {
