@@ -179,6 +179,17 @@ async fn sqlite_pool_of(url: &str, max: u32) -> Result<SqlitePool> {
         .await?)
 }
 
+/// A new name for a run's own database: the time, this process and a serial, so runs never
+/// meet (a stale one is dropped by the next run on the same server).
+fn run_database_name() -> String {
+    format!(
+        "outbox_bench_{}_{}_{}",
+        unix_secs(),
+        std::process::id(),
+        next_serial()
+    )
+}
+
 impl Db {
     /// Creates the database of a run and migrates it.
     pub(crate) async fn create(kind: Kind, database_url: &str) -> Result<Db> {
@@ -192,12 +203,7 @@ impl Db {
                     .await
                     .with_context(|| format!("cannot connect to PostgreSQL at {shown}"))?;
                 drop_stale(&mut admin).await;
-                let name = format!(
-                    "outbox_bench_{}_{}_{}",
-                    unix_secs(),
-                    std::process::id(),
-                    next_serial()
-                );
+                let name = run_database_name();
                 sqlx::raw_sql(AssertSqlSafe(format!("CREATE DATABASE {name}")))
                     .execute(&mut admin)
                     .await?;
@@ -250,12 +256,7 @@ impl Db {
                     .await
                     .with_context(|| format!("cannot connect to MariaDB/MySQL at {shown}"))?;
                 drop_stale_mysql(&mut admin).await;
-                let name = format!(
-                    "outbox_bench_{}_{}_{}",
-                    unix_secs(),
-                    std::process::id(),
-                    next_serial()
-                );
+                let name = run_database_name();
                 sqlx::raw_sql(AssertSqlSafe(format!("CREATE DATABASE {name}")))
                     .execute(&mut admin)
                     .await?;
@@ -748,12 +749,7 @@ impl PeerDb {
     pub(crate) async fn create(database_url: &str) -> Result<PeerDb> {
         let opts: PgConnectOptions = database_url.parse()?;
         let mut admin = PgConnection::connect_with(&opts).await?;
-        let name = format!(
-            "outbox_bench_{}_{}_{}_peer",
-            unix_secs(),
-            std::process::id(),
-            next_serial()
-        );
+        let name = format!("{}_peer", run_database_name());
         sqlx::raw_sql(AssertSqlSafe(format!("CREATE DATABASE {name}")))
             .execute(&mut admin)
             .await?;
@@ -813,17 +809,22 @@ async fn drop_stale(admin: &mut PgConnection) {
     .fetch_all(&mut *admin)
     .await
     .unwrap_or_default();
-    let now = unix_secs();
-    for name in names {
-        let created: Option<u64> = name.split('_').nth(2).and_then(|s| s.parse().ok());
-        if created.is_some_and(|t| t + 3600 < now) {
-            let _ = sqlx::raw_sql(AssertSqlSafe(format!(
-                "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
-            )))
-            .execute(&mut *admin)
-            .await;
-        }
+    for name in stale(names) {
+        let _ = sqlx::raw_sql(AssertSqlSafe(format!(
+            "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
+        )))
+        .execute(&mut *admin)
+        .await;
     }
+}
+
+/// Of the bench databases `names` ([`run_database_name`]), those made more than an hour ago.
+fn stale(names: Vec<String>) -> impl Iterator<Item = String> {
+    let now = unix_secs();
+    names.into_iter().filter(move |name| {
+        let created: Option<u64> = name.split('_').nth(2).and_then(|s| s.parse().ok());
+        created.is_some_and(|t| t + 3600 < now)
+    })
 }
 
 /// Dead letters per statement of [`Db::insert_done`] on MariaDB/MySQL.
@@ -839,13 +840,9 @@ async fn drop_stale_mysql(admin: &mut MySqlConnection) {
     .fetch_all(&mut *admin)
     .await
     .unwrap_or_default();
-    let now = unix_secs();
-    for name in names {
-        let created: Option<u64> = name.split('_').nth(2).and_then(|s| s.parse().ok());
-        if created.is_some_and(|t| t + 3600 < now) {
-            let _ = sqlx::raw_sql(AssertSqlSafe(format!("DROP DATABASE IF EXISTS {name}")))
-                .execute(&mut *admin)
-                .await;
-        }
+    for name in stale(names) {
+        let _ = sqlx::raw_sql(AssertSqlSafe(format!("DROP DATABASE IF EXISTS {name}")))
+            .execute(&mut *admin)
+            .await;
     }
 }
