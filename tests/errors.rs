@@ -161,19 +161,7 @@ async fn postgres_errors_are_classified_by_what_happened() {
         "cannot reach the database",
     );
 
-    let e = outbox::cli::connect("postgres://postgres@:99999999/x")
-        .await
-        .unwrap_err();
-    assert_eq!(
-        e.database_kind(),
-        Some(DatabaseErrorKind::InvalidArgument),
-        "{e}"
-    );
-    assert_eq!(
-        exit::for_error(&e),
-        exit::USAGE,
-        "a bad URL is a bad argument"
-    );
+    assert_bad_url("postgres://postgres@:99999999/x").await;
     db.drop_db().await;
 }
 
@@ -374,9 +362,13 @@ async fn mysql_errors_are_classified_by_what_happened() {
         "cannot reach the database",
     );
 
-    let e = outbox::cli::connect("mysql://root@:99999999/x")
-        .await
-        .unwrap_err();
+    assert_bad_url("mysql://root@:99999999/x").await;
+    db.drop_db().await;
+}
+
+/// A URL `outbox::cli::connect` cannot use is an invalid argument, exit code USAGE.
+async fn assert_bad_url(url: &str) {
+    let e = outbox::cli::connect(url).await.unwrap_err();
     assert_eq!(
         e.database_kind(),
         Some(DatabaseErrorKind::InvalidArgument),
@@ -387,7 +379,6 @@ async fn mysql_errors_are_classified_by_what_happened() {
         exit::USAGE,
         "a bad URL is a bad argument"
     );
-    db.drop_db().await;
 }
 
 fn ops(url: &str, args: &[&str]) -> (i32, String) {
