@@ -264,8 +264,47 @@ impl KeyCount for sqlx::SqlitePool {
     }
 }
 
-/// Every call of [`WatchingH`]: (key, seq, attempt, the key's live messages as it started).
-type WatchedCalls = Arc<Mutex<Vec<(String, i64, u32, i64)>>>;
+/// One call of [`WatchingH`].
+#[derive(Debug, Clone)]
+struct WatchedCall {
+    key: String,
+    seq: i64,
+    attempt: u32,
+    /// The key's live messages as the call started; `None` if the call was cut before it read
+    /// them.
+    live: Option<i64>,
+    /// The handler returned (`Ok` or its injected failure). `false`: the worker's deadline cut
+    /// the call, which is a failure of that attempt as any other and is retried.
+    returned: bool,
+}
+
+/// Every call of [`WatchingH`], in the order they started.
+type WatchedCalls = Arc<Mutex<Vec<WatchedCall>>>;
+
+/// Asserts that a step is called again only after a failed attempt: the one before it returned
+/// its injected failure or was cut by the deadline (the handler ran past it, as one that waits
+/// on a loaded database may). A step delivered twice for any other reason fails here. Returns
+/// the attempts cut by the deadline.
+fn assert_retries_follow_failures(
+    calls: &[WatchedCall],
+    injected: impl Fn(&WatchedCall) -> bool,
+) -> Vec<WatchedCall> {
+    for c in calls.iter().filter(|c| c.attempt > 1) {
+        let before = calls
+            .iter()
+            .find(|b| b.key == c.key && b.seq == c.seq && b.attempt == c.attempt - 1)
+            .unwrap_or_else(|| panic!("{c:?} has no attempt before it"));
+        assert!(
+            !before.returned || injected(before),
+            "{c:?} retried an attempt that returned without a failure: {before:?}"
+        );
+    }
+    let cut: Vec<WatchedCall> = calls.iter().filter(|c| !c.returned).cloned().collect();
+    if !cut.is_empty() {
+        eprintln!("attempts cut by the handler deadline: {cut:?}");
+    }
+    cut
+}
 
 struct WatchingH {
     calls: WatchedCalls,
@@ -277,16 +316,26 @@ impl Handler for WatchingH {
     type Event = WatchedStep;
     const NAME: &'static str = "watching";
     async fn handle(&self, e: WatchedStep, ctx: &Context) -> Result<(), HandlerError> {
+        // Recorded before anything awaits, so that a call the deadline cuts is seen too.
+        let at = {
+            let mut calls = self.calls.lock().unwrap();
+            calls.push(WatchedCall {
+                key: e.key.clone(),
+                seq: e.seq,
+                attempt: ctx.attempt(),
+                live: None,
+                returned: false,
+            });
+            calls.len() - 1
+        };
         let live = self.db.live_of(&e.key).await;
-        self.calls
-            .lock()
-            .unwrap()
-            .push((e.key.clone(), e.seq, ctx.attempt(), live));
+        self.calls.lock().unwrap()[at].live = Some(live);
         if e.block_once && ctx.attempt() == 1 {
             // Never yields: only the worker's deadline ends this attempt.
             std::thread::sleep(Duration::from_millis(900));
         }
         tokio::time::sleep(Duration::from_millis(e.ms)).await;
+        self.calls.lock().unwrap()[at].returned = true;
         if e.fail_once && ctx.attempt() == 1 {
             return Err(HandlerError::retry(
                 "injected failure of a step's first attempt",
@@ -475,22 +524,30 @@ all_backends! {
         stop(running).await;
         let calls = calls.lock().unwrap().clone();
         for key in keys {
-            let mine: Vec<&(String, i64, u32, i64)> = calls.iter().filter(|c| c.0 == key).collect();
-            let seqs: Vec<i64> = mine.iter().map(|c| c.1).collect();
+            let mine: Vec<&WatchedCall> = calls.iter().filter(|c| c.key == key).collect();
+            let seqs: Vec<i64> = mine.iter().map(|c| c.seq).collect();
             let mut firsts = seqs.clone();
             firsts.dedup();
             assert_eq!(firsts, (0..STEPS).collect::<Vec<_>>(), "{key}: in order, none skipped: {seqs:?}");
-            for (_, seq, attempt, live) in &mine {
-                assert_eq!(*live, STEPS - seq, "{key} step {seq} (attempt {attempt}) started before the one before it was written done");
+            for c in &mine {
+                if let Some(live) = c.live {
+                    assert_eq!(live, STEPS - c.seq, "{c:?} started before the step before it was written done");
+                }
             }
             // A step's first call is its first attempt: nothing behind a failed or timed out one
             // was claimed and left to its lease.
             for seq in 0..STEPS {
-                let first = mine.iter().find(|c| c.1 == seq).unwrap();
-                assert_eq!(first.2, 1, "{key} step {seq}'s first call: {first:?}");
+                let first = mine.iter().find(|c| c.seq == seq).unwrap();
+                assert_eq!(first.attempt, 1, "{key} step {seq}'s first call: {first:?}");
             }
         }
-        assert_eq!(calls.len() as i64, 3 * STEPS + 3, "one retry per injected failure");
+        let injected = |c: &WatchedCall| c.attempt == 1 && c.key == "r:fail" && (c.seq == 0 || c.seq == 20);
+        let cut = assert_retries_follow_failures(&calls, injected);
+        let blocked = |c: &WatchedCall| c.key == "r:block" && c.seq == 5 && c.attempt == 1;
+        assert!(cut.iter().any(blocked), "the blocking attempt is cut by its deadline: {calls:?}");
+        // One retry per injected failure (two failures, one blocking attempt), and one for each
+        // other attempt that ran past its deadline on a loaded machine.
+        assert_eq!(calls.len(), 3 * STEPS as usize + 2 + cut.len(), "{cut:?}");
     }
 
     async fn a_stopping_worker_leaves_nothing_of_a_key_claimed(store, pool) {
@@ -516,15 +573,18 @@ all_backends! {
         assert!(stopping.elapsed() < Duration::from_secs(10), "stop took {:?}", stopping.elapsed());
         let t = store.stats().await.unwrap().total;
         assert_eq!(t.in_flight, 0, "nothing is left claimed: {t:?}");
-        let handled = calls.lock().unwrap().len() as i64;
+        let handled = calls.lock().unwrap().iter().filter(|c| c.returned).count() as i64;
         assert_eq!(t.pending(), STEPS - handled, "{t:?}");
         // Another worker takes the rest from where the first stopped, each step's first attempt.
         let running = start(vec![watching_worker(store.clone(), &calls, db, Duration::from_secs(5))]);
         wait_until(Duration::from_secs(60), "the key drained", async || live(&store).await == 0).await;
         stop(running).await;
         let calls = calls.lock().unwrap().clone();
-        assert_eq!(calls.iter().map(|c| c.1).collect::<Vec<_>>(), (0..STEPS).collect::<Vec<_>>());
-        assert!(calls.iter().all(|c| c.2 == 1), "no attempt counted twice: {calls:?}");
+        // Each step once, at its first attempt; a repeat only after an attempt the deadline cut.
+        let cut = assert_retries_follow_failures(&calls, |_| false);
+        let firsts: Vec<i64> = calls.iter().filter(|c| c.attempt == 1).map(|c| c.seq).collect();
+        assert_eq!(firsts, (0..STEPS).collect::<Vec<_>>(), "{calls:?}");
+        assert_eq!(calls.len(), STEPS as usize + cut.len(), "no attempt counted twice: {calls:?}");
     }
 
     async fn unkeyed_messages_are_never_held_back_by_keyed_ones(store, pool) {
