@@ -447,7 +447,12 @@ pub(crate) trait WakeupListener: Send {
     async fn recv(&mut self) -> Result<Wake>;
 }
 
-#[cfg(test)]
+/// Helpers for the unit tests of the backends' statements (the PostgreSQL and SQLite ones use
+/// them).
+#[cfg(all(
+    test,
+    any(feature = "postgres", feature = "sqlite", feature = "sqlite-unbundled")
+))]
 pub(crate) mod tests {
     /// The part of `sql` from the first `start` on; empty when there is none.
     pub(crate) fn from<'a>(sql: &'a str, start: &str) -> &'a str {
@@ -456,6 +461,7 @@ pub(crate) mod tests {
 
     /// The part of `sql` from the first `start` to the next `end`, `end` left out; empty when
     /// there is none.
+    #[cfg(feature = "postgres")]
     pub(crate) fn between<'a>(sql: &'a str, start: &str, end: &str) -> &'a str {
         let rest = from(sql, start);
         rest.find(end).map_or("", |at| &rest[..at])
