@@ -683,9 +683,12 @@ all_backends! {
     }
 
     async fn a_delayed_message_holds_back_the_later_ones_of_its_key(store, pool) {
+        // Long enough that a loaded machine handles the other key well within it.
+        const DELAY: Duration = Duration::from_secs(3);
+        let enqueued = std::time::Instant::now();
         let mut tx = pool.begin().await.unwrap();
         enqueue_with(&mut *tx, &StepA { key: "k".into(), seq: 0, fails: 0 },
-            &EnqueueOptions::new().delay(Duration::from_millis(700))).await.unwrap();
+            &EnqueueOptions::new().delay(DELAY)).await.unwrap();
         enqueue(&mut *tx, &StepB { key: "k".into(), seq: 1, fails: 0 }).await.unwrap();
         // An explicit key on an unkeyed event type, and one on another key.
         enqueue_with(&mut *tx, &Plain { n: 1 }, &EnqueueOptions::new().ordering_key("k")).await.unwrap();
@@ -696,10 +699,13 @@ all_backends! {
         wait_until(Duration::from_secs(10), "the other key done", async || {
             log.calls().iter().any(|c| c.1 == "other")
         }).await;
-        assert!(log.calls().iter().all(|c| c.1 != "k" && c.0 != "plain"), "k waits for its delayed first step");
+        let calls = log.calls();
         let t = store.stats().await.unwrap().total;
+        let seen = enqueued.elapsed();
+        assert!(seen < DELAY - Duration::from_millis(100), "the other key took {seen:?}: too long to tell waiting from running");
+        assert!(calls.iter().all(|c| c.1 != "k" && c.0 != "plain"), "k waits for its delayed first step: {calls:?}");
         assert_eq!((t.scheduled, t.blocked), (1, 2), "{t:?}");
-        wait_until(Duration::from_secs(10), "all done", async || live(&store).await == 0).await;
+        wait_until(Duration::from_secs(20), "all done", async || live(&store).await == 0).await;
         stop(running).await;
         let k: Vec<(&str, i64)> = log.calls().iter().filter(|c| c.1 == "k" || c.0 == "plain")
             .map(|c| (c.0, c.2)).collect();
