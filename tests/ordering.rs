@@ -276,6 +276,8 @@ struct WatchedCall {
     /// The handler returned (`Ok` or its injected failure). `false`: the worker's deadline cut
     /// the call, which is a failure of that attempt as any other and is retried.
     returned: bool,
+    /// This attempt was to fail on purpose (`fail_once`, first attempt).
+    injected: bool,
 }
 
 /// Every call of [`WatchingH`], in the order they started.
@@ -285,17 +287,14 @@ type WatchedCalls = Arc<Mutex<Vec<WatchedCall>>>;
 /// its injected failure or was cut by the deadline (the handler ran past it, as one that waits
 /// on a loaded database may). A step delivered twice for any other reason fails here. Returns
 /// the attempts cut by the deadline.
-fn assert_retries_follow_failures(
-    calls: &[WatchedCall],
-    injected: impl Fn(&WatchedCall) -> bool,
-) -> Vec<WatchedCall> {
+fn assert_retries_follow_failures(calls: &[WatchedCall]) -> Vec<WatchedCall> {
     for c in calls.iter().filter(|c| c.attempt > 1) {
         let before = calls
             .iter()
             .find(|b| b.key == c.key && b.seq == c.seq && b.attempt == c.attempt - 1)
             .unwrap_or_else(|| panic!("{c:?} has no attempt before it"));
         assert!(
-            !before.returned || injected(before),
+            !before.returned || before.injected,
             "{c:?} retried an attempt that returned without a failure: {before:?}"
         );
     }
@@ -316,6 +315,7 @@ impl Handler for WatchingH {
     type Event = WatchedStep;
     const NAME: &'static str = "watching";
     async fn handle(&self, e: WatchedStep, ctx: &Context) -> Result<(), HandlerError> {
+        let injected = e.fail_once && ctx.attempt() == 1;
         // Recorded before anything awaits, so that a call the deadline cuts is seen too.
         let at = {
             let mut calls = self.calls.lock().unwrap();
@@ -325,6 +325,7 @@ impl Handler for WatchingH {
                 attempt: ctx.attempt(),
                 live: None,
                 returned: false,
+                injected,
             });
             calls.len() - 1
         };
@@ -336,7 +337,7 @@ impl Handler for WatchingH {
         }
         tokio::time::sleep(Duration::from_millis(e.ms)).await;
         self.calls.lock().unwrap()[at].returned = true;
-        if e.fail_once && ctx.attempt() == 1 {
+        if injected {
             return Err(HandlerError::retry(
                 "injected failure of a step's first attempt",
             ));
@@ -541,8 +542,7 @@ all_backends! {
                 assert_eq!(first.attempt, 1, "{key} step {seq}'s first call: {first:?}");
             }
         }
-        let injected = |c: &WatchedCall| c.attempt == 1 && c.key == "r:fail" && (c.seq == 0 || c.seq == 20);
-        let cut = assert_retries_follow_failures(&calls, injected);
+        let cut = assert_retries_follow_failures(&calls);
         let blocked = |c: &WatchedCall| c.key == "r:block" && c.seq == 5 && c.attempt == 1;
         assert!(cut.iter().any(blocked), "the blocking attempt is cut by its deadline: {calls:?}");
         // One retry per injected failure (two failures, one blocking attempt), and one for each
@@ -581,7 +581,7 @@ all_backends! {
         stop(running).await;
         let calls = calls.lock().unwrap().clone();
         // Each step once, at its first attempt; a repeat only after an attempt the deadline cut.
-        let cut = assert_retries_follow_failures(&calls, |_| false);
+        let cut = assert_retries_follow_failures(&calls);
         let firsts: Vec<i64> = calls.iter().filter(|c| c.attempt == 1).map(|c| c.seq).collect();
         assert_eq!(firsts, (0..STEPS).collect::<Vec<_>>(), "{calls:?}");
         assert_eq!(calls.len(), STEPS as usize + cut.len(), "no attempt counted twice: {calls:?}");
