@@ -426,6 +426,7 @@ mod tests {
         let mut b = String::new();
         let event = RetainedEvent {
             id: Uuid::nil(),
+            seq: 1,
             topic: "t".into(),
             payload: format!(
                 "{{\"note\":\"<script>alert(1)</script>{}\"}}",
