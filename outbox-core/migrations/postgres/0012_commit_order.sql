@@ -25,7 +25,7 @@ ALTER TABLE outbox_messages ADD COLUMN seq BIGINT NOT NULL DEFAULT 0;
 ALTER TABLE outbox_dead ADD COLUMN seq BIGINT NOT NULL DEFAULT 0;
 ALTER TABLE outbox_events ADD COLUMN seq BIGINT NOT NULL DEFAULT 0;
 
-CREATE TEMPORARY TABLE outbox_seq_upgrade ON COMMIT DROP AS
+CREATE TEMPORARY TABLE outbox_seq_upgrade AS
 SELECT id, row_number() OVER (ORDER BY id) AS seq
 FROM (SELECT id FROM outbox_messages WHERE ordering_key IS NOT NULL
       UNION ALL
@@ -33,6 +33,7 @@ FROM (SELECT id FROM outbox_messages WHERE ordering_key IS NOT NULL
 UPDATE outbox_messages m SET seq = u.seq FROM outbox_seq_upgrade u WHERE m.id = u.id;
 UPDATE outbox_dead d SET seq = u.seq FROM outbox_seq_upgrade u WHERE d.id = u.id;
 SELECT setval('outbox_messages_seq', coalesce(max(seq), 0) + 1, false) FROM outbox_seq_upgrade;
+DROP TABLE outbox_seq_upgrade;
 
 ALTER TABLE outbox_messages ALTER COLUMN seq SET DEFAULT nextval('outbox_messages_seq');
 ALTER SEQUENCE outbox_messages_seq OWNED BY outbox_messages.seq;
