@@ -13,15 +13,17 @@
 //! keeps no lock on a row that fails the `WHERE`.
 //!
 //! Ordered messages are claimed through the heads of their keys (each key's live message with
-//! the smallest id), found on `outbox_messages_key_idx (ordering_key, id)`: the walk over every
-//! key by a loose index scan (`GROUP BY ordering_key` with `MIN(id)`), the heads of the keys a
-//! worker just released by one probe each (`ORDER BY id LIMIT 1`), which reads one entry
-//! whatever the optimizer's statistics say. A page of heads is first
-//! checked without locks (due, not running, not behind a dead letter that holds the key), in
-//! one consistent read; the heads that pass are then locked by primary key with `SKIP LOCKED`
-//! and checked again for what another worker may have changed since (due, not running). A
-//! later message of a key is never a head while an earlier one is live, so two workers never
-//! start two messages of one key.
+//! the smallest `seq`, the number InnoDB gave it at insert), found on `outbox_messages_key_idx
+//! (ordering_key, seq)`: the walk over every key by a loose index scan (`GROUP BY ordering_key`
+//! with `MIN(seq)`), the heads of the keys a worker just released by one probe each (`ORDER BY
+//! seq LIMIT 1`), which reads one entry whatever the optimizer's statistics say. A page of heads
+//! is first checked without locks (due, not running, no earlier message of the key live, not
+//! behind a dead letter that holds the key), in one consistent read; the heads that pass are
+//! then locked by primary key with `SKIP LOCKED`, checked for what another worker may have
+//! changed since (due, not running), and checked once more without locks for an earlier
+//! message or a dead letter of their key, which a retry committed between those statements
+//! may have brought. A later message of a key is never a head while an earlier one is live, so
+//! two workers never start two messages of one key.
 
 use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -118,25 +120,45 @@ const WALK_UP_TO: &str = walk_page!(" AND ordering_key <= ?");
 pub(super) const KEY_HEAD: &str = "(SELECT ordering_key, seq FROM outbox_messages \
      FORCE INDEX (outbox_messages_key_idx) WHERE ordering_key = ? ORDER BY seq LIMIT 1)";
 
-/// Which of the heads `{list}` (their `seq`) may start, read without locks: due, not running, not behind a
-/// dead letter that holds the key, and, for a retried dead letter that had released its key,
-/// no later message of the key running. With topic and version, for the worker's own checks.
-const STARTABLE: &str = concat!(
-    "SELECT m.id, m.topic, m.version FROM outbox_messages m \
-     WHERE m.seq IN ({list}) AND m.available_at <= ",
-    now_ms!(),
-    " AND (m.locked_until IS NULL OR m.locked_until < ",
-    now_ms!(),
-    ") AND NOT EXISTS (SELECT 1 FROM outbox_dead d \
-                       WHERE d.ordering_key = m.ordering_key AND d.releases_key = FALSE \
-                         AND d.seq < m.seq) \
-       AND (m.retried_release = FALSE \
-            OR NOT EXISTS (SELECT 1 FROM outbox_messages l \
-                           WHERE l.ordering_key = m.ordering_key AND l.seq > m.seq \
-                             AND l.locked_until >= ",
-    now_ms!(),
-    "))"
-);
+/// Which of the messages whose `$column` is in `{list}` may start as their key's head, read
+/// without locks: due, not running, no earlier message of the key live, not behind a dead
+/// letter that holds the key, and, for a retried dead letter that had released its key, no
+/// later message of the key running. With topic and version, for the worker's own checks.
+macro_rules! startable {
+    ($column:literal) => {
+        concat!(
+            "SELECT m.id, m.topic, m.version FROM outbox_messages m \
+             WHERE m.",
+            $column,
+            " IN ({list}) AND m.available_at <= ",
+            now_ms!(),
+            " AND (m.locked_until IS NULL OR m.locked_until < ",
+            now_ms!(),
+            ") AND NOT EXISTS (SELECT 1 FROM outbox_messages e \
+                               WHERE e.ordering_key = m.ordering_key AND e.seq < m.seq) \
+               AND NOT EXISTS (SELECT 1 FROM outbox_dead d \
+                               WHERE d.ordering_key = m.ordering_key AND d.releases_key = FALSE \
+                                 AND d.seq < m.seq) \
+               AND (m.retried_release = FALSE \
+                    OR NOT EXISTS (SELECT 1 FROM outbox_messages l \
+                                   WHERE l.ordering_key = m.ordering_key AND l.seq > m.seq \
+                                     AND l.locked_until >= ",
+            now_ms!(),
+            "))"
+        )
+    };
+}
+
+/// Which of the heads `{list}` (their `seq`) may start ([`startable!`]).
+const STARTABLE: &str = startable!("seq");
+
+/// Which of the locked heads `{list}` (their ids) still may start ([`startable!`]), read
+/// after the lock: the walk, the first check and the lock are statements of their own, and
+/// an operator's retry of a dead letter may commit between them (the dead letter becomes a
+/// live message of the key, earlier than the head the walk found). Read again once the head
+/// is locked, the key is seen either before that commit (the dead letter holds the key) or
+/// after it (an earlier message is live): either way the head waits.
+const STILL_STARTABLE: &str = startable!("id");
 
 /// The heads `{list}` locked, if still due and not running; rows another claim holds are
 /// skipped.
@@ -386,7 +408,8 @@ fn page_heads(rows: Vec<(i64, String, i64)>, page: i64) -> Vec<(String, i64)> {
 
 /// Claims into `out`, up to the rest of the batch, those of `heads` that may start
 /// ([`STARTABLE`]) and are of the worker's topics and versions, locking them
-/// ([`LOCK_HEADS`]) and leasing them ([`TAKE`]) in one transaction.
+/// ([`LOCK_HEADS`]), checking them again ([`STILL_STARTABLE`]) and leasing those that pass
+/// ([`TAKE`]) in one transaction.
 async fn take_heads(
     b: &MySqlBackend,
     p: &ClaimParams<'_>,
@@ -422,7 +445,24 @@ async fn take_heads(
         for id in &ids {
             q = q.bind(*id);
         }
-        let rows = q.fetch_all(&mut *tx).await?;
+        let locked = q.fetch_all(&mut *tx).await?;
+        let rows = if locked.is_empty() {
+            locked
+        } else {
+            let mut q = sqlx::query_as(with_list(STILL_STARTABLE, locked.len()));
+            for r in &locked {
+                q = q.bind(r.try_get::<Uuid, _>("id")?);
+            }
+            let still: Vec<(Uuid, String, i32)> = q.fetch_all(&mut *tx).await?;
+            let mut rows = Vec::with_capacity(still.len());
+            for r in locked {
+                let id: Uuid = r.try_get("id")?;
+                if still.iter().any(|(s, ..)| *s == id) {
+                    rows.push(r);
+                }
+            }
+            rows
+        };
         take(&mut tx, p, &rows).await?;
         tx.commit().await?;
         Ok(rows)
