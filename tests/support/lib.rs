@@ -350,7 +350,7 @@ impl TestDb {
     pub async fn archive_done(&self) {
         sqlx::raw_sql(
             "CREATE TABLE test_deleted (LIKE outbox_messages); \
-             ALTER TABLE test_deleted ADD COLUMN seq BIGSERIAL PRIMARY KEY; \
+             ALTER TABLE test_deleted ADD COLUMN archived BIGSERIAL PRIMARY KEY; \
              CREATE FUNCTION test_archive_deleted() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
                  INSERT INTO test_deleted SELECT (OLD).*; \
                  RETURN OLD; \
@@ -377,7 +377,7 @@ impl TestDb {
                        attempts, last_error FROM outbox_messages WHERE id = $1 \
                 UNION ALL SELECT 1, 'dead', attempts, last_error FROM outbox_dead WHERE id = $1 \
                 UNION ALL (SELECT 2, 'done', attempts, last_error FROM test_deleted WHERE id = $1 \
-                           ORDER BY seq DESC LIMIT 1) \
+                           ORDER BY archived DESC LIMIT 1) \
              ) s ORDER BY rank LIMIT 1",
         )
         .bind(id)
@@ -397,7 +397,7 @@ impl TestDb {
              SELECT id, topic, payload, idempotency_key, attempts, available_at, \
                     now() - interval '1 second', coalesce(claim_token, gen_random_uuid()), claimed_by, \
                     last_error, created_at \
-             FROM test_deleted WHERE id = $1 ORDER BY seq DESC LIMIT 1",
+             FROM test_deleted WHERE id = $1 ORDER BY archived DESC LIMIT 1",
         )
         .bind(id)
         .execute(&self.pool)
