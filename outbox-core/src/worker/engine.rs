@@ -27,6 +27,8 @@ mod chores;
 mod claims;
 mod dispatch;
 pub(super) mod replays;
+#[cfg(test)]
+mod tests;
 
 use claims::{claim_loop, start_claimed};
 
