@@ -198,10 +198,35 @@ pub struct Checked {
     pub reached: Vec<&'static str>,
 }
 
-/// Explores every state of `config`'s system (breadth first, on 2 threads); with `until`,
-/// stops as soon as that property has a discovery.
+/// How much a check may take before it is cut short: a system (or a mutant) whose state space
+/// outgrows it fails the check instead of running on or exhausting memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Budget {
+    /// Wall time.
+    pub time: Duration,
+    /// States generated (distinct ones are fewer): a bound on the memory a breadth-first
+    /// search holds.
+    pub states: usize,
+}
+
+impl Budget {
+    /// The budget of every check under `cargo test`: 90 s and 20 M states (a few GB at most).
+    pub const DEFAULT: Budget = Budget {
+        time: Duration::from_secs(90),
+        states: 20_000_000,
+    };
+}
+
+/// Explores every state of `config`'s system (breadth first, on 2 threads) within
+/// [`Budget::DEFAULT`], stopping at the first counterexample; with `until`, it stops only at a
+/// counterexample to that property (or an example of it).
 pub fn check(config: Config, until: Option<&'static str>) -> Checked {
-    check_with(config, until, Search::BreadthFirst, None)
+    check_with(
+        config,
+        until,
+        Search::BreadthFirst,
+        Some(Budget::DEFAULT.time),
+    )
 }
 
 /// How [`check_with`] walks the states.
@@ -215,27 +240,38 @@ pub enum Search {
     DepthFirst,
 }
 
-/// [`check`] with the search order chosen and, with `budget`, a time limit: a check cut short
-/// by it has looked at part of the states only ([`Checked::cut_short`]).
+/// [`check`] with the search order chosen and, with `time`, a time limit in place of the
+/// default one (`None`: no time limit, the state budget only). A check cut short by either
+/// budget has looked at part of the states only ([`Checked::cut_short`]).
 pub fn check_with(
     config: Config,
     until: Option<&'static str>,
     search: Search,
-    budget: Option<Duration>,
+    time: Option<Duration>,
 ) -> Checked {
     let start = Instant::now();
-    let mut builder = Protocol::new(config).checker().threads(2);
-    if let Some(name) = until {
-        builder = builder.finish_when(HasDiscoveries::AnyOf([name].into()));
-    }
-    if let Some(budget) = budget {
-        builder = builder.timeout(budget);
+    let states = match search {
+        Search::BreadthFirst => Budget::DEFAULT.states,
+        // Depth first holds fingerprints only: no state budget beyond the time.
+        Search::DepthFirst => usize::MAX,
+    };
+    let mut builder = Protocol::new(config)
+        .checker()
+        .threads(2)
+        .target_state_count(states);
+    builder = match until {
+        Some(name) => builder.finish_when(HasDiscoveries::AnyOf([name].into())),
+        None => builder.finish_when(HasDiscoveries::AnyFailures),
+    };
+    if let Some(time) = time {
+        builder = builder.timeout(time);
     }
     let mut found = match search {
         Search::BreadthFirst => checked(&builder.spawn_bfs().join(), start),
         Search::DepthFirst => checked(&builder.spawn_dfs().join(), start),
     };
-    found.cut_short = budget.is_some_and(|b| found.elapsed >= b);
+    found.cut_short = found.failures.is_empty()
+        && (time.is_some_and(|b| found.elapsed >= b) || found.states >= states);
     found
 }
 
@@ -254,7 +290,10 @@ fn checked(checker: &impl Checker<Protocol>, start: Instant) -> Checked {
                 .iter()
                 .map(|a| format!("{a:?}"))
                 .collect();
-            failures.push((property.name, steps.join(" -> ")));
+            failures.push((
+                property.name,
+                format!("{} steps: {}", steps.len(), steps.join(" -> ")),
+            ));
         } else {
             reached.push(property.name);
         }
@@ -295,4 +334,80 @@ pub struct Bugs {
     /// A retried dead letter that had released its key is claimed while later messages of
     /// its key hold a lease (running, or waiting for a handler slot).
     pub retried_release_ignores_claims: bool,
+    /// A key's messages are ordered by their ids, made from the producers' clocks, instead of
+    /// by the `seq` the database assigns at insert time: two producers whose clocks disagree
+    /// write one key, each write after the other committed, and the later write's id is the
+    /// smaller.
+    pub order_by_producer_clock: bool,
+    /// The claimed message's start finds its record in the worker by message id only, not
+    /// by its claim: after a lapsed lease and a re-claim by the same worker, the old batch's
+    /// start takes the newer claim's record (the bug fixed in `dispatch.rs`).
+    pub start_by_id: bool,
+    /// A mutant of the model's own transitions (the mutation gate, [`Mutant`]).
+    pub mutant: Option<Mutant>,
+}
+
+/// Mutants of the model's transitions, each one deliberate error in the model's own code:
+/// `tests/mutants.rs` checks each on its own and expects a counterexample within its budget.
+/// They are what an error in the model, not in the protocol, could look like: a check that
+/// passes one of them would pass such an error unnoticed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Mutant {
+    /// The done write ignores the claim token (any live row is deleted) and reports the
+    /// mismatch.
+    DoneIgnoresTokenReported,
+    /// The done write ignores the claim token and reports only the rows it changed, as SQL
+    /// does.
+    DoneIgnoresToken,
+    /// Every fence asks only "is the row claimed", not "by this claim".
+    FenceOnlyClaimed,
+    /// A claim takes a row whose lease still runs.
+    ClaimTakesRunningLease,
+    /// The hand-back keeps the lease.
+    HandBackKeepsLease,
+    /// The hand-back keeps the attempt counted.
+    HandBackKeepsAttempt,
+    /// At the deadline, running messages are dropped instead of handed back.
+    DeadlineDropsRunning,
+    /// Unstarted messages handed back at the stop request can still start.
+    HandedBackStillStart,
+    /// What done writes claim after the stop request is dropped, not handed back.
+    StopDropsChained,
+    /// A predecessor under a running lease does not hold its key: the head is the first
+    /// unlocked row.
+    HeadIgnoresRunningLease,
+    /// A done write whose fence failed still claims the key's next message.
+    FailedFenceStillChains,
+    /// A retry un-counts the failed attempt.
+    RetryUncounts,
+    /// A re-claim of a lapsed lease does not count the attempt.
+    ReclaimNotCounted,
+    /// A message is dead-lettered one attempt early.
+    DeadEarly,
+    /// A message is dead-lettered one attempt late.
+    DeadLate,
+    /// A dead letter never holds its key.
+    DeadNeverHolds,
+}
+
+impl Mutant {
+    /// Every mutant.
+    pub const ALL: [Mutant; 16] = [
+        Mutant::DoneIgnoresTokenReported,
+        Mutant::DoneIgnoresToken,
+        Mutant::FenceOnlyClaimed,
+        Mutant::ClaimTakesRunningLease,
+        Mutant::HandBackKeepsLease,
+        Mutant::HandBackKeepsAttempt,
+        Mutant::DeadlineDropsRunning,
+        Mutant::HandedBackStillStart,
+        Mutant::StopDropsChained,
+        Mutant::HeadIgnoresRunningLease,
+        Mutant::FailedFenceStillChains,
+        Mutant::RetryUncounts,
+        Mutant::ReclaimNotCounted,
+        Mutant::DeadEarly,
+        Mutant::DeadLate,
+        Mutant::DeadNeverHolds,
+    ];
 }

@@ -357,7 +357,7 @@ impl Validator {
             return i;
         }
         let i = self.messages.len();
-        let mut row = Row::new(None, false);
+        let mut row = Row::new(None, false, 0);
         row.status = Status::Live {
             attempts: 0,
             lease: None,
@@ -531,7 +531,7 @@ impl Validator {
         }
         let current = self
             .gen_of(m, token)
-            .is_some_and(|g| self.table.rows[m].fenced(g));
+            .is_some_and(|g| self.table.rows[m].fenced(g, Bugs::default()));
         if current {
             if let Some(p) = self.held_by(m) {
                 self.violation(
@@ -556,7 +556,10 @@ impl Validator {
             .collect();
         let current: Vec<(usize, Gen)> = fences
             .iter()
-            .filter_map(|&(m, g)| g.filter(|&g| self.table.rows[m].fenced(g)).map(|g| (m, g)))
+            .filter_map(|&(m, g)| {
+                g.filter(|&g| self.table.rows[m].fenced(g, Bugs::default()))
+                    .map(|g| (m, g))
+            })
             .collect();
         if n > current.len() as u64 {
             let open = fences.iter().any(|&(m, _)| self.messages[m].open);
@@ -611,7 +614,7 @@ impl Validator {
         };
         let m = self.message(id, None);
         let gen = self.gen_of(m, token);
-        let current = gen.is_some_and(|g| self.table.rows[m].fenced(g));
+        let current = gen.is_some_and(|g| self.table.rows[m].fenced(g, Bugs::default()));
         match (written > 0, current) {
             (true, true) => {
                 if let Some(g) = gen {
