@@ -254,9 +254,15 @@ impl Validator {
                 let both: Vec<String> = mine.iter().chain(&theirs).cloned().collect();
                 self.restore(&before);
                 let tried = self.save(&both);
+                let lost = self.summary.fences_lost;
                 self.step(&events[j]);
+                // Moved first, the later event must stand on its own: had its statement run
+                // first, it would have found its claim in place. One that then lost its fence
+                // (and so left the message open) would only excuse the refused step: a stale
+                // write followed by the newer claim's own write.
+                let stands = self.summary.fences_lost == lost;
                 self.step(&events[i]);
-                if self.violations.len() == before.violations {
+                if stands && self.violations.len() == before.violations {
                     self.summary.events += 1;
                     self.summary.reordered += 1;
                     done[j] = true;
@@ -568,14 +574,38 @@ impl Validator {
                     .iter()
                     .map(|&(m, _)| self.messages[m].id.as_str())
                     .collect();
+                // The fences that no longer hold, each with the claim that holds the message.
+                let stale: Vec<String> = e
+                    .fences()
+                    .iter()
+                    .zip(&fences)
+                    .filter(|(_, (m, g))| !current.iter().any(|c| c == &(*m, g.unwrap_or(0))))
+                    .map(|((id, token), &(m, _))| {
+                        let holder = self.table.rows[m].lease().and_then(|l| {
+                            self.messages[m]
+                                .claims
+                                .iter()
+                                .find(|(_, c)| c.0 == l.gen)
+                                .map(|(t, c)| format!("claim {t} of {}", c.1))
+                        });
+                        format!(
+                            "{id} under claim {token}, which {}",
+                            holder.map_or_else(
+                                || format!("no longer holds it ({:?})", self.table.rows[m].status),
+                                |h| format!("{h} superseded")
+                            )
+                        )
+                    })
+                    .collect();
                 self.violation(
                     e.t,
                     format!(
-                        "{} by {} changed {n} messages, but only {} of [{}] are still under its claims",
+                        "stale write: {} by {} changed {n} messages, but only {} of [{}] are still under its claims; not under its claim: {}",
                         e.action,
                         e.worker,
                         current.len(),
-                        ids.join(",")
+                        ids.join(","),
+                        stale.join("; ")
                     ),
                 );
             }

@@ -167,3 +167,38 @@ fn events_recorded_in_the_other_order_than_their_statements_are_accepted() {
     ];
     assert_eq!(validate(&trace, &[(A, Final::Done)]), Ok(()));
 }
+
+/// A stale done write that lands (the fence removed from the done statement), followed within
+/// the reordering window by the newer claim's own done write, which then finds nothing: the
+/// newer write, moved first, would have lost its fence, so it cannot explain the stale one.
+#[test]
+fn a_stale_done_followed_by_the_newer_claims_write_is_refused() {
+    let trace = [
+        claim(1, "w1", A, "t1", 1, None),
+        claim(2, "w2", A, "t2", 2, None),
+        batch(3, "done", "w1", A, "t1", 1),
+        batch(4, "done", "w2", A, "t2", 0),
+        stopped(5, "w1"),
+        stopped(6, "w2"),
+    ];
+    let errors = validate(&trace, &[(A, Final::Done)]).unwrap_err();
+    assert!(
+        errors[0].contains("stale write: done by w1") && errors[0].contains("claim t2 of w2"),
+        "{errors:?}"
+    );
+}
+
+/// The same with the fence in place: the stale done changes nothing and the newer claim's
+/// write lands.
+#[test]
+fn a_stale_done_refused_by_the_fence_is_accepted() {
+    let trace = [
+        claim(1, "w1", A, "t1", 1, None),
+        claim(2, "w2", A, "t2", 2, None),
+        batch(3, "done", "w1", A, "t1", 0),
+        batch(4, "done", "w2", A, "t2", 1),
+        stopped(5, "w1"),
+        stopped(6, "w2"),
+    ];
+    assert_eq!(validate(&trace, &[(A, Final::Done)]), Ok(()));
+}

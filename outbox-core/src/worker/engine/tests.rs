@@ -53,7 +53,11 @@ async fn a_lapsed_waiting_claim_reclaimed_by_its_worker_runs_under_the_new_claim
         )
         .build()
         .expect("the worker builds");
-    let backend = store.backend().detached(3).await.expect("the engine's pool opens");
+    let backend = store
+        .backend()
+        .detached(3)
+        .await
+        .expect("the engine's pool opens");
     let (finished_tx, finished_rx) = mpsc::unbounded_channel();
     let (done_tx, mut done_rx) = mpsc::unbounded_channel();
     let shared = Arc::new(Shared {
@@ -74,7 +78,10 @@ async fn a_lapsed_waiting_claim_reclaimed_by_its_worker_runs_under_the_new_claim
 
     // The only slot is busy: the first claim waits for it, not renewed here, past its lease.
     let slot = shared.permits.clone().acquire_owned().await.unwrap();
-    let first = worker.claim(&*backend, 1, &[]).await.expect("the first claim");
+    let first = worker
+        .claim(&*backend, 1, &[])
+        .await
+        .expect("the first claim");
     assert_eq!(first.len(), 1, "the first claim takes the message");
     let old = first[0].claim_token;
     shared.register(&first);
@@ -83,7 +90,10 @@ async fn a_lapsed_waiting_claim_reclaimed_by_its_worker_runs_under_the_new_claim
         tokio::spawn(async move { shared.start_registered(first).await })
     };
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    let second = worker.claim(&*backend, 1, &[]).await.expect("the second claim");
+    let second = worker
+        .claim(&*backend, 1, &[])
+        .await
+        .expect("the second claim");
     assert_eq!(
         second.len(),
         1,
@@ -150,7 +160,9 @@ async fn reclaimed_while_waiting_postgres() {
         .await
         .unwrap();
     let base = url.rsplit_once('/').map_or(url.as_str(), |(b, _)| b);
-    let pool = sqlx::PgPool::connect(&format!("{base}/{name}")).await.unwrap();
+    let pool = sqlx::PgPool::connect(&format!("{base}/{name}"))
+        .await
+        .unwrap();
     crate::migrate(&pool).await.expect("migrations apply");
     let mut conn = pool.acquire().await.unwrap();
     crate::enqueue(&mut *conn, &Ping).await.expect("enqueued");
@@ -160,10 +172,12 @@ async fn reclaimed_while_waiting_postgres() {
     ))
     .await;
     pool.close().await;
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP DATABASE {name} WITH (FORCE)")))
-        .execute(&admin)
-        .await
-        .unwrap();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "DROP DATABASE {name} WITH (FORCE)"
+    )))
+    .execute(&admin)
+    .await
+    .unwrap();
 }
 
 #[cfg(feature = "mysql")]
