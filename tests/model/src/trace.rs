@@ -31,7 +31,11 @@
 //!   step; such messages are left open until a later event or the final state settles them;
 //! - the exact order of statements of different workers that ran at the same time: the events
 //!   are ordered by the time each was written, after its statement returned, which is why a
-//!   write that changed fewer messages than expected is not a violation by itself.
+//!   write that changed fewer messages than expected is not a violation by itself. A refused
+//!   step is tried again after a later event of the same message (within 2 s) only when that
+//!   event stands on its own there: one that would then have lost its fence cannot explain
+//!   the refused step (a stale done write that landed, followed by the newer claim's own done
+//!   write finding nothing).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
