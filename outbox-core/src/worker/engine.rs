@@ -27,7 +27,7 @@ mod chores;
 mod claims;
 mod dispatch;
 pub(super) mod replays;
-#[cfg(test)]
+#[cfg(all(test, any(feature = "postgres", feature = "sqlite", feature = "mysql")))]
 mod tests;
 
 use claims::{claim_loop, start_claimed};

@@ -173,32 +173,19 @@ impl Table {
         }
     }
 
-    /// The committed messages of `m`'s key the database orders before `m`.
-    fn db_predecessors(&self, m: usize, bugs: Bugs) -> impl Iterator<Item = &Row> + '_ {
+    /// The committed messages of `m`'s key the database orders before `m` (`before`), or
+    /// after it.
+    fn db_key_rows(&self, m: usize, bugs: Bugs, before: bool) -> impl Iterator<Item = &Row> + '_ {
         let key = self.rows[m].key;
         (0..self.rows.len())
             .filter(move |&i| {
                 let r = &self.rows[i];
+                let (a, b) = if before { (i, m) } else { (m, i) };
                 i != m
                     && key.is_some()
                     && r.key == key
                     && r.status != Status::Uncommitted
-                    && self.db_before(i, m, bugs)
-            })
-            .map(|i| &self.rows[i])
-    }
-
-    /// The committed messages of `m`'s key the database orders after `m`.
-    fn db_successors(&self, m: usize, bugs: Bugs) -> impl Iterator<Item = &Row> + '_ {
-        let key = self.rows[m].key;
-        (0..self.rows.len())
-            .filter(move |&i| {
-                let r = &self.rows[i];
-                i != m
-                    && key.is_some()
-                    && r.key == key
-                    && r.status != Status::Uncommitted
-                    && self.db_before(m, i, bugs)
+                    && self.db_before(a, b, bugs)
             })
             .map(|i| &self.rows[i])
     }
@@ -239,9 +226,9 @@ impl Table {
             }
         };
         let successors_leased = self
-            .db_successors(m, bugs)
+            .db_key_rows(m, bugs, false)
             .any(|r| r.lease().is_some_and(|l| !l.expired));
-        free && self.db_predecessors(m, bugs).all(|p| match p.status {
+        free && self.db_key_rows(m, bugs, true).all(|p| match p.status {
             // The head is the first row not locked: a predecessor under a running lease is
             // skipped as if it were gone.
             Status::Live { lease: Some(l), .. }

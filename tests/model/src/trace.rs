@@ -35,7 +35,9 @@
 //!   step is tried again after a later event of the same message (within 2 s) only when that
 //!   event stands on its own there: one that would then have lost its fence cannot explain
 //!   the refused step (a stale done write that landed, followed by the newer claim's own done
-//!   write finding nothing).
+//!   write finding nothing). A renewal may have changed messages the model already ended under
+//!   the renewal's own claim (it ran just before that claim's outcome write, which was recorded
+//!   first): those count as renewed before their end.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
@@ -571,7 +573,20 @@ impl Validator {
                     .map(|g| (m, g))
             })
             .collect();
-        if n > current.len() as u64 {
+        // A renewal that ran just before the write that ended a message, recorded after it.
+        let ended = if e.action == "renew" {
+            // Under the last claim of the message: the one its end came under.
+            fences
+                .iter()
+                .filter(|&&(m, g)| {
+                    let row = &self.table.rows[m];
+                    !row.live() && g == Some(row.claims)
+                })
+                .count()
+        } else {
+            0
+        };
+        if n > (current.len() + ended) as u64 {
             let open = fences.iter().any(|&(m, _)| self.messages[m].open);
             if !open {
                 let ids: Vec<&str> = fences
@@ -612,6 +627,13 @@ impl Validator {
                         stale.join("; ")
                     ),
                 );
+            }
+            return;
+        }
+        if n > current.len() as u64 {
+            // Renewed before their end: the renewal's own messages go on.
+            for (m, g) in current {
+                self.table.renew(m, g);
             }
             return;
         }

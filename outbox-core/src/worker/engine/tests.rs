@@ -129,6 +129,26 @@ async fn a_lapsed_waiting_claim_reclaimed_by_its_worker_runs_under_the_new_claim
     backend.close().await;
 }
 
+/// Migrates `pool`'s database, enqueues one `Ping`, runs the scenario on it and closes the
+/// pool.
+async fn on_pool<DB: sqlx::Database>(pool: sqlx::Pool<DB>)
+where
+    Store: From<sqlx::Pool<DB>>,
+    DB::Connection: crate::backend::Connection,
+{
+    crate::migrate(Store::from(pool.clone()))
+        .await
+        .expect("migrations apply");
+    let mut conn = pool.acquire().await.expect("a connection");
+    crate::enqueue(&mut *conn, &Ping).await.expect("enqueued");
+    drop(conn);
+    a_lapsed_waiting_claim_reclaimed_by_its_worker_runs_under_the_new_claim(Store::from(
+        pool.clone(),
+    ))
+    .await;
+    pool.close().await;
+}
+
 #[cfg(feature = "sqlite")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reclaimed_while_waiting_sqlite() {
@@ -136,15 +156,7 @@ async fn reclaimed_while_waiting_sqlite() {
     std::fs::create_dir_all(&dir).unwrap();
     let url = format!("sqlite://{}", dir.join("outbox.sqlite").display());
     let pool = crate::sqlite_pool(&url).await.expect("SQLite opens");
-    crate::migrate(&pool).await.expect("migrations apply");
-    let mut conn = pool.acquire().await.unwrap();
-    crate::enqueue(&mut *conn, &Ping).await.expect("enqueued");
-    drop(conn);
-    a_lapsed_waiting_claim_reclaimed_by_its_worker_runs_under_the_new_claim(Store::sqlite(
-        pool.clone(),
-    ))
-    .await;
-    pool.close().await;
+    on_pool(pool).await;
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -163,15 +175,7 @@ async fn reclaimed_while_waiting_postgres() {
     let pool = sqlx::PgPool::connect(&format!("{base}/{name}"))
         .await
         .unwrap();
-    crate::migrate(&pool).await.expect("migrations apply");
-    let mut conn = pool.acquire().await.unwrap();
-    crate::enqueue(&mut *conn, &Ping).await.expect("enqueued");
-    drop(conn);
-    a_lapsed_waiting_claim_reclaimed_by_its_worker_runs_under_the_new_claim(Store::postgres(
-        pool.clone(),
-    ))
-    .await;
-    pool.close().await;
+    on_pool(pool).await;
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
         "DROP DATABASE {name} WITH (FORCE)"
     )))
@@ -202,15 +206,7 @@ async fn reclaimed_while_waiting_mysql() {
     let pool = sqlx::MySqlPool::connect(&format!("{}/{name}", url.trim_end_matches('/')))
         .await
         .unwrap();
-    crate::migrate(&pool).await.expect("migrations apply");
-    let mut conn = pool.acquire().await.unwrap();
-    crate::enqueue(&mut *conn, &Ping).await.expect("enqueued");
-    drop(conn);
-    a_lapsed_waiting_claim_reclaimed_by_its_worker_runs_under_the_new_claim(Store::mysql(
-        pool.clone(),
-    ))
-    .await;
-    pool.close().await;
+    on_pool(pool).await;
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP DATABASE {name}")))
         .execute(&admin)
         .await
