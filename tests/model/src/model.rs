@@ -477,7 +477,7 @@ impl Protocol {
         write(&mut s.table);
         let after = s.table.rows[m];
         let changed = before != after;
-        if changed && !before.lease().is_some_and(|l| l.gen == gen) {
+        if changed && before.lease().is_none_or(|l| l.gen != gen) {
             s.ghost.stale_landed = true;
         }
         changed
