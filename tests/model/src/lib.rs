@@ -134,9 +134,10 @@
 //! batched system with 2 workers and a stop: 3.7 M distinct states, 81 s; the ordered one with
 //! two stalls: 1.75 M, 36 s; the released and unordered ones: past 20 M states generated).
 //!
-//! The six take 42 s together on 2 cores (the model is compiled with optimisations even in
-//! debug builds, see the workspace's `Cargo.toml`); the whole model test, with the variants,
-//! the mutants and the trace check's own tests, 44 s. `OUTBOX_MODEL_LARGE=1 cargo test -p
+//! The six take 42 s together on 2 cores (56 s with the cores shared with other builds, a load
+//! average of 8); the model is compiled with optimisations even in debug builds (see the
+//! workspace's `Cargo.toml`). The whole model test, with the variants, the mutants and the
+//! trace check's own tests, takes 44 s (58 s so loaded). `OUTBOX_MODEL_LARGE=1 cargo test -p
 //! outbox-model --test protocol -- --nocapture` also explores [`Config::large`] (3 workers, 3
 //! messages: two of one key, the first releasing it when dead, one unkeyed; 2 crashes) depth
 //! first, for `OUTBOX_MODEL_LARGE_MINUTES` minutes (10 unless set, 0 for no limit). It is too
