@@ -23,7 +23,8 @@
 //! own is killed (`pg_terminate_backend`, on MariaDB `KILL CONNECTION`). Handlers fail
 //! transiently about 5% of the time, a few poison messages always fail, and a few "laggard"
 //! messages stage a stale outcome (a claim that outlives its lease and then tries to
-//! dead-letter a message a newer claim owns). On either server it takes about three minutes
+//! dead-letter a message a newer claim owns, or, every other laggard, writes it done while the
+//! newer claim still runs it). On either server it takes about three minutes
 //! on two cores: the drain keeps up with the production.
 //!
 //! Right after each kill the ids of the messages then running (for a SIGKILL: claimed by that
@@ -40,7 +41,8 @@
 //! that checks and what a trace cannot tell) and fails on a step the model does not allow.
 //!
 //! Knobs (environment): `SOAK_MESSAGES` (default 52000), `SOAK_RATE` (messages a second of the
-//! steady production, default 260), `SOAK_SEED` (the kill schedule), `SOAK_VERBOSE=1`
+//! steady production, default 260), `SOAK_SEED` (the kill schedule), `SOAK_LAGGARD_EVERY` (one
+//! `soak.billing` message in this many is a laggard, default 1200), `SOAK_VERBOSE=1`
 //! (progress lines), and `SOAK_RESTART_POSTGRES=1`: the second mode of the PostgreSQL soak
 //! (MariaDB's ignores it), run by hand and never in CI, which restarts the PostgreSQL server
 //! in the middle of the drain with `pg_ctlcluster` (it restarts the shared server: other tests
@@ -113,6 +115,9 @@ struct Body {
     n: i64,
     poison: bool,
     laggard: bool,
+    /// A laggard whose stale claim succeeds: its done write, not a dead-letter order, is the
+    /// stale outcome (every other laggard).
+    stale_done: bool,
 }
 
 #[outbox_event(topic = "soak.billing")]
@@ -143,6 +148,8 @@ struct Settings {
     /// Messages per second of the steady production.
     rate: f64,
     seed: u64,
+    /// One `soak.billing` message in this many is a laggard.
+    laggard_every: i64,
     restart_postgres: bool,
     verbose: bool,
 }
@@ -162,6 +169,9 @@ impl Settings {
             burst: (messages as f64 * FINAL_BURST_SHARE) as i64,
             rate: env_parse("SOAK_RATE").unwrap_or(260.0),
             seed,
+            laggard_every: env_parse("SOAK_LAGGARD_EVERY")
+                .filter(|&n: &i64| n >= 3)
+                .unwrap_or(LAGGARD_EVERY),
             restart_postgres: server == Server::Postgres
                 && std::env::var("SOAK_RESTART_POSTGRES").is_ok_and(|v| v == "1"),
             verbose: std::env::var("SOAK_VERBOSE").is_ok_and(|v| v == "1"),
@@ -176,12 +186,18 @@ impl Settings {
         let poison = n % POISON_EVERY == 1301;
         // Laggards come with the steady production only: behind a backlog of their topic a
         // lapsed lease is not claimed again before the stale claim gives up waiting for that.
+        let every = self.laggard_every;
         let laggard = !poison
             && Self::topic(n) == 0
-            && n % LAGGARD_EVERY == LAGGARD_EVERY / 2
+            && n % every == (every / 2) / 3 * 3
             && n >= self.backlog
             && n < self.messages - self.burst;
-        Body { n, poison, laggard }
+        Body {
+            n,
+            poison,
+            laggard,
+            stale_done: laggard && (n / every) % 2 == 1,
+        }
     }
 }
 

@@ -25,7 +25,10 @@
 //!   message again, and the laggard, seeing the newer claim, fails permanently: a dead-letter
 //!   order from a stale claim. The fence must drop it, and the newer
 //!   claim (each handler sleeping [`LIVE_SLEEP`]) ends the message DONE. Without the fence the
-//!   message ends DEAD, which the soak reports.
+//!   message ends DEAD, which the soak reports. A `stale_done` laggard succeeds instead: its
+//!   done write comes from the stale claim while the newer one runs. The fence must drop it;
+//!   without it the message still ends DONE (the newer claim's write then finds nothing), and
+//!   only the protocol trace shows the stale write.
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -62,6 +65,9 @@ struct Body {
     /// Stages a stale outcome (see the module docs).
     #[serde(default)]
     laggard: bool,
+    /// A laggard whose stale claim writes the message done (see the module docs).
+    #[serde(default)]
+    stale_done: bool,
 }
 
 macro_rules! soak_event {
@@ -130,7 +136,7 @@ fn injected(body: &Body, ctx: &Context) -> Option<HandlerError> {
 /// The laggard's pacing, before the handler's own work. On the first attempt it lets its lease
 /// lapse and waits up to [`LAG_WAIT`] for a newer claim of the message, and when one comes,
 /// fails permanently: a dead-letter order from a stale claim, which the fence
-/// must drop. On later attempts it sleeps [`LIVE_SLEEP`], so the newer claim is still running
+/// must drop (a `stale_done` laggard goes on and succeeds: a stale done write). On later attempts it sleeps [`LIVE_SLEEP`], so the newer claim is still running
 /// when the stale outcome is written.
 async fn pace(body: &Body, ctx: &Context, db: &SoakDb) -> Result<(), HandlerError> {
     if !body.laggard {
@@ -156,6 +162,10 @@ async fn pace(body: &Body, ctx: &Context, db: &SoakDb) -> Result<(), HandlerErro
                 let _ =
                     tokio::time::timeout(Duration::from_millis(300), db.preempted(ctx, current))
                         .await;
+                if body.stale_done {
+                    // The handler's work goes on: the stale claim's done write follows.
+                    return Ok(());
+                }
                 return Err(HandlerError::permanent(format!(
                     "injected: laggard n={} attempt {} is stale (attempt {current} claimed it meanwhile): dead-letter it",
                     body.n,

@@ -27,6 +27,8 @@ mod chores;
 mod claims;
 mod dispatch;
 pub(super) mod replays;
+#[cfg(all(test, any(feature = "postgres", feature = "sqlite", feature = "mysql")))]
+mod tests;
 
 use claims::{claim_loop, start_claimed};
 

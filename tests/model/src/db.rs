@@ -5,7 +5,7 @@
 //! holds matters, so a message's claims are numbered here ([`Gen`]: the n-th claim of this
 //! message) and a fence is (message, claim number).
 
-use crate::Bugs;
+use crate::{Bugs, Mutant};
 
 /// The n-th claim of a message (1, 2, ...): stands for the claim token that claim wrote.
 pub type Gen = u32;
@@ -63,17 +63,26 @@ pub struct Row {
     pub retried_release: bool,
     /// How many claims took it so far: the next claim's [`Gen`] is one more.
     pub claims: Gen,
+    /// `seq`: its place in its key, assigned by the database when the insert runs (0 before
+    /// its commit). A key's writes serialised by the application commit one after another,
+    /// so their `seq` is their commit order.
+    pub seq: u32,
+    /// Its id's time: the producer's clock when it made the id (UUID v7). Only the buggy
+    /// variant that orders a key by the id ([`Bugs::order_by_producer_clock`]) reads it.
+    pub clock: u32,
 }
 
 impl Row {
     /// A message not yet committed.
-    pub fn new(key: Option<u32>, releases_key: bool) -> Self {
+    pub fn new(key: Option<u32>, releases_key: bool, clock: u32) -> Self {
         Row {
             status: Status::Uncommitted,
             key,
             releases_key,
             retried_release: false,
             claims: 0,
+            seq: 0,
+            clock,
         }
     }
 
@@ -94,7 +103,10 @@ impl Row {
     }
 
     /// Whether a statement fenced by `gen` matches it (`WHERE claim_token = $token`).
-    pub fn fenced(&self, gen: Gen) -> bool {
+    pub fn fenced(&self, gen: Gen, bugs: Bugs) -> bool {
+        if bugs.mutant == Some(Mutant::FenceOnlyClaimed) {
+            return self.lease().is_some();
+        }
         self.lease().is_some_and(|l| l.gen == gen)
     }
 
@@ -122,7 +134,10 @@ pub struct Written {
     pub stale: bool,
 }
 
-/// The table: messages in id order (UUID v7), so a key's earlier message has a smaller index.
+/// The table: messages in the order the application wrote them (a key's writes serialised:
+/// a key's earlier message has a smaller index). The database orders a key by `seq`
+/// ([`Row::seq`]), which it assigns at insert time: the same order, whatever the producers'
+/// clocks say.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Table {
     /// The rows, by message index.
@@ -130,7 +145,8 @@ pub struct Table {
 }
 
 impl Table {
-    /// The messages of `m`'s key before `m`.
+    /// The messages of `m`'s key that the application wrote before `m` (the order the
+    /// properties hold the system to).
     pub fn predecessors(&self, m: usize) -> impl Iterator<Item = &Row> + '_ {
         let key = self.rows[m].key;
         self.rows[..m]
@@ -138,12 +154,59 @@ impl Table {
             .filter(move |r| key.is_some() && r.key == key)
     }
 
-    /// The messages of `m`'s key after `m`.
+    /// The messages of `m`'s key that the application wrote after `m`.
     pub fn successors(&self, m: usize) -> impl Iterator<Item = &Row> + '_ {
         let key = self.rows[m].key;
         self.rows[m + 1..]
             .iter()
             .filter(move |r| key.is_some() && r.key == key)
+    }
+
+    /// Whether the database orders committed row `a` before committed row `b` of the same key:
+    /// by `seq`, or, in the buggy variant, by the producers' clocks.
+    fn db_before(&self, a: usize, b: usize, bugs: Bugs) -> bool {
+        let (ra, rb) = (&self.rows[a], &self.rows[b]);
+        if bugs.order_by_producer_clock {
+            (ra.clock, a) < (rb.clock, b)
+        } else {
+            ra.seq < rb.seq
+        }
+    }
+
+    /// The committed messages of `m`'s key the database orders before `m` (`before`), or
+    /// after it.
+    fn db_key_rows(&self, m: usize, bugs: Bugs, before: bool) -> impl Iterator<Item = &Row> + '_ {
+        let key = self.rows[m].key;
+        (0..self.rows.len())
+            .filter(move |&i| {
+                let r = &self.rows[i];
+                let (a, b) = if before { (i, m) } else { (m, i) };
+                i != m
+                    && key.is_some()
+                    && r.key == key
+                    && r.status != Status::Uncommitted
+                    && self.db_before(a, b, bugs)
+            })
+            .map(|i| &self.rows[i])
+    }
+
+    /// The insert commits: the row becomes pending, and takes the next `seq` of its key.
+    pub fn commit(&mut self, m: usize) {
+        let key = self.rows[m].key;
+        let seq = self
+            .rows
+            .iter()
+            .filter(|r| key.is_some() && r.key == key)
+            .map(|r| r.seq)
+            .max()
+            .unwrap_or(0)
+            + 1;
+        let row = &mut self.rows[m];
+        row.seq = if key.is_some() { seq } else { 1 };
+        row.status = Status::Live {
+            attempts: 0,
+            lease: None,
+        };
     }
 
     /// `head_may_start` and the claim's own terms: live, its lease free or run out, and
@@ -156,14 +219,29 @@ impl Table {
         };
         let free = match lease {
             None => true,
-            Some(l) => (l.expired && !bugs.claim_skips_expired) || bugs.claim_ignores_lease,
+            Some(l) => {
+                (l.expired && !bugs.claim_skips_expired)
+                    || bugs.claim_ignores_lease
+                    || bugs.mutant == Some(Mutant::ClaimTakesRunningLease)
+            }
         };
         let successors_leased = self
-            .successors(m)
+            .db_key_rows(m, bugs, false)
             .any(|r| r.lease().is_some_and(|l| !l.expired));
-        free && self.predecessors(m).all(|p| match p.status {
+        free && self.db_key_rows(m, bugs, true).all(|p| match p.status {
+            // The head is the first row not locked: a predecessor under a running lease is
+            // skipped as if it were gone.
+            Status::Live { lease: Some(l), .. }
+                if bugs.mutant == Some(Mutant::HeadIgnoresRunningLease) =>
+            {
+                !l.expired
+            }
             Status::Live { .. } => false,
-            Status::Dead { .. } => p.releases_key || bugs.dead_does_not_hold,
+            Status::Dead { .. } => {
+                p.releases_key
+                    || bugs.dead_does_not_hold
+                    || bugs.mutant == Some(Mutant::DeadNeverHolds)
+            }
             _ => true,
         }) && !(self.rows[m].retried_release
             && successors_leased
@@ -177,8 +255,9 @@ impl Table {
         let row = &mut self.rows[m];
         row.claims += 1;
         let gen = row.claims;
-        if let Status::Live { attempts, .. } = row.status {
-            let attempts = if bugs.count_at_completion {
+        if let Status::Live { attempts, lease } = row.status {
+            let reclaim = lease.is_some() && bugs.mutant == Some(Mutant::ReclaimNotCounted);
+            let attempts = if bugs.count_at_completion || reclaim {
                 attempts
             } else {
                 attempts + 1
@@ -208,9 +287,21 @@ impl Table {
         bugs: Bugs,
         f: impl FnOnce(&mut Row),
     ) -> Written {
+        self.fenced_write_or(m, gen, bugs, false, f)
+    }
+
+    /// [`fenced_write`](Self::fenced_write), with `unfenced` a mutant that skips the fence.
+    fn fenced_write_or(
+        &mut self,
+        m: usize,
+        gen: Gen,
+        bugs: Bugs,
+        unfenced: bool,
+        f: impl FnOnce(&mut Row),
+    ) -> Written {
         let row = &mut self.rows[m];
-        let fenced = row.fenced(gen);
-        if fenced || (bugs.no_fence && row.live()) {
+        let fenced = row.fenced(gen, bugs);
+        if fenced || ((bugs.no_fence || unfenced) && row.live()) {
             f(row);
             Written {
                 changed: true,
@@ -226,7 +317,17 @@ impl Table {
 
     /// `outbox_mark_done` for one message: deletes it under its claim token.
     pub fn mark_done(&mut self, m: usize, gen: Gen, bugs: Bugs) -> Written {
-        self.fenced_write(m, gen, bugs, |row| row.status = Status::Done)
+        let unfenced = matches!(
+            bugs.mutant,
+            Some(Mutant::DoneIgnoresTokenReported | Mutant::DoneIgnoresToken)
+        );
+        let mut written =
+            self.fenced_write_or(m, gen, bugs, unfenced, |row| row.status = Status::Done);
+        // As SQL does: the count of rows it deleted, nothing about whose they were.
+        if bugs.mutant == Some(Mutant::DoneIgnoresToken) {
+            written.stale = false;
+        }
+        written
     }
 
     /// `outbox_mark_failed`: back to pending after a backoff (`retry`), or to `outbox_dead`.
@@ -240,7 +341,11 @@ impl Table {
                 };
                 row.status = if retry {
                     Status::Live {
-                        attempts,
+                        attempts: if bugs.mutant == Some(Mutant::RetryUncounts) {
+                            attempts.saturating_sub(1)
+                        } else {
+                            attempts
+                        },
                         lease: None,
                     }
                 } else {
@@ -258,8 +363,14 @@ impl Table {
             } = row.status
             {
                 row.status = Status::Live {
-                    attempts: attempts.saturating_sub(1),
-                    lease: if bugs.hand_back_keeps_lease {
+                    attempts: if bugs.mutant == Some(Mutant::HandBackKeepsAttempt) {
+                        attempts
+                    } else {
+                        attempts.saturating_sub(1)
+                    },
+                    lease: if bugs.hand_back_keeps_lease
+                        || bugs.mutant == Some(Mutant::HandBackKeepsLease)
+                    {
                         lease
                     } else {
                         None
@@ -295,8 +406,8 @@ impl Table {
         }
     }
 
-    /// `outbox_dead_retry`: back to `outbox_messages`, its id (and so its place in its key)
-    /// kept, attempts reset, marked `retried_release` if it had released its key.
+    /// `outbox_dead_retry`: back to `outbox_messages`, its `seq` (and so its place in its
+    /// key) kept, attempts reset, marked `retried_release` if it had released its key.
     pub fn dead_retry(&mut self, m: usize) {
         if let Status::Dead { .. } = self.rows[m].status {
             let row = &mut self.rows[m];
@@ -321,13 +432,16 @@ impl Table {
     /// its lease: a retried release before `m` is left to the next claim.
     pub fn next_head(&self, m: usize, bugs: Bugs) -> Option<usize> {
         let key = self.rows[m].key?;
-        let next = self
-            .rows
-            .iter()
-            .enumerate()
-            .find(|(i, r)| *i != m && r.key == Some(key) && r.live())?
-            .0;
-        let behind_done = next < m && self.rows[next].retried_release;
+        let next = (0..self.rows.len())
+            .filter(|&i| i != m && self.rows[i].key == Some(key) && self.rows[i].live())
+            .min_by(|&a, &b| {
+                if self.db_before(a, b, bugs) {
+                    std::cmp::Ordering::Less
+                } else {
+                    std::cmp::Ordering::Greater
+                }
+            })?;
+        let behind_done = self.db_before(next, m, bugs) && self.rows[next].retried_release;
         (self.may_claim(next, bugs) && (!behind_done || bugs.retried_release_ignores_claims))
             .then_some(next)
     }

@@ -5,15 +5,19 @@
 use stateright::{Model, Property};
 
 use crate::db::{Gen, Holder, Row, Status, Table};
-use crate::Bugs;
+use crate::{Bugs, Mutant};
 
 /// The bounds and the system checked.
 #[derive(Clone, Debug)]
 pub struct Config {
     /// Worker slots; each runs one incarnation at a time.
     pub workers: usize,
-    /// The messages, in id order: each one's ordering key and `releases_key`.
+    /// The messages, in the order the application writes them (a key's writes serialised):
+    /// each one's ordering key and `releases_key`.
     pub messages: Vec<(Option<u32>, bool)>,
+    /// Per message, the time its producer's clock gave its id (UUID v7); unless set, the
+    /// order they are written in. Only [`Bugs::order_by_producer_clock`] reads it.
+    pub clocks: Vec<u32>,
     /// `max_attempts`.
     pub attempt_limit: u32,
     /// Handler slots of a worker (`concurrency`).
@@ -47,6 +51,7 @@ impl Config {
         Config {
             workers: 2,
             messages: vec![(Some(0), false), (Some(0), false)],
+            clocks: Vec::new(),
             attempt_limit: 2,
             concurrency: 1,
             batch: 1,
@@ -92,6 +97,44 @@ impl Config {
         }
     }
 
+    /// Batches of 2 (`batch_size` 2, one handler slot): a worker holds a message waiting for
+    /// the slot while another runs, so a waiting message's lease may lapse and the same worker
+    /// claim it again. 1 worker slot, 3 messages (two of one key, one unkeyed), 2 stalls
+    /// (leases lapsing under the live worker) besides the leases its crash lets lapse, 1 crash
+    /// (the restarted incarnation is another holder), no stop (the only worker stopped would
+    /// leave nothing to settle) and no operator.
+    pub fn batched() -> Self {
+        Config {
+            workers: 1,
+            messages: vec![(Some(0), false), (Some(0), false), (None, false)],
+            batch: 2,
+            stalls: 2,
+            stops: 0,
+            operator: 0,
+            ..Config::ordered()
+        }
+    }
+
+    /// Two producers whose clocks disagree write one key, the second write after the first
+    /// committed (the application serialises them), and the second producer's clock is
+    /// behind: the later write's id is the smaller. With
+    /// [`Bugs::order_by_producer_clock`] the database orders the key by id.
+    pub fn clock_skew() -> Self {
+        Config {
+            clocks: vec![1, 0],
+            crashes: 0,
+            stops: 0,
+            operator: 0,
+            ..Config::ordered()
+        }
+    }
+
+    /// The same with `stalls` lapsed leases under live workers.
+    pub fn stalls(mut self, stalls: u32) -> Self {
+        self.stalls = stalls;
+        self
+    }
+
     /// The same with `workers` workers.
     pub fn workers(mut self, workers: usize) -> Self {
         self.workers = workers;
@@ -102,6 +145,12 @@ impl Config {
     /// message.
     pub fn sqlite(mut self) -> Self {
         self.chained_claims = false;
+        self
+    }
+
+    /// The same bounds with `mutant` applied to the model's transitions.
+    pub fn with_mutant(mut self, mutant: Mutant) -> Self {
+        self.bugs.mutant = Some(mutant);
         self
     }
 
@@ -139,6 +188,10 @@ pub struct Flight {
     pub attempt: u32,
     /// Its handler task began (`Watch::begin`).
     pub started: bool,
+    /// The claim its running handler task was started under (the fence the task reports its
+    /// outcome with), while it runs: the flight's own claim, unless a start took another
+    /// claim's record.
+    pub run: Option<Gen>,
     /// Its lease ran out under this live worker (a stall), even if a renewal took it back:
     /// from then on it is an attempt the order does not bind (see `KEY_ORDER`).
     pub lapsed: bool,
@@ -165,8 +218,15 @@ pub struct Worker {
     /// The claim loop may still land a statement: until its first claim after the stop
     /// request (the statement in flight then), or the end of the stop phase.
     pub claim_loop: bool,
-    /// `flights`, by message.
+    /// `flights`, by message (a newer claim of a message replaces its record, as `register`
+    /// does).
     pub flights: Vec<Flight>,
+    /// Claimed messages waiting for a handler slot in `start_registered`, each with its
+    /// batch's claim: (message, claim).
+    pub queue: Vec<(u8, Gen)>,
+    /// History: claims this worker handed back that its queue still holds (to see them
+    /// never start).
+    pub returned: Vec<(u8, Gen)>,
     /// Done outcomes in the flusher.
     pub dones: Vec<Outcome>,
     /// Failed outcomes being written (`write_failure` tasks).
@@ -182,14 +242,34 @@ impl Worker {
             phase: Phase::Running,
             claim_loop: true,
             flights: Vec::new(),
+            queue: Vec::new(),
+            returned: Vec::new(),
             dones: Vec::new(),
             failures: Vec::new(),
             chained: Vec::new(),
         }
     }
 
-    fn flight(&self, m: u8) -> Option<&Flight> {
-        self.flights.iter().find(|f| f.msg == m)
+    /// Enters a claim into the worker (`register`): its record, replacing an older claim's
+    /// record of the message, and its entry in the start queue.
+    fn register(&mut self, msg: u8, gen: Gen, attempt: u32) {
+        self.flights.retain(|f| f.msg != msg);
+        self.flights.push(Flight {
+            msg,
+            gen,
+            attempt,
+            started: false,
+            run: None,
+            lapsed: false,
+        });
+        self.flights.sort_by_key(|f| f.msg);
+        self.queue.push((msg, gen));
+        self.queue.sort_unstable();
+    }
+
+    /// Handler tasks running (each holds a handler slot).
+    fn running(&self) -> usize {
+        self.flights.iter().filter(|f| f.run.is_some()).count()
     }
 
     fn alive(&self) -> bool {
@@ -209,8 +289,14 @@ pub struct Ghost {
     pub lost: Vec<u32>,
     /// A claim took a message whose lease had not run out.
     pub double_lease: bool,
-    /// An outcome write changed a message another claim (or none) held.
+    /// A fenced write changed a row that, before it, another claim (or none) held: read
+    /// from the row before and after the write, not from what the write reported.
     pub stale_landed: bool,
+    /// A failed outcome retried a message at or past the attempt limit, or dead-lettered it
+    /// below the limit (read from the row before and after the write).
+    pub dead_off_limit: bool,
+    /// A handler task started under a claim its worker had handed back.
+    pub started_handed_back: bool,
     /// A message started while an earlier message of its key was live, or dead and holding
     /// the key.
     pub out_of_order: bool,
@@ -240,11 +326,15 @@ pub struct State {
 pub enum Action {
     /// A producer's transaction commits message `.0` (a key's messages in id order).
     Commit(u8),
-    /// Worker `.0`'s claim statement takes message `.1` (`claim_loop`, `outbox_claim_batch`).
+    /// Worker `.0`'s claim statement takes the messages of bitmask `.1`, one batch under one
+    /// claim token (`claim_loop`, `outbox_claim_batch`).
     Claim(u8, u8),
-    /// A claimed message's handler task begins (`start_all`, `Watch::begin`).
-    Start(u8, u8),
-    /// Its handlers end, successfully or not, and the outcome is landed (`collect`).
+    /// Worker `.0` starts the queue's entry for message `.1` of the batch with claim `.2`
+    /// (`start_registered`): it finds the claim's record and begins its task
+    /// (`Watch::begin`), or finds none (handed back, or claimed again since) and skips it.
+    Start(u8, u8, Gen),
+    /// Its handlers end, successfully or not, and the outcome is landed (`collect`) if the
+    /// record is still the task's claim.
     Finish(u8, u8, bool),
     /// The flusher writes a done outcome (`outbox_mark_done`); with `true`, the same statement
     /// claims the key's next message (`outbox_mark_done_and_claim`).
@@ -294,6 +384,10 @@ impl Protocol {
         (w as u32) << 8 | u32::from(s.workers[w].incarnation)
     }
 
+    fn mutant(&self, m: Mutant) -> bool {
+        self.config.bugs.mutant == Some(m)
+    }
+
     /// How the lease of `m` may run out: `Some(false)` at any time (its holder crashed,
     /// stopped, or no longer refers to it), `Some(true)` only within the stall budget (a live
     /// worker renews it, or its outcome waits for its write), `None` never (it waits for
@@ -339,9 +433,12 @@ impl Protocol {
         gen
     }
 
-    /// Whether worker `w`'s claim of `m` is the one that holds its lease, not run out.
-    fn holds_lease(s: &State, w: usize, m: usize) -> bool {
-        let own = s.workers[w].flights.iter().find(|f| f.msg as usize == m);
+    /// Whether worker `w`'s claim `gen` of `m` holds its lease, not run out.
+    fn holds_lease(s: &State, w: usize, m: usize, gen: Gen) -> bool {
+        let own = s.workers[w]
+            .flights
+            .iter()
+            .find(|f| f.msg as usize == m && f.gen == gen);
         own.is_some_and(|f| {
             !f.lapsed
                 && s.table.rows[m]
@@ -350,21 +447,20 @@ impl Protocol {
         })
     }
 
-    /// Whether another message of `m`'s key runs: started in a live worker under the claim
-    /// that holds its lease, which has not run out. (An attempt whose lease ran out is not
-    /// promised to have stopped when the next one starts.)
+    /// Whether another message of `m`'s key runs: its handler task runs in a live worker,
+    /// and its lease did not run out under it (an attempt whose lease ran out is not
+    /// promised to have stopped when the next one starts). Read from the workers, not from
+    /// the rows: a write that deleted a row does not stop the task that runs it.
     fn key_runs(s: &State, m: usize) -> bool {
         let key = s.table.rows[m].key;
         key.is_some()
             && s.workers.iter().any(|wk| {
                 wk.phase != Phase::Down
                     && wk.flights.iter().any(|f| {
-                        let r = &s.table.rows[f.msg as usize];
-                        f.started
+                        f.run.is_some()
                             && !f.lapsed
                             && f.msg as usize != m
-                            && r.key == key
-                            && r.lease().is_some_and(|l| l.gen == f.gen && !l.expired)
+                            && s.table.rows[f.msg as usize].key == key
                     })
             })
     }
@@ -373,17 +469,40 @@ impl Protocol {
         s.table.rows[m].attempts().unwrap_or(0)
     }
 
-    fn hand_back(&self, s: &mut State, m: usize, gen: Gen) {
-        let written = s.table.hand_back(m, gen, self.config.bugs);
-        if written.changed && !written.stale {
-            s.ghost.counted[m] = s.ghost.counted[m].saturating_sub(1);
+    /// A fenced write of `m` under claim `gen`, judged from the row before and after it: a
+    /// change to a row that another claim (or none) held is an unfenced change, whatever the
+    /// statement reported.
+    fn judged(s: &mut State, m: usize, gen: Gen, write: impl FnOnce(&mut Table)) -> bool {
+        let before = s.table.rows[m];
+        write(&mut s.table);
+        let after = s.table.rows[m];
+        let changed = before != after;
+        if changed && before.lease().is_none_or(|l| l.gen != gen) {
+            s.ghost.stale_landed = true;
         }
-        s.ghost.stale_landed |= written.stale;
+        changed
     }
 
-    /// The next message of `m`'s key a worker claims as soon as `m`'s handlers succeed, before
-    /// `m`'s done write (the early-successor bug): the key's head as if `m` were gone.
-    fn early_successor(&self, s: &State, m: usize) -> Option<usize> {
+    /// The hand-back of claim `gen` of `m` by worker `w`.
+    fn hand_back(&self, s: &mut State, w: usize, m: usize, gen: Gen) {
+        let bugs = self.config.bugs;
+        let before = s.table.rows[m];
+        let changed = Self::judged(s, m, gen, |t| {
+            t.hand_back(m, gen, bugs);
+        });
+        if changed && before.lease().is_some_and(|l| l.gen == gen) {
+            s.ghost.counted[m] = s.ghost.counted[m].saturating_sub(1);
+        }
+        if s.workers[w].queue.contains(&(m as u8, gen)) {
+            s.workers[w].returned.push((m as u8, gen));
+            s.workers[w].returned.sort_unstable();
+            s.workers[w].returned.dedup();
+        }
+    }
+
+    /// The next message of `m`'s key that a claim finds if `m` were gone: the early-successor
+    /// bug, and the done write whose fence failed but still claims.
+    fn successor_as_if_done(&self, s: &State, m: usize) -> Option<usize> {
         let mut t = s.table.clone();
         t.rows[m].status = Status::Done;
         let key = t.rows[m].key?;
@@ -404,7 +523,11 @@ impl Model for Protocol {
                     .config
                     .messages
                     .iter()
-                    .map(|&(key, releases)| Row::new(key, releases))
+                    .enumerate()
+                    .map(|(i, &(key, releases))| {
+                        let clock = self.config.clocks.get(i).copied().unwrap_or(i as u32);
+                        Row::new(key, releases, clock)
+                    })
                     .collect(),
             },
             workers: (0..self.config.workers).map(|_| Worker::new(0)).collect(),
@@ -463,31 +586,36 @@ impl Model for Protocol {
                 Phase::Stopping => wk.claim_loop,
                 _ => false,
             };
-            let running = wk.flights.iter().filter(|f| f.started).count();
+            let live = matches!(wk.phase, Phase::Running | Phase::Stopping);
             if claiming && wk.flights.len() < self.config.batch {
-                for m in 0..t.rows.len() {
-                    if t.may_claim(m, bugs) {
-                        actions.push(Action::Claim(wi, m as u8));
+                // Every batch of claimable messages that fits: the statement takes up to the
+                // batch size, skipping rows locked by other claims.
+                let room = self.config.batch - wk.flights.len();
+                let claimable: u8 = (0..t.rows.len())
+                    .filter(|&m| t.may_claim(m, bugs))
+                    .fold(0, |acc, m| acc | 1 << m);
+                let mut mask = claimable;
+                while mask != 0 {
+                    if (mask.count_ones() as usize) <= room {
+                        actions.push(Action::Claim(wi, mask));
                     }
+                    mask = (mask - 1) & claimable;
+                }
+            }
+            if live && wk.running() < self.config.concurrency {
+                for &(m, gen) in &wk.queue {
+                    actions.push(Action::Start(wi, m, gen));
                 }
             }
             for f in &wk.flights {
-                if !f.started
-                    && running < self.config.concurrency
-                    && matches!(wk.phase, Phase::Running | Phase::Stopping)
-                {
-                    actions.push(Action::Start(wi, f.msg));
-                }
-                if f.started && matches!(wk.phase, Phase::Running | Phase::Stopping) {
+                if f.run.is_some() && live {
                     if f.attempt <= self.config.attempt_limit {
                         actions.push(Action::Finish(wi, f.msg, true));
                     }
                     actions.push(Action::Finish(wi, f.msg, false));
                 }
                 let row = t.rows[f.msg as usize];
-                if matches!(wk.phase, Phase::Running | Phase::Stopping)
-                    && row.lease().is_some_and(|l| l.gen == f.gen && l.expired)
-                {
+                if live && row.lease().is_some_and(|l| l.gen == f.gen && l.expired) {
                     actions.push(Action::Renew(wi, f.msg));
                 }
             }
@@ -532,54 +660,62 @@ impl Model for Protocol {
 
     fn next_state(&self, last: &State, action: Action) -> Option<State> {
         let bugs = self.config.bugs;
+        let limit = self.config.attempt_limit;
         let mut s = last.clone();
         match action {
-            Action::Commit(m) => {
-                s.table.rows[m as usize].status = Status::Live {
-                    attempts: 0,
-                    lease: None,
-                };
-            }
-            Action::Claim(w, m) => {
-                let (wu, mu) = (w as usize, m as usize);
-                let gen = self.claim(&mut s, wu, mu);
-                let attempt = Self::attempt_of(&s, mu);
-                let wk = &mut s.workers[wu];
-                wk.flights.retain(|f| f.msg != m);
-                wk.flights.push(Flight {
-                    msg: m,
-                    gen,
-                    attempt,
-                    started: false,
-                    lapsed: false,
-                });
-                wk.flights.sort_by_key(|f| f.msg);
-                if wk.phase == Phase::Stopping {
+            Action::Commit(m) => s.table.commit(m as usize),
+            Action::Claim(w, mask) => {
+                let wu = w as usize;
+                for m in (0..s.table.rows.len()).filter(|m| mask & 1 << m != 0) {
+                    let gen = self.claim(&mut s, wu, m);
+                    let attempt = Self::attempt_of(&s, m);
+                    s.workers[wu].register(m as u8, gen, attempt);
+                }
+                if s.workers[wu].phase == Phase::Stopping {
                     // The statement in flight at the stop request was its last.
-                    wk.claim_loop = false;
+                    s.workers[wu].claim_loop = false;
                 }
             }
-            Action::Start(w, m) => {
-                let mu = m as usize;
-                // A retried release without a lease waits for this one (claimed before it was
-                // retried): the claims skip it while a later message of its key is leased. A
-                // start under a claim whose lease ran out is an attempt the order does not
-                // bind against such a release (see `KEY_ORDER`).
-                let current = Self::holds_lease(&s, w as usize, mu);
-                s.ghost.out_of_order |= s.table.predecessors(mu).any(|p| {
-                    p.holds_key()
-                        && !(p.retried_release && (!current || p.lease().is_none_or(|l| l.expired)))
-                }) || (current && Self::key_runs(&s, mu));
-                let wk = &mut s.workers[w as usize];
-                if let Some(f) = wk.flights.iter_mut().find(|f| f.msg == m) {
+            Action::Start(w, m, gen) => {
+                let (wu, mu) = (w as usize, m as usize);
+                let i = s.workers[wu].queue.iter().position(|&e| e == (m, gen))?;
+                s.workers[wu].queue.remove(i);
+                let record = s.workers[wu]
+                    .flights
+                    .iter()
+                    .position(|f| f.msg == m && (f.gen == gen || bugs.start_by_id));
+                if let Some(r) = record.filter(|&r| !s.workers[wu].flights[r].started) {
+                    // A retried release without a lease waits for this one (claimed before it
+                    // was retried): the claims skip it while a later message of its key is
+                    // leased. A start under a claim whose lease ran out is an attempt the
+                    // order does not bind against such a release (see `KEY_ORDER`).
+                    let current = Self::holds_lease(&s, wu, mu, gen);
+                    s.ghost.out_of_order |= s.table.predecessors(mu).any(|p| {
+                        p.holds_key()
+                            && !(p.retried_release
+                                && (!current || p.lease().is_none_or(|l| l.expired)))
+                    }) || (current && Self::key_runs(&s, mu));
+                    s.ghost.started_handed_back |= s.workers[wu].returned.contains(&(m, gen));
+                    let f = &mut s.workers[wu].flights[r];
                     f.started = true;
+                    f.run = Some(gen);
                 }
             }
             Action::Finish(w, m, ok) => {
                 let wu = w as usize;
-                let f = *s.workers[wu].flight(m)?;
-                s.workers[wu].flights.retain(|x| x.msg != m);
-                let limit = self.config.attempt_limit;
+                let i = s.workers[wu]
+                    .flights
+                    .iter()
+                    .position(|f| f.msg == m && f.run.is_some())?;
+                let f = s.workers[wu].flights[i];
+                let run = f.run?;
+                if f.gen != run {
+                    // `land`: the record is another claim's; the outcome is not written.
+                    s.workers[wu].flights[i].run = None;
+                    canonical_gens(&mut s);
+                    return Some(s);
+                }
+                s.workers[wu].flights.remove(i);
                 // process.rs: past the limit it is dead-lettered without running; a failure
                 // retries below the limit and is dead at it.
                 if ok && f.attempt <= limit {
@@ -590,7 +726,7 @@ impl Model for Protocol {
                         retry: None,
                     });
                     if bugs.early_successor {
-                        if let Some(next) = self.early_successor(&s, m as usize) {
+                        if let Some(next) = self.successor_as_if_done(&s, m as usize) {
                             let gen = self.claim(&mut s, wu, next);
                             s.workers[wu].chained.push(Outcome {
                                 msg: next as u8,
@@ -600,10 +736,17 @@ impl Model for Protocol {
                         }
                     }
                 } else {
+                    let retry = if self.mutant(Mutant::DeadEarly) {
+                        f.attempt + 1 < limit
+                    } else if self.mutant(Mutant::DeadLate) {
+                        f.attempt <= limit
+                    } else {
+                        f.attempt < limit
+                    };
                     s.workers[wu].failures.push(Outcome {
                         msg: m,
                         gen: f.gen,
-                        retry: Some(f.attempt < limit),
+                        retry: Some(retry),
                     });
                 }
             }
@@ -611,52 +754,66 @@ impl Model for Protocol {
                 let (wu, mu) = (w as usize, m as usize);
                 let i = s.workers[wu].dones.iter().position(|d| d.msg == m)?;
                 let d = s.workers[wu].dones.remove(i);
-                let written = s.table.mark_done(mu, d.gen, bugs);
-                s.ghost.stale_landed |= written.stale;
-                if chain && written.changed {
-                    if let Some(next) = s.table.next_head(mu, bugs) {
-                        let gen = self.claim(&mut s, wu, next);
-                        s.workers[wu].chained.push(Outcome {
-                            msg: next as u8,
-                            gen,
-                            retry: None,
-                        });
-                    }
+                let mut written = None;
+                let changed = Self::judged(&mut s, mu, d.gen, |t| {
+                    written = Some(t.mark_done(mu, d.gen, bugs));
+                });
+                let reported = written.is_some_and(|w| w.changed);
+                debug_assert_eq!(changed, reported);
+                let next = if chain && reported {
+                    s.table.next_head(mu, bugs)
+                } else if chain && self.mutant(Mutant::FailedFenceStillChains) {
+                    self.successor_as_if_done(&s, mu)
+                } else {
+                    None
+                };
+                if let Some(next) = next {
+                    let gen = self.claim(&mut s, wu, next);
+                    s.workers[wu].chained.push(Outcome {
+                        msg: next as u8,
+                        gen,
+                        retry: None,
+                    });
                 }
             }
             Action::WriteFailure(w, m) => {
                 let (wu, mu) = (w as usize, m as usize);
                 let i = s.workers[wu].failures.iter().position(|d| d.msg == m)?;
                 let f = s.workers[wu].failures.remove(i);
-                let written = s.table.mark_failed(mu, f.gen, f.retry == Some(true), bugs);
-                s.ghost.stale_landed |= written.stale;
+                let retry = f.retry == Some(true);
+                let changed = Self::judged(&mut s, mu, f.gen, |t| {
+                    t.mark_failed(mu, f.gen, retry, bugs);
+                });
+                if changed {
+                    s.ghost.dead_off_limit |= match s.table.rows[mu].status {
+                        Status::Live { attempts, .. } => attempts >= limit,
+                        Status::Dead { attempts } => attempts < limit,
+                        _ => false,
+                    };
+                }
             }
             Action::StartChained(w) => {
                 let wu = w as usize;
                 let chained = std::mem::take(&mut s.workers[wu].chained);
                 for c in chained {
                     let attempt = Self::attempt_of(&s, c.msg as usize);
-                    let wk = &mut s.workers[wu];
-                    wk.flights.retain(|f| f.msg != c.msg);
-                    wk.flights.push(Flight {
-                        msg: c.msg,
-                        gen: c.gen,
-                        attempt,
-                        started: false,
-                        lapsed: false,
-                    });
-                    wk.flights.sort_by_key(|f| f.msg);
+                    s.workers[wu].register(c.msg, c.gen, attempt);
                 }
             }
             Action::HandBackChained(w) => {
                 let chained = std::mem::take(&mut s.workers[w as usize].chained);
-                for c in chained {
-                    self.hand_back(&mut s, c.msg as usize, c.gen);
+                if !self.mutant(Mutant::StopDropsChained) {
+                    for c in chained {
+                        self.hand_back(&mut s, w as usize, c.msg as usize, c.gen);
+                    }
                 }
             }
             Action::Renew(w, m) => {
-                let f = *s.workers[w as usize].flight(m)?;
-                s.table.renew(m as usize, f.gen);
+                let wu = w as usize;
+                let f = *s.workers[wu].flights.iter().find(|f| f.msg == m)?;
+                Self::judged(&mut s, m as usize, f.gen, |t| {
+                    t.renew(m as usize, f.gen);
+                });
             }
             Action::Expire(m) => {
                 if self.lapse(&s, m as usize) == Some(true) {
@@ -692,20 +849,33 @@ impl Model for Protocol {
             }
             Action::HandBackUnstarted(w) => {
                 let wu = w as usize;
-                let (unstarted, kept): (Vec<Flight>, Vec<Flight>) =
-                    s.workers[wu].flights.iter().partition(|f| !f.started);
-                s.workers[wu].flights = kept;
-                for f in unstarted {
-                    self.hand_back(&mut s, f.msg as usize, f.gen);
+                let unstarted: Vec<Flight> = s.workers[wu]
+                    .flights
+                    .iter()
+                    .filter(|f| !f.started)
+                    .copied()
+                    .collect();
+                for f in &unstarted {
+                    self.hand_back(&mut s, wu, f.msg as usize, f.gen);
+                }
+                if !self.mutant(Mutant::HandedBackStillStart) {
+                    // Withdrawn: their records go, and their queue entries find none.
+                    let wk = &mut s.workers[wu];
+                    wk.flights.retain(|f| f.started);
+                    wk.queue
+                        .retain(|&(m, g)| !unstarted.iter().any(|f| f.msg == m && f.gen == g));
                 }
             }
             Action::Deadline(w) => {
                 let wu = w as usize;
                 let left = std::mem::take(&mut s.workers[wu].flights);
+                s.workers[wu].queue.clear();
                 s.workers[wu].phase = Phase::Final;
                 s.workers[wu].claim_loop = false;
                 for f in left {
-                    self.hand_back(&mut s, f.msg as usize, f.gen);
+                    if !(f.started && self.mutant(Mutant::DeadlineDropsRunning)) {
+                        self.hand_back(&mut s, wu, f.msg as usize, f.gen);
+                    }
                 }
             }
             Action::Exit(w) => s.workers[w as usize].phase = Phase::Stopped,
@@ -730,8 +900,17 @@ impl Model for Protocol {
             Property::always(NOTHING_LOST, |_, s: &State| nothing_lost(s)),
             Property::always(ONE_LEASE, |_, s: &State| one_lease(s)),
             Property::always(STALE_OUTCOME, |_, s: &State| !s.ghost.stale_landed),
+            Property::always(OWN_CLAIM, |_, s: &State| {
+                s.workers
+                    .iter()
+                    .all(|w| w.flights.iter().all(|f| f.run.is_none_or(|r| r == f.gen)))
+            }),
+            Property::always(HANDED_BACK_NEVER_STARTS, |_, s: &State| {
+                !s.ghost.started_handed_back
+            }),
             Property::always(KEY_ORDER, |_, s: &State| !s.ghost.out_of_order),
             Property::always(ATTEMPTS, |p: &Protocol, s: &State| attempts_counted(p, s)),
+            Property::always(DEAD_AT_LIMIT, |_, s: &State| !s.ghost.dead_off_limit),
             Property::always(SHUTDOWN, |_, s: &State| stopped_holds_nothing(s)),
             Property::eventually(SETTLED, |_, s: &State| settled(s)),
             Property::sometimes(REACH_DONE_BY_CHAIN, |_, s: &State| {
@@ -774,6 +953,13 @@ impl Model for Protocol {
                             .any(|n| n.lease().is_some_and(|l| !l.expired))
                 })
             }),
+            Property::sometimes(REACH_RECLAIMED_WHILE_WAITING, |_, s: &State| {
+                s.workers.iter().any(|w| {
+                    w.queue
+                        .iter()
+                        .any(|&(m, g)| w.flights.iter().any(|f| f.msg == m && f.gen != g))
+                })
+            }),
         ]
     }
 }
@@ -785,19 +971,29 @@ pub const NOTHING_LOST: &str = "nothing lost";
 /// "one lease": no claim takes a message whose lease has not run out, so a message is leased
 /// to at most one live worker at a time.
 pub const ONE_LEASE: &str = "one lease";
-/// "stale outcome": an outcome written under a superseded claim (its token no longer the
-/// message's) never changes the message.
-pub const STALE_OUTCOME: &str = "stale outcome refused";
-/// "key order": a message with a key starts only when every earlier message of its key is
-/// done (its done write committed) or discarded, or dead with `releases_key`: a dead earlier
-/// message holds it until retried or discarded. A dead letter that released its key and was
-/// retried waits for the later messages of its key claimed before (they may start before
-/// it), and no message starts under its lease while another of its key runs under a lease.
-/// An attempt whose lease ran out (a stalled worker) is not bound by the retried release.
+/// "no unfenced change": no outcome write, hand-back or renewal changes a row that, before
+/// it, another claim (or none) held. Judged from the row before and after each write, not
+/// from what the write reported.
+pub const STALE_OUTCOME: &str = "no unfenced change";
+/// "own claim": a handler task runs only under the claim whose record started it (the fence
+/// its outcome is written with is the record's).
+pub const OWN_CLAIM: &str = "a start only under its own claim";
+/// "handed back": a claim the worker handed back at the stop request never starts.
+pub const HANDED_BACK_NEVER_STARTS: &str = "a handed-back claim never starts";
+/// "key order": a message with a key starts only when every message its key's writes put
+/// before it is done (its done write committed) or discarded, or dead with `releases_key`: a
+/// dead earlier message holds it until retried or discarded. A dead letter that released its
+/// key and was retried waits for the later messages of its key claimed before (they may start
+/// before it), and no message starts under its lease while a handler task of another message
+/// of its key runs (read from the workers' tasks, not from the rows' leases). An attempt whose
+/// lease ran out (a stalled worker) is not bound by the retried release.
 pub const KEY_ORDER: &str = "key order";
 /// "attempts": a message's attempts are its claims less its hand-backs (counted at claim),
 /// and never exceed the attempt limit plus its claims lost to crashes and lapsed leases.
 pub const ATTEMPTS: &str = "attempts counted at claim";
+/// "dead at the limit": a failed attempt below the attempt limit is retried, one at or past
+/// it dead-lettered (judged from the row the failure write leaves).
+pub const DEAD_AT_LIMIT: &str = "dead exactly at the attempt limit";
 /// "shutdown": a stopped worker holds no lease, and no message waits in it.
 pub const SHUTDOWN: &str = "stopped worker holds nothing";
 /// "settled" (liveness): once the crashes, stalls, stops and operator actions allowed are
@@ -815,30 +1011,43 @@ pub const REACH_RETRIED_RELEASE_WAITS: &str =
     "reached: a retried release waits for its key's claimed message";
 /// Coverage: a stopped worker handed a claimed message back.
 pub const REACH_HANDED_BACK_AT_STOP: &str = "reached: a stopped worker's message handed back";
+/// Coverage: a worker claimed again a message whose older claim still waits in its queue.
+pub const REACH_RECLAIMED_WHILE_WAITING: &str =
+    "reached: a waiting message claimed again by its own worker";
 
 /// Renumbers each message's claims 1, 2, ... in their order, over the claims still referred
 /// to (by the table or a worker), and its claim count to the last (at least 1 once claimed):
 /// only their equality and the freshness of the next one matter, so states that differ in
 /// claims long gone are one.
 fn canonical_gens(s: &mut State) {
+    for wk in &mut s.workers {
+        let queue = &wk.queue;
+        wk.returned.retain(|e| queue.contains(e));
+    }
     for m in 0..s.table.rows.len() {
         let mut gens: Vec<Gen> = Vec::new();
         if let Some(l) = s.table.rows[m].lease() {
             gens.push(l.gen);
         }
+        let mine = |msg: u8| msg as usize == m;
         for wk in &s.workers {
+            for f in wk.flights.iter().filter(|f| mine(f.msg)) {
+                gens.push(f.gen);
+                gens.extend(f.run);
+            }
             gens.extend(
-                wk.flights
+                wk.queue
                     .iter()
-                    .filter(|f| f.msg as usize == m)
-                    .map(|f| f.gen),
+                    .chain(&wk.returned)
+                    .filter(|e| mine(e.0))
+                    .map(|e| e.1),
             );
             gens.extend(
                 wk.dones
                     .iter()
                     .chain(&wk.failures)
                     .chain(&wk.chained)
-                    .filter(|o| o.msg as usize == m)
+                    .filter(|o| mine(o.msg))
                     .map(|o| o.gen),
             );
         }
@@ -853,25 +1062,35 @@ fn canonical_gens(s: &mut State) {
             l.gen = new(l.gen);
         }
         for wk in &mut s.workers {
-            for f in wk.flights.iter_mut().filter(|f| f.msg as usize == m) {
+            for f in wk.flights.iter_mut().filter(|f| mine(f.msg)) {
                 f.gen = new(f.gen);
+                f.run = f.run.map(new);
+            }
+            for e in wk
+                .queue
+                .iter_mut()
+                .chain(wk.returned.iter_mut())
+                .filter(|e| mine(e.0))
+            {
+                e.1 = new(e.1);
             }
             for o in wk
                 .dones
                 .iter_mut()
                 .chain(wk.failures.iter_mut())
                 .chain(wk.chained.iter_mut())
-                .filter(|o| o.msg as usize == m)
+                .filter(|o| mine(o.msg))
             {
                 o.gen = new(o.gen);
             }
+            wk.queue.sort_unstable();
+            wk.returned.sort_unstable();
         }
         // Whether it was ever claimed stays known.
         let ever = Gen::from(s.table.rows[m].claims > 0);
         s.table.rows[m].claims = (gens.len() as Gen).max(ever);
     }
 }
-
 fn nothing_lost(s: &State) -> bool {
     s.table
         .rows

@@ -31,7 +31,13 @@
 //!   step; such messages are left open until a later event or the final state settles them;
 //! - the exact order of statements of different workers that ran at the same time: the events
 //!   are ordered by the time each was written, after its statement returned, which is why a
-//!   write that changed fewer messages than expected is not a violation by itself.
+//!   write that changed fewer messages than expected is not a violation by itself. A refused
+//!   step is tried again after a later event of the same message (within 2 s) only when that
+//!   event stands on its own there: one that would then have lost its fence cannot explain
+//!   the refused step (a stale done write that landed, followed by the newer claim's own done
+//!   write finding nothing). A renewal may have changed messages the model already ended under
+//!   the renewal's own claim (it ran just before that claim's outcome write, which was recorded
+//!   first): those count as renewed before their end.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
@@ -254,9 +260,15 @@ impl Validator {
                 let both: Vec<String> = mine.iter().chain(&theirs).cloned().collect();
                 self.restore(&before);
                 let tried = self.save(&both);
+                let lost = self.summary.fences_lost;
                 self.step(&events[j]);
+                // Moved first, the later event must stand on its own: had its statement run
+                // first, it would have found its claim in place. One that then lost its fence
+                // (and so left the message open) would only excuse the refused step: a stale
+                // write followed by the newer claim's own write.
+                let stands = self.summary.fences_lost == lost;
                 self.step(&events[i]);
-                if self.violations.len() == before.violations {
+                if stands && self.violations.len() == before.violations {
                     self.summary.events += 1;
                     self.summary.reordered += 1;
                     done[j] = true;
@@ -357,7 +369,7 @@ impl Validator {
             return i;
         }
         let i = self.messages.len();
-        let mut row = Row::new(None, false);
+        let mut row = Row::new(None, false, 0);
         row.status = Status::Live {
             attempts: 0,
             lease: None,
@@ -531,7 +543,7 @@ impl Validator {
         }
         let current = self
             .gen_of(m, token)
-            .is_some_and(|g| self.table.rows[m].fenced(g));
+            .is_some_and(|g| self.table.rows[m].fenced(g, Bugs::default()));
         if current {
             if let Some(p) = self.held_by(m) {
                 self.violation(
@@ -556,25 +568,72 @@ impl Validator {
             .collect();
         let current: Vec<(usize, Gen)> = fences
             .iter()
-            .filter_map(|&(m, g)| g.filter(|&g| self.table.rows[m].fenced(g)).map(|g| (m, g)))
+            .filter_map(|&(m, g)| {
+                g.filter(|&g| self.table.rows[m].fenced(g, Bugs::default()))
+                    .map(|g| (m, g))
+            })
             .collect();
-        if n > current.len() as u64 {
+        // A renewal that ran just before the write that ended a message, recorded after it.
+        let ended = if e.action == "renew" {
+            // Under the last claim of the message: the one its end came under.
+            fences
+                .iter()
+                .filter(|&&(m, g)| {
+                    let row = &self.table.rows[m];
+                    !row.live() && g == Some(row.claims)
+                })
+                .count()
+        } else {
+            0
+        };
+        if n > (current.len() + ended) as u64 {
             let open = fences.iter().any(|&(m, _)| self.messages[m].open);
             if !open {
                 let ids: Vec<&str> = fences
                     .iter()
                     .map(|&(m, _)| self.messages[m].id.as_str())
                     .collect();
+                // The fences that no longer hold, each with the claim that holds the message.
+                let stale: Vec<String> = e
+                    .fences()
+                    .iter()
+                    .zip(&fences)
+                    .filter(|(_, (m, g))| !current.iter().any(|c| c == &(*m, g.unwrap_or(0))))
+                    .map(|((id, token), &(m, _))| {
+                        let holder = self.table.rows[m].lease().and_then(|l| {
+                            self.messages[m]
+                                .claims
+                                .iter()
+                                .find(|(_, c)| c.0 == l.gen)
+                                .map(|(t, c)| format!("claim {t} of {}", c.1))
+                        });
+                        format!(
+                            "{id} under claim {token}, which {}",
+                            holder.map_or_else(
+                                || format!("no longer holds it ({:?})", self.table.rows[m].status),
+                                |h| format!("{h} superseded")
+                            )
+                        )
+                    })
+                    .collect();
                 self.violation(
                     e.t,
                     format!(
-                        "{} by {} changed {n} messages, but only {} of [{}] are still under its claims",
+                        "stale write: {} by {} changed {n} messages, but only {} of [{}] are still under its claims; not under its claim: {}",
                         e.action,
                         e.worker,
                         current.len(),
-                        ids.join(",")
+                        ids.join(","),
+                        stale.join("; ")
                     ),
                 );
+            }
+            return;
+        }
+        if n > current.len() as u64 {
+            // Renewed before their end: the renewal's own messages go on.
+            for (m, g) in current {
+                self.table.renew(m, g);
             }
             return;
         }
@@ -611,7 +670,7 @@ impl Validator {
         };
         let m = self.message(id, None);
         let gen = self.gen_of(m, token);
-        let current = gen.is_some_and(|g| self.table.rows[m].fenced(g));
+        let current = gen.is_some_and(|g| self.table.rows[m].fenced(g, Bugs::default()));
         match (written > 0, current) {
             (true, true) => {
                 if let Some(g) = gen {

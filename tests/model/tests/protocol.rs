@@ -3,16 +3,29 @@
 
 use outbox_model::model::{
     REACH_DEAD_HOLDS_KEY, REACH_DONE_BY_CHAIN, REACH_HANDED_BACK_AT_STOP,
-    REACH_RETRIED_RELEASE_WAITS, REACH_STALE_REFUSED,
+    REACH_RECLAIMED_WHILE_WAITING, REACH_RETRIED_RELEASE_WAITS, REACH_STALE_REFUSED,
 };
 use std::time::Duration;
 
-use outbox_model::{check_with, Checked, Config, Search};
+use outbox_model::{check_with, Budget, Checked, Config, Search};
 
-/// Checks `config` to the end and fails on any counterexample, or when the check did not reach
+/// Checks `config` to the end within [`Budget::DEFAULT`] and fails on any counterexample (the
+/// check stops at the first), when the budget ran out first, or when the check did not reach
 /// the states named in `reached` (a model that never gets there checks little).
 fn holds(what: &str, config: Config, reached: &[&str]) -> Checked {
-    holds_with(what, config, reached, Search::BreadthFirst, None)
+    let checked = holds_with(
+        what,
+        config,
+        reached,
+        Search::BreadthFirst,
+        Some(Budget::DEFAULT.time),
+    );
+    assert!(
+        !checked.cut_short,
+        "{what}: the check outgrew its budget ({:?}) before it saw every state",
+        Budget::DEFAULT
+    );
+    checked
 }
 
 fn holds_with(
@@ -30,7 +43,7 @@ fn holds_with(
         checked.depth,
         checked.elapsed,
         if checked.cut_short {
-            ", cut short by its time budget: part of the states only"
+            ", cut short by its budget: part of the states only"
         } else {
             ", every state"
         }
@@ -90,6 +103,15 @@ fn a_key_released_by_its_dead_letter() {
         "released key, 2 workers",
         Config::released(),
         &[REACH_DONE_BY_CHAIN, REACH_RETRIED_RELEASE_WAITS],
+    );
+}
+
+#[test]
+fn batches_of_two_with_lapsed_leases() {
+    holds(
+        "batches of 2, 3 messages, 2 stalls, 1 crash",
+        Config::batched(),
+        &[REACH_RECLAIMED_WHILE_WAITING, REACH_DONE_BY_CHAIN],
     );
 }
 

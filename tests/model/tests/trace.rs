@@ -167,3 +167,73 @@ fn events_recorded_in_the_other_order_than_their_statements_are_accepted() {
     ];
     assert_eq!(validate(&trace, &[(A, Final::Done)]), Ok(()));
 }
+
+/// A stale done write that lands (the fence removed from the done statement), followed within
+/// the reordering window by the newer claim's own done write, which then finds nothing: the
+/// newer write, moved first, would have lost its fence, so it cannot explain the stale one.
+#[test]
+fn a_stale_done_followed_by_the_newer_claims_write_is_refused() {
+    let trace = [
+        claim(1, "w1", A, "t1", 1, None),
+        claim(2, "w2", A, "t2", 2, None),
+        batch(3, "done", "w1", A, "t1", 1),
+        batch(4, "done", "w2", A, "t2", 0),
+        stopped(5, "w1"),
+        stopped(6, "w2"),
+    ];
+    let errors = validate(&trace, &[(A, Final::Done)]).unwrap_err();
+    assert!(
+        errors[0].contains("stale write: done by w1") && errors[0].contains("claim t2 of w2"),
+        "{errors:?}"
+    );
+}
+
+/// The same with the fence in place: the stale done changes nothing and the newer claim's
+/// write lands.
+#[test]
+fn a_stale_done_refused_by_the_fence_is_accepted() {
+    let trace = [
+        claim(1, "w1", A, "t1", 1, None),
+        claim(2, "w2", A, "t2", 2, None),
+        batch(3, "done", "w1", A, "t1", 0),
+        batch(4, "done", "w2", A, "t2", 1),
+        stopped(5, "w1"),
+        stopped(6, "w2"),
+    ];
+    assert_eq!(validate(&trace, &[(A, Final::Done)]), Ok(()));
+}
+
+/// A renewal that ran just before its worker's done write of the same messages, recorded just
+/// after it, is accepted.
+#[test]
+fn a_renewal_recorded_after_its_workers_done_write_is_accepted() {
+    let trace = [
+        claim(1, "w1", A, "t1", 1, None),
+        batch(2, "done", "w1", A, "t1", 1),
+        batch(3, "renew", "w1", A, "t1", 1),
+        claim(4, "w2", B, "t2", 1, None),
+        batch(5, "done", "w2", B, "t2", 1),
+        stopped(6, "w1"),
+        stopped(7, "w2"),
+    ];
+    assert_eq!(
+        validate(&trace, &[(A, Final::Done), (B, Final::Done)]),
+        Ok(())
+    );
+}
+
+/// A renewal that changed a message another claim holds is refused.
+#[test]
+fn a_renewal_under_a_superseded_claim_that_lands_is_refused() {
+    let trace = [
+        claim(1, "w1", A, "t1", 1, None),
+        claim(2, "w2", A, "t2", 2, None),
+        // Past the reordering window: the renewal cannot have run before the claim.
+        batch(3_000_000, "renew", "w1", A, "t1", 1),
+        batch(3_000_001, "done", "w2", A, "t2", 1),
+        stopped(3_000_002, "w1"),
+        stopped(3_000_003, "w2"),
+    ];
+    let errors = validate(&trace, &[(A, Final::Done)]).unwrap_err();
+    assert!(errors[0].contains("stale write: renew by w1"), "{errors:?}");
+}

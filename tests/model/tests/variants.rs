@@ -2,7 +2,7 @@
 //! the property it breaks. A model that checked nothing would fail here.
 
 use outbox_model::model::{
-    ATTEMPTS, KEY_ORDER, NOTHING_LOST, ONE_LEASE, SETTLED, SHUTDOWN, STALE_OUTCOME,
+    ATTEMPTS, KEY_ORDER, NOTHING_LOST, ONE_LEASE, OWN_CLAIM, SETTLED, SHUTDOWN, STALE_OUTCOME,
 };
 use outbox_model::{check, Bugs, Config};
 
@@ -100,6 +100,34 @@ fn a_retried_release_claimed_beside_its_running_successor_runs_out_of_order() {
         |b| b.retried_release_ignores_claims = true,
         KEY_ORDER,
     );
+}
+
+/// Issue 43: a key ordered by its ids, which producers make from their own clocks, is not its
+/// commit order. Two producers write one key, the second after the first committed, and the
+/// second's clock is behind: the database ordering by id makes the later write the key's head.
+/// Ordered by the `seq` the database assigns at insert time (the default), the same system
+/// holds (`tests/protocol.rs` checks the others; this one is checked here too).
+#[test]
+fn a_key_ordered_by_producer_clocks_runs_out_of_commit_order() {
+    breaks(
+        Config::clock_skew(),
+        |b| b.order_by_producer_clock = true,
+        KEY_ORDER,
+    );
+    let checked = check(Config::clock_skew(), None);
+    assert!(
+        checked.failures.is_empty() && !checked.cut_short,
+        "ordered by seq, the clock-skewed system holds: {:?}",
+        checked.failures
+    );
+}
+
+/// The start bug of `dispatch.rs`: a claimed message's start that finds its record by message
+/// id only. With batches of 2 a waiting message's lease lapses, the same worker claims it
+/// again, and the old batch's start runs the newer claim's record under the old claim.
+#[test]
+fn a_start_that_finds_its_record_by_id_runs_another_claim() {
+    breaks(Config::batched(), |b| b.start_by_id = true, OWN_CLAIM);
 }
 
 /// The model's first finding (see the crate docs), kept as the counterexample it produces: with

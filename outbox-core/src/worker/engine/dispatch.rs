@@ -83,12 +83,15 @@ impl Shared {
                 id: msg.id,
                 claim_token: msg.claim_token,
             };
+            // This claim's record only: a lease that lapsed while the message waited may have
+            // let this worker claim it again, and the newer claim's record is not this one's.
             let Some(watch) = lock(&self.flights)
                 .get(&msg.id)
+                .filter(|f| f.fence == fence)
                 .map(|f| f.watch.clone())
                 .filter(|w| !w.withdrawn())
             else {
-                continue; // handed back meanwhile (shutdown)
+                continue; // handed back meanwhile (shutdown), or claimed again since
             };
             let task = {
                 let worker = self.worker.clone();
@@ -117,7 +120,10 @@ impl Shared {
                 }
             };
             let abort = self.handlers_rt.spawn(task).abort_handle();
-            if let Some(f) = lock(&self.flights).get_mut(&fence.id) {
+            if let Some(f) = lock(&self.flights)
+                .get_mut(&fence.id)
+                .filter(|f| f.fence == fence)
+            {
                 f.abort = Some(abort);
                 // The handler's own timeout fires first when it yields; the engine's, counted
                 // from the task's start, catches a handler that holds its thread.
