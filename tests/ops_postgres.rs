@@ -431,6 +431,51 @@ async fn the_outbox_command_line() {
         (vec!["dead", "show", "not-a-uuid"], 2),
         (vec!["purge", "--older-than", "soon"], 2),
         (vec!["dead", "retry"], 2),
+        // Every refusal of an argument is a usage error (2), whoever refuses it: clap, the
+        // command or the store behind it.
+        (vec!["purge", "--older-than", "1d", "--batch", "0"], 2),
+        (vec!["dead", "list", "--limit", "none"], 2),
+        (vec!["events"], 2),
+        (
+            vec!["events", "retain", "--topic", "ops.task", "--for", "30s"],
+            2,
+        ),
+        (vec!["events", "retain", "--topic", "", "--for", "30d"], 2),
+        (
+            vec!["events", "--topic", "ops.task", "--since", "tomorrow"],
+            2,
+        ),
+        (vec!["replay"], 2),
+        (
+            vec![
+                "replay",
+                "--topic",
+                "ops.task",
+                "--handler",
+                "task",
+                "--rate",
+                "0",
+            ],
+            2,
+        ),
+        (
+            vec![
+                "replay",
+                "--topic",
+                "ops.task",
+                "--handler",
+                "task",
+                "--since",
+                "1h",
+                "--until",
+                "2h",
+            ],
+            2,
+        ),
+        (vec!["replay", "pause", "not-a-uuid"], 2),
+        (vec!["console", "--token", " "], 2),
+        (vec!["--database-url", "http://127.0.0.1/none", "stats"], 2),
+        (vec!["--database-url", "postgres://[::1", "stats"], 2),
     ] {
         let (code, _, err) = text(&ops(&db, &args));
         assert_eq!(code, want, "{args:?}: {err}");
@@ -448,6 +493,27 @@ async fn the_outbox_command_line() {
     let (code, _, err) = text(&o);
     assert_eq!(code, 4, "{err}");
     assert_eq!(err.lines().count(), 1, "{err}");
+
+    // A worker binary's flags out of range are usage errors too, refused before any SQL.
+    for flags in [
+        &["--batch-size", "0"][..],
+        &["--concurrency", "0"],
+        &["--lease", "500ms"],
+        &["--max-attempts", "0"],
+        &["--retry-base", "10s", "--retry-max", "1s"],
+        &["--poll-interval", "0s"],
+        &["--batch-size", "many"],
+    ] {
+        let o = std::process::Command::new(env!("CARGO_BIN_EXE_test-worker"))
+            .args(flags)
+            .arg("--once")
+            .env("DATABASE_URL", "postgres://postgres@127.0.0.1:1/none")
+            .output()
+            .unwrap();
+        let (code, _, err) = text(&o);
+        assert_eq!(code, 2, "{flags:?}: {err}");
+        assert!(err.starts_with("error:"), "{flags:?}: {err}");
+    }
     db.drop_db().await;
 }
 

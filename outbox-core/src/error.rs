@@ -126,6 +126,13 @@ pub enum Error {
     #[error("invalid configuration: {0}")]
     Config(String),
 
+    /// An argument of the call is invalid or out of range (a replay's window or rate, a
+    /// retention window, a purge batch, a database URL of an unknown kind): nothing was done.
+    /// The message says what is allowed. The command line exits with
+    /// 2, a usage error on it.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+
     /// A replay of the event log was refused: the topic retains nothing, the handler never ran
     /// on it, the window holds no event, or the replay is not in a state to pause, resume or
     /// cancel. The message says which, and what to do.

@@ -147,7 +147,7 @@ impl Store {
     /// # Errors
     ///
     /// [`Error::Database`] when a delete fails (earlier batches stay deleted);
-    /// [`Error::Config`] when `batch` is 0.
+    /// [`Error::InvalidArgument`] when `batch` is 0.
     ///
     /// # Cancellation safety
     ///
@@ -171,7 +171,9 @@ impl Store {
 
     async fn purge(&self, older_than: Duration, batch: usize, processed: bool) -> Result<u64> {
         if batch == 0 {
-            return Err(Error::Config("the purge batch must be at least 1".into()));
+            return Err(Error::InvalidArgument(
+                "the purge batch must be at least 1".into(),
+            ));
         }
         let batch = i64::try_from(batch).unwrap_or(i64::MAX);
         let mut total = 0;

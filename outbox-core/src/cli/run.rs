@@ -94,6 +94,15 @@ where
     F: FnOnce(&WorkerArgs, WorkerBuilder) -> WorkerBuilder,
 {
     let stop = stop.shared();
+    // Flags out of range are bad arguments (exit 2), refused before touching the database;
+    // what `configure` sets in code is checked when the worker is built (exit 3).
+    if let Err(e) = args
+        .apply(WorkerConfig::default())
+        .validate(std::time::Duration::ZERO)
+    {
+        eprintln!("error: a flag is out of range: {}", error_line(&e));
+        return ExitCode::from(exit::USAGE);
+    }
     let start = async {
         let store = connect(&args.database_url)
             .await
@@ -219,7 +228,8 @@ where
 /// # Errors
 ///
 /// [`Error::Database`](crate::error::Error::Database) when the URL is bad or the server unreachable;
-/// [`Error::Config`](crate::error::Error::Config) for a database kind this build does not support.
+/// [`Error::InvalidArgument`](crate::error::Error::InvalidArgument) for a database kind this
+/// build does not support.
 ///
 /// # Cancellation safety
 ///
@@ -256,7 +266,7 @@ pub async fn connect(url: &str) -> crate::error::Result<crate::store::Store> {
             .connect_lazy_with(options);
         return Ok(crate::store::Store::mysql(pool));
     }
-    Err(crate::error::Error::Config(format!(
+    Err(crate::error::Error::InvalidArgument(format!(
         "unsupported database URL `{}`: use postgres://, mysql:// or sqlite:",
         url.split(':').next().unwrap_or("")
     )))

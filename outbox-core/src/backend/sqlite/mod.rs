@@ -60,7 +60,7 @@ mod workers;
 pub fn sqlite_options(url: &str) -> Result<SqliteConnectOptions> {
     let opts: SqliteConnectOptions = url
         .parse()
-        .map_err(|e| Error::Config(format!("`{url}` is not a SQLite URL: {e}")))?;
+        .map_err(|e| Error::InvalidArgument(format!("`{url}` is not a SQLite URL: {e}")))?;
     Ok(opts
         .create_if_missing(true)
         .journal_mode(SqliteJournalMode::Wal)
