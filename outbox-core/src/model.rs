@@ -209,11 +209,19 @@ pub struct WorkerInfo {
     pub id: Uuid,
     /// Its name (`host:pid` by default, see [`WorkerConfig::name`](crate::WorkerConfig::name)).
     pub name: String,
+    /// The host it runs on; `None` for a worker of a build that did not record it.
+    pub host: Option<String>,
+    /// Its process id; `None` for a worker of a build that did not record it.
+    pub pid: Option<u32>,
     /// The topics it serves.
     pub topics: Vec<String>,
     /// Per topic of `topics`, at the same position, the highest version of its event type the
     /// worker decodes (and claims). Empty for a worker that did not record them.
     pub versions: Vec<i32>,
+    /// Per topic of `topics`, at the same position, the names of the handlers it runs for
+    /// that topic: what `outbox replay --handler` takes. Empty for a worker that did not record
+    /// them.
+    pub handlers: Vec<Vec<String>>,
     /// Whether it sleeps until a producer wakes it (idle), rather than claiming (busy).
     pub waiting: bool,
     /// When it started.
@@ -222,6 +230,28 @@ pub struct WorkerInfo {
     pub heartbeat_at: DateTime<Utc>,
     /// The heartbeat is fresh (within 5 s): the worker is alive.
     pub live: bool,
+}
+
+impl WorkerInfo {
+    /// Each topic the worker serves, with the highest version it knows of it (when recorded)
+    /// and the names of its handlers of it (empty when not recorded).
+    ///
+    /// ```
+    /// # fn show(w: &outbox::WorkerInfo) {
+    /// for (topic, version, handlers) in w.serves() {
+    ///     println!("{topic} v{}: {}", version.unwrap_or(1), handlers.join(", "));
+    /// }
+    /// # }
+    /// ```
+    pub fn serves(&self) -> impl Iterator<Item = (&str, Option<i32>, &[String])> {
+        self.topics.iter().enumerate().map(|(i, t)| {
+            (
+                t.as_str(),
+                self.versions.get(i).copied(),
+                self.handlers.get(i).map(Vec::as_slice).unwrap_or_default(),
+            )
+        })
+    }
 }
 
 /// Which dead letters to list: build it with [`DeadLetterFilter::new`] and its setters.

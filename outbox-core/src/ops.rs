@@ -56,7 +56,10 @@ impl Store {
         Ok(Stats::from_topics(self.backend().outbox_stats().await?))
     }
 
-    /// The workers that registered and have not been gone for a minute, live ones first.
+    /// The workers that registered and have not been gone for a minute, live ones first:
+    /// who each is (name, host, process id), what it serves ([`WorkerInfo::serves`]: each
+    /// topic with the version it knows and its handlers' names), and its last heartbeat.
+    /// `outbox workers` prints the live ones, and the console's workers page shows them.
     ///
     /// # Errors
     ///

@@ -178,7 +178,7 @@ impl Store {
         if !self.backend().handler_known(&r.topic, &r.handler).await? {
             return Err(Error::ReplayRefused(format!(
                 "no worker has run a handler named `{}` for topic `{}`: check the name (`outbox \
-                 workers` lists the live workers' topics) and start a worker with it first",
+                 workers` lists the live workers' handlers per topic) and start a worker with it first",
                 r.handler, r.topic
             )));
         }

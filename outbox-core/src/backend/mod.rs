@@ -53,6 +53,14 @@ pub(crate) type StatsRow<A, V> = (
     Option<V>,
 );
 
+/// The `handlers` column of the workers table (a JSON array, per topic, of handler names), as
+/// [`WorkerInfo::handlers`](crate::model::WorkerInfo::handlers): empty when missing or
+/// unreadable.
+pub(crate) fn worker_handlers(json: Option<&str>) -> Vec<Vec<String>> {
+    json.and_then(|j| serde_json::from_str(j).ok())
+        .unwrap_or_default()
+}
+
 /// A [`StatsRow`] as the model's `TopicStats`, its times turned into ages by `age`.
 pub(crate) fn topic_stats<A, V: TryInto<i32>>(
     row: StatsRow<A, V>,

@@ -97,8 +97,19 @@ impl Default for WorkerConfig {
 }
 
 fn default_name() -> String {
-    let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "worker".into());
-    format!("{host}:{}", std::process::id())
+    format!("{}:{}", host(), std::process::id())
+}
+
+/// The name of the host this process runs on, as the kernel has it (Linux), else
+/// `/etc/hostname` or `HOSTNAME`, else `unknown`.
+pub(crate) fn host() -> String {
+    ["/proc/sys/kernel/hostname", "/etc/hostname"]
+        .into_iter()
+        .filter_map(|p| std::fs::read_to_string(p).ok())
+        .chain(std::env::var("HOSTNAME").ok())
+        .map(|h| h.trim().to_string())
+        .find(|h| !h.is_empty())
+        .unwrap_or_else(|| "unknown".into())
 }
 
 impl WorkerConfig {

@@ -73,6 +73,11 @@ const MIGRATIONS: &[Migration] = &[
         description: "replays of the event log to one handler, and the handlers seen",
         sql: include_str!("../../../migrations/mysql/0011_replays.sql"),
     },
+    Migration {
+        version: 13,
+        description: "who each worker is: its host, process id and handlers per topic",
+        sql: include_str!("../../../migrations/mysql/0013_worker_identity.sql"),
+    },
 ];
 
 const CREATE_MIGRATIONS_TABLE: &str = "CREATE TABLE IF NOT EXISTS outbox_migrations ( \

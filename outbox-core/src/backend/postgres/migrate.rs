@@ -63,6 +63,11 @@ const MIGRATIONS: &[Migration] = &[
         description: "replays of the event log to one handler, and the handlers seen",
         sql: include_str!("../../../migrations/postgres/0011_replays.sql"),
     },
+    Migration {
+        version: 13,
+        description: "who each worker is: its host, process id and handlers per topic",
+        sql: include_str!("../../../migrations/postgres/0013_worker_identity.sql"),
+    },
 ];
 
 /// The advisory lock key that serialises migrations ("outbox" in ASCII).
