@@ -152,7 +152,7 @@ async fn index_reads(
     conn: &mut sqlx::MySqlConnection,
     sql: &str,
     binds: &[serde_json::Value],
-) -> (i64, Vec<(String, Option<uuid::Uuid>)>) {
+) -> (i64, Vec<(String, Option<i64>)>) {
     sqlx::raw_sql("FLUSH STATUS")
         .execute(&mut *conn)
         .await
@@ -185,7 +185,7 @@ async fn handler_reads(conn: &mut sqlx::MySqlConnection) -> i64 {
 /// What [`walk_all`] met.
 struct Walked {
     /// Every key once, in the order first met, with the head the walk gave it.
-    heads: Vec<(String, uuid::Uuid)>,
+    heads: Vec<(String, i64)>,
     pages: usize,
     /// Pages MariaDB cut short at the walk's `ROWS EXAMINED` cap.
     cut: usize,
@@ -200,8 +200,8 @@ impl Walked {
             "the walk meets every key once, in key order"
         );
         for (key, head) in &self.heads {
-            let first: uuid::Uuid = sqlx::query_scalar(
-                "SELECT id FROM outbox_messages WHERE ordering_key = ? ORDER BY id LIMIT 1",
+            let first: i64 = sqlx::query_scalar(
+                "SELECT seq FROM outbox_messages WHERE ordering_key = ? ORDER BY seq LIMIT 1",
             )
             .bind(key)
             .fetch_one(&mut *conn)
@@ -228,14 +228,13 @@ async fn walk_all(conn: &mut sqlx::MySqlConnection, page: i64) -> Walked {
             .execute(&mut *conn)
             .await
             .unwrap();
-        let rows: Vec<(i64, String, uuid::Uuid)> =
-            sqlx::query_as(outbox::__private::MYSQL_WALK_KEYS)
-                .bind(&after)
-                .bind(&after)
-                .bind(page)
-                .fetch_all(&mut *conn)
-                .await
-                .unwrap();
+        let rows: Vec<(i64, String, i64)> = sqlx::query_as(outbox::__private::MYSQL_WALK_KEYS)
+            .bind(&after)
+            .bind(&after)
+            .bind(page)
+            .fetch_all(&mut *conn)
+            .await
+            .unwrap();
         let warnings: Vec<(String, u32, String)> = sqlx::query_as("SHOW WARNINGS")
             .fetch_all(&mut *conn)
             .await
@@ -265,7 +264,7 @@ async fn walk_all(conn: &mut sqlx::MySqlConnection, page: i64) -> Walked {
 /// into one key: finding the head of the key a worker just released must still read one index
 /// entry, and a page of the walk over every key a bounded number, not every message of the key
 /// (on such statistics the optimizer picked a plain range scan for `GROUP BY ordering_key` with
-/// `MIN(id)`, and one key of 20,000 messages drained ever slower).
+/// `MIN(id)` then, and one key of 20,000 messages drained ever slower).
 #[tokio::test]
 async fn heads_are_found_in_bounded_reads_whatever_the_statistics() {
     outbox_tests::skip_without_mysql!();
@@ -290,8 +289,8 @@ async fn heads_are_found_in_bounded_reads_whatever_the_statistics() {
     let mut tx = db.pool.begin().await.unwrap();
     enqueue_many(&mut *tx, &events).await.unwrap();
     tx.commit().await.unwrap();
-    let first_hot: uuid::Uuid = sqlx::query_scalar(
-        "SELECT id FROM outbox_messages WHERE ordering_key = 'hot' ORDER BY id LIMIT 1",
+    let first_hot: i64 = sqlx::query_scalar(
+        "SELECT seq FROM outbox_messages WHERE ordering_key = 'hot' ORDER BY seq LIMIT 1",
     )
     .fetch_one(&db.pool)
     .await

@@ -5,6 +5,19 @@ pub use crate::event::{decode_current, same_topic, EventDescriptor};
 pub use crate::registry::HandlerRegistration;
 pub use inventory;
 
+/// Applies the outbox migrations up to `version` only: the schema of an earlier release, for
+/// the tests of an upgrade.
+///
+/// # Errors
+///
+/// As [`migrate`](crate::migrate::migrate).
+pub async fn migrate_up_to(
+    store: impl Into<crate::store::Store>,
+    version: i64,
+) -> crate::error::Result<()> {
+    store.into().backend().migrate(Some(version)).await
+}
+
 /// The unordered claim's locking select on MySQL, for the test that checks its plan.
 #[cfg(feature = "mysql")]
 pub const MYSQL_CLAIM_UNKEYED: &str = crate::backend::mysql::CLAIM_UNKEYED;

@@ -51,10 +51,10 @@ pub trait Event: Serialize + DeserializeOwned + Send + Sync + 'static {
     ///
     /// A message with a key is not started while an earlier message of its key is pending,
     /// running, waiting for a retry or delayed, nor while one is dead (unless
-    /// [`DEAD_RELEASES_KEY`](Event::DEAD_RELEASES_KEY)). "Earlier" is enqueue order: the order of
-    /// the message ids, which strictly increase within one process and follow the clock across
-    /// processes. That is commit order when the application serialises the writes of one
-    /// aggregate (a row lock on it, as it should take anyway). Messages without a key (the
+    /// [`DEAD_RELEASES_KEY`](Event::DEAD_RELEASES_KEY)). "Earlier" is the order in which the
+    /// database inserted the messages (a number it gives each keyed row), whatever the
+    /// producers' clocks say. That is commit order when the application serialises the writes
+    /// of one aggregate (a row lock on it, as it should take anyway). Messages without a key (the
     /// default `None`) are not ordered and pay nothing for the feature.
     ///
     /// `#[outbox_event(ordering_key = "field")]` implements it from a payload field.

@@ -50,7 +50,8 @@ impl Store {
         self.backend().log_topics(true).await
     }
 
-    /// Events of one topic's log, in enqueue order: a page of at most
+    /// Events of one topic's log, each key's in the order the database inserted their messages
+    /// ([`RetainedEvent::seq`](crate::retention::RetainedEvent::seq)): a page of at most
     /// [`limit`](EventFilter::limit) (100 unless set); continue with
     /// [`after`](EventFilter::after) the last one. A topic that retains nothing has none.
     ///

@@ -36,5 +36,5 @@ use crate::store::Store;
 /// # Ok(()) }
 /// ```
 pub async fn migrate(store: impl Into<Store>) -> Result<()> {
-    store.into().backend().migrate().await
+    store.into().backend().migrate(None).await
 }

@@ -67,8 +67,12 @@ impl RetainedTopic {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RetainedEvent {
-    /// The message id (UUID v7, in enqueue order).
+    /// The message id (UUID v7).
     pub id: Uuid,
+    /// The message's place in its key's order, as the database numbered it at insert: a key's
+    /// events are listed and replayed in this order. 0 for unkeyed messages, and for events
+    /// logged before the database numbered them (those come first, in id order).
+    pub seq: i64,
     /// The topic.
     pub topic: String,
     /// The payload as stored (JSON).
@@ -88,7 +92,8 @@ pub struct RetainedEvent {
 }
 
 /// Which events of the log to list: one topic, optionally a window of enqueue times, one
-/// ordering key, and a page after an event already listed. Listed in enqueue (id) order.
+/// ordering key, and a page after an event already listed. Listed in (`seq`, id) order: each
+/// key's events in the order the database inserted their messages.
 ///
 /// ```
 /// use outbox::EventFilter;
@@ -113,6 +118,8 @@ pub struct EventFilter {
     pub key: Option<String>,
     /// Only events after this one (the last of the previous page).
     pub after: Option<Uuid>,
+    /// The `seq` of [`after`](Self::after), when known; otherwise the backend looks it up.
+    pub(crate) after_seq: Option<i64>,
     /// At most this many (default 100).
     pub limit: Option<u32>,
 }
@@ -336,6 +343,8 @@ pub struct ReplayInfo {
     pub failed: i64,
     /// The last event handled: where it resumes.
     pub cursor: Option<Uuid>,
+    /// The `seq` of [`cursor`](Self::cursor): its place in the log's order.
+    pub(crate) cursor_seq: Option<i64>,
     /// When it was made.
     pub created_at: DateTime<Utc>,
     /// When a worker first took it up.

@@ -217,8 +217,9 @@ pub(crate) trait Backend: Send + Sync + 'static {
 
     // ---- migrate (`migrate.rs`) ----
 
-    /// Applies the embedded migrations.
-    async fn migrate(&self) -> Result<()>;
+    /// Applies the embedded migrations, up to version `up_to` when given (the tests of an
+    /// upgrade stop at an earlier release's schema).
+    async fn migrate(&self, up_to: Option<i64>) -> Result<()>;
 
     // ---- enqueue (`enqueue.rs`) ----
     // Enqueue runs on the application's own connection, through [`Connection`], not here.

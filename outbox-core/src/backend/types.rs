@@ -127,6 +127,8 @@ pub struct NewMessage {
 pub(crate) struct ReplayStep {
     /// The last event handled, if the step handled any.
     pub(crate) cursor: Option<Uuid>,
+    /// The `seq` of that event.
+    pub(crate) cursor_seq: Option<i64>,
     /// Events handled (failures included).
     pub(crate) delivered: i64,
     /// Events failed for good: (event id, attempts, error).
@@ -144,6 +146,7 @@ impl ReplayStep {
     pub(crate) fn renewal(lease: std::time::Duration) -> Self {
         ReplayStep {
             cursor: None,
+            cursor_seq: None,
             delivered: 0,
             failures: Vec::new(),
             finished: false,

@@ -69,29 +69,29 @@ const TAKE: &str = concat!(
 
 /// One page of the walk over every key: the keys after the key `?`, up to `$bound` (nothing,
 /// or `AND ... <= ?`), in key order, each with its head (its live message with the smallest
-/// id).
+/// `seq`, the number InnoDB gave it at insert).
 ///
-/// The first row is a probe: the first entry of `outbox_messages_key_idx (ordering_key, id)`
+/// The first row is a probe: the first entry of `outbox_messages_key_idx (ordering_key, seq)`
 /// after the key, which is the next key and its head, one entry read. Then up to `?` keys by
-/// `GROUP BY ordering_key` with `MIN(id)` on that index: a loose index scan, one probe per key,
+/// `GROUP BY ordering_key` with `MIN(seq)` on that index: a loose index scan, one probe per key,
 /// where the optimizer picks it (MySQL 8 is told to by `GROUP_INDEX`; MariaDB has no such
 /// hint). On the statistics of a nearly empty table, as an outbox table's usually are,
 /// MariaDB may pick a range scan over every message of those keys instead, so there the
 /// statement stops after `ROWS EXAMINED` entries (in a comment only MariaDB runs) and returns
 /// what it has: the probe row at least, so a walk moves on by one key a page however its
-/// plan goes. A group cut short still has its true head, as the index is read in `(key, id)`
+/// plan goes. A group cut short still has its true head, as the index is read in `(key, seq)`
 /// order, but the walk keeps the last group of a short page only where the probe confirms it.
 macro_rules! walk_page {
     ($bound:literal) => {
         concat!(
-            "(SELECT CAST(0 AS SIGNED) AS part, ordering_key, id \
+            "(SELECT CAST(0 AS SIGNED) AS part, ordering_key, seq \
               FROM outbox_messages FORCE INDEX (outbox_messages_key_idx) \
               WHERE ordering_key > ?",
             $bound,
-            " ORDER BY ordering_key, id LIMIT 1) \
+            " ORDER BY ordering_key, seq LIMIT 1) \
              UNION ALL \
              (SELECT /*+ GROUP_INDEX(outbox_messages outbox_messages_key_idx) */ \
-                     CAST(1 AS SIGNED), ordering_key, MIN(id) \
+                     CAST(1 AS SIGNED), ordering_key, MIN(seq) \
               FROM outbox_messages FORCE INDEX (outbox_messages_key_idx) \
               WHERE ordering_key > ?",
             $bound,
@@ -108,31 +108,31 @@ pub(super) const WALK_AFTER: &str = walk_page!("");
 /// started (first and second, again third and fourth), up to `?` (fifth) keys.
 const WALK_UP_TO: &str = walk_page!(" AND ordering_key <= ?");
 
-/// The head of key `?` (its live message with the smallest id), if it has one: one probe of
+/// The head of key `?` (its live message with the smallest `seq`), if it has one: one probe of
 /// `outbox_messages_key_idx` in the index's own order, one entry read however many messages
-/// the key holds and whatever the table's statistics say. (`MIN(id)` with `GROUP BY` is a
+/// the key holds and whatever the table's statistics say. (`MIN(seq)` with `GROUP BY` is a
 /// loose index scan only where the optimizer picks it; on the statistics of a nearly empty
 /// table, as an outbox table's usually are, it read every message of the key, and one key of
 /// 20,000 messages drained ever slower.) The heads of several keys are this, once per key,
 /// joined by `UNION ALL`.
-pub(super) const KEY_HEAD: &str = "(SELECT ordering_key, id FROM outbox_messages \
-     FORCE INDEX (outbox_messages_key_idx) WHERE ordering_key = ? ORDER BY id LIMIT 1)";
+pub(super) const KEY_HEAD: &str = "(SELECT ordering_key, seq FROM outbox_messages \
+     FORCE INDEX (outbox_messages_key_idx) WHERE ordering_key = ? ORDER BY seq LIMIT 1)";
 
-/// Which of the heads `{list}` may start, read without locks: due, not running, not behind a
+/// Which of the heads `{list}` (their `seq`) may start, read without locks: due, not running, not behind a
 /// dead letter that holds the key, and, for a retried dead letter that had released its key,
 /// no later message of the key running. With topic and version, for the worker's own checks.
 const STARTABLE: &str = concat!(
     "SELECT m.id, m.topic, m.version FROM outbox_messages m \
-     WHERE m.id IN ({list}) AND m.available_at <= ",
+     WHERE m.seq IN ({list}) AND m.available_at <= ",
     now_ms!(),
     " AND (m.locked_until IS NULL OR m.locked_until < ",
     now_ms!(),
     ") AND NOT EXISTS (SELECT 1 FROM outbox_dead d \
                        WHERE d.ordering_key = m.ordering_key AND d.releases_key = FALSE \
-                         AND d.id < m.id) \
+                         AND d.seq < m.seq) \
        AND (m.retried_release = FALSE \
             OR NOT EXISTS (SELECT 1 FROM outbox_messages l \
-                           WHERE l.ordering_key = m.ordering_key AND l.id > m.id \
+                           WHERE l.ordering_key = m.ordering_key AND l.seq > m.seq \
                              AND l.locked_until >= ",
     now_ms!(),
     "))"
@@ -269,7 +269,7 @@ async fn take(
 }
 
 /// The heads of `keys` ([`KEY_HEAD`] for each).
-async fn released_heads(b: &MySqlBackend, keys: &[&str]) -> Result<Vec<(String, Uuid)>> {
+async fn released_heads(b: &MySqlBackend, keys: &[&str]) -> Result<Vec<(String, i64)>> {
     let sql = vec![KEY_HEAD; keys.len()].join(" UNION ALL ");
     let mut q = sqlx::query_as(sqlx::AssertSqlSafe(sql));
     for k in keys {
@@ -311,7 +311,7 @@ async fn walk_keys(
             break;
         }
         let page = (want * 2).max(WALK_PAGE);
-        let rows: Vec<(i64, String, Uuid)> = if wrapped {
+        let rows: Vec<(i64, String, i64)> = if wrapped {
             sqlx::query_as(WALK_UP_TO)
                 .bind(&after)
                 .bind(&cursor)
@@ -362,7 +362,7 @@ async fn walk_keys(
 /// key, head): the probe's (part 0) first, then the groups (part 1) of other keys; of a page
 /// cut short (fewer than `page` groups), all groups but the last, whose key the next page's
 /// probe reads again.
-fn page_heads(rows: Vec<(i64, String, Uuid)>, page: i64) -> Vec<(String, Uuid)> {
+fn page_heads(rows: Vec<(i64, String, i64)>, page: i64) -> Vec<(String, i64)> {
     let Some(probe) = rows
         .iter()
         .find(|(part, ..)| *part == 0)
@@ -370,7 +370,7 @@ fn page_heads(rows: Vec<(i64, String, Uuid)>, page: i64) -> Vec<(String, Uuid)> 
     else {
         return Vec::new();
     };
-    let mut groups: Vec<(String, Uuid)> = rows
+    let mut groups: Vec<(String, i64)> = rows
         .into_iter()
         .filter(|(part, ..)| *part == 1)
         .map(|(_, k, h)| (k, h))
@@ -390,15 +390,15 @@ fn page_heads(rows: Vec<(i64, String, Uuid)>, page: i64) -> Vec<(String, Uuid)> 
 async fn take_heads(
     b: &MySqlBackend,
     p: &ClaimParams<'_>,
-    heads: &[(String, Uuid)],
+    heads: &[(String, i64)],
     out: &mut Vec<ClaimedMessage>,
 ) -> Result<()> {
     if heads.is_empty() || room(p, out) <= 0 {
         return Ok(());
     }
     let mut q = sqlx::query_as(with_list(STARTABLE, heads.len()));
-    for (_, id) in heads {
-        q = q.bind(*id);
+    for (_, seq) in heads {
+        q = q.bind(*seq);
     }
     let startable: Vec<(Uuid, String, i32)> = q.fetch_all(&b.pool).await?;
     let mut ids: Vec<Uuid> = startable
@@ -474,8 +474,9 @@ fn claimed(r: &MySqlRow, claim_token: Uuid) -> Result<ClaimedMessage, sqlx::Erro
 mod tests {
     use super::*;
 
-    fn id(n: u128) -> Uuid {
-        Uuid::from_u128(n)
+    /// A head's place in its key's order.
+    fn id(n: i64) -> i64 {
+        n
     }
 
     #[test]

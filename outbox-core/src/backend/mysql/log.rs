@@ -102,17 +102,22 @@ const TOPICS: &str = "SELECT r.topic, r.retain_ms, r.declared_at, r.changed_at, 
                           ORDER BY e.id LIMIT 1) END AS oldest \
      FROM outbox_retention r ORDER BY r.topic";
 
-/// Events of topic `?` enqueued from `?` to before `?` (Unix ms), of key `?`, after id `?`
-/// (each filter off when NULL, and each bound twice), at most `?`, in id order.
-const EVENTS: &str = "SELECT id, topic, payload, version, idempotency_key, ordering_key, \
+/// Events of topic `?` enqueued from `?` to before `?` (Unix ms), of key `?`, after the event
+/// `?` at `seq` `?` (each filter off when NULL, and each bound twice or more), at most `?`, in
+/// (seq, id) order: each key's events in the order the database inserted their messages. The
+/// cursor is spelt out as two ranges of `outbox_events_topic_idx (topic, seq, id)`.
+const EVENTS: &str = "SELECT id, seq, topic, payload, version, idempotency_key, ordering_key, \
         created_at, delivered_at, traceparent \
      FROM outbox_events \
      WHERE topic = ? \
        AND (? IS NULL OR created_at >= ?) \
        AND (? IS NULL OR created_at < ?) \
        AND (? IS NULL OR ordering_key = ?) \
-       AND (? IS NULL OR id > ?) \
-     ORDER BY id LIMIT ?";
+       AND (? IS NULL OR seq > ? OR (seq = ? AND id > ?)) \
+     ORDER BY seq, id LIMIT ?";
+
+/// The `seq` of event `?`, where the caller of [`EVENTS`] knows only its id.
+const EVENT_SEQ: &str = "SELECT seq FROM outbox_events WHERE id = ?";
 
 /// Records windows ([`DECLARE`]) in one transaction, in topic order.
 pub(super) async fn declare(
@@ -277,6 +282,17 @@ pub(super) async fn events(b: &MySqlBackend, f: &EventFilter) -> Result<Vec<Reta
     let since = f.since.map(|t| t.timestamp_millis());
     let until = f.until.map(|t| t.timestamp_millis());
     let key = f.key.as_deref();
+    // An event that is gone counts as 0: a page may then repeat events, never skip one.
+    let after_seq = match (f.after, f.after_seq) {
+        (Some(id), None) => Some(
+            sqlx::query_scalar::<_, i64>(EVENT_SEQ)
+                .bind(id)
+                .fetch_optional(&b.pool)
+                .await?
+                .unwrap_or(0),
+        ),
+        (_, seq) => seq,
+    };
     let rows = sqlx::query(EVENTS)
         .bind(&f.topic)
         .bind(since)
@@ -286,6 +302,8 @@ pub(super) async fn events(b: &MySqlBackend, f: &EventFilter) -> Result<Vec<Reta
         .bind(key)
         .bind(key)
         .bind(f.after)
+        .bind(after_seq)
+        .bind(after_seq)
         .bind(f.after)
         .bind(i64::from(f.limit.unwrap_or(100)))
         .fetch_all(&b.pool)
@@ -294,6 +312,7 @@ pub(super) async fn events(b: &MySqlBackend, f: &EventFilter) -> Result<Vec<Reta
         .map(|r| {
             Ok(RetainedEvent {
                 id: r.try_get::<Uuid, _>("id")?,
+                seq: r.try_get("seq")?,
                 topic: r.try_get("topic")?,
                 payload: r.try_get("payload")?,
                 version: r.try_get("version")?,

@@ -74,6 +74,11 @@ const MIGRATIONS: &[Migration] = &[
         sql: include_str!("../../../migrations/mysql/0011_replays.sql"),
     },
     Migration {
+        version: 12,
+        description: "a key's order is the database's insert order (seq), not the id's",
+        sql: include_str!("../../../migrations/mysql/0012_commit_order.sql"),
+    },
+    Migration {
         version: 13,
         description: "who each worker is: its host, process id and handlers per topic",
         sql: include_str!("../../../migrations/mysql/0013_worker_identity.sql"),
@@ -97,7 +102,7 @@ const RECORD_APPLIED: &str = concat!(
 const LOCK: &str = "SELECT GET_LOCK(CONCAT('outbox_migrate.', MD5(DATABASE())), 60)";
 
 /// Applies the migrations this database still needs, one migrator at a time.
-pub(super) async fn migrate(pool: &MySqlPool) -> Result<()> {
+pub(super) async fn migrate(pool: &MySqlPool, up_to: Option<i64>) -> Result<()> {
     // Out of the pool: the lock ends with this connection, whatever happens.
     let mut conn = pool.acquire().await?.detach();
     let locked: Option<i64> = sqlx::query_scalar(LOCK).fetch_one(&mut conn).await?;
@@ -109,18 +114,21 @@ pub(super) async fn migrate(pool: &MySqlPool) -> Result<()> {
                 .into(),
         ));
     }
-    let result = apply(&mut conn).await;
+    let result = apply(&mut conn, up_to).await;
     // Closing the connection releases the lock; an error here changes nothing.
     let _ = conn.close().await;
     result
 }
 
-async fn apply(conn: &mut sqlx::MySqlConnection) -> Result<()> {
+async fn apply(conn: &mut sqlx::MySqlConnection, up_to: Option<i64>) -> Result<()> {
     sqlx::query(CREATE_MIGRATIONS_TABLE)
         .execute(&mut *conn)
         .await?;
     let applied: Vec<(i64, i64)> = sqlx::query_as(APPLIED).fetch_all(&mut *conn).await?;
-    for m in schema::pending(MIGRATIONS, &applied)? {
+    for m in schema::pending(MIGRATIONS, &applied)?
+        .into_iter()
+        .filter(|m| up_to.is_none_or(|last| m.version <= last))
+    {
         for statement in statements(m.sql) {
             sqlx::raw_sql(sqlx::AssertSqlSafe(statement))
                 .execute(&mut *conn)

@@ -209,8 +209,8 @@ impl Backend for MySqlBackend {
 
     // ---- migrate (`migrate.rs`) ----
 
-    async fn migrate(&self) -> Result<()> {
-        migrate::migrate(&self.pool).await
+    async fn migrate(&self, up_to: Option<i64>) -> Result<()> {
+        migrate::migrate(&self.pool, up_to).await
     }
 
     // ---- enqueue (`enqueue.rs`) ----

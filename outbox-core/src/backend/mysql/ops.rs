@@ -53,9 +53,9 @@ const STATS: &str = concat!(
                CASE WHEN m.ordering_key IS NULL \
                          OR NOT (m.available_at <= c.now AND (m.locked_until IS NULL OR m.locked_until < c.now)) THEN 0 \
                     WHEN EXISTS (SELECT 1 FROM outbox_dead d WHERE d.ordering_key = m.ordering_key \
-                                 AND d.releases_key = FALSE AND d.id < m.id) THEN 2 \
+                                 AND d.releases_key = FALSE AND d.seq < m.seq) THEN 2 \
                     WHEN EXISTS (SELECT 1 FROM outbox_messages e WHERE e.ordering_key = m.ordering_key \
-                                 AND e.id < m.id) THEN 1 \
+                                 AND e.seq < m.seq) THEN 1 \
                     ELSE 0 END AS held \
         FROM outbox_messages m CROSS JOIN clock c \
      ), live AS ( \
@@ -149,16 +149,18 @@ const DEAD_LOCK: &str = "SELECT id FROM outbox_dead \
      WHERE (? IS NULL OR id = ?) AND (? IS NULL OR topic = ?) FOR UPDATE";
 
 /// Copies the dead letters `{list}` back to pending, ready now, attempts reset.
-/// [`DEAD_DELETE`] then deletes them. A letter that had released its key is marked
-/// `retried_release`, as on PostgreSQL.
+/// [`DEAD_DELETE`] then deletes them. A letter keeps its place in its key's order (`seq`);
+/// one that has none (0: written by a worker of the previous release) takes a new one. A
+/// letter that had released its key is marked `retried_release`, as on PostgreSQL.
 const DEAD_RETRY: &str = concat!(
     "INSERT INTO outbox_messages (id, topic, payload, idempotency_key, available_at, last_error, \
                                   created_at, ordering_key, releases_key, retried_release, \
-                                  traceparent, tracestate, version) \
+                                  traceparent, tracestate, version, seq) \
      SELECT id, topic, payload, idempotency_key, ",
     now_ms!(),
     ", last_error, created_at, ordering_key, releases_key, \
-            ordering_key IS NOT NULL AND releases_key <> 0, traceparent, tracestate, version \
+            ordering_key IS NOT NULL AND releases_key <> 0, traceparent, tracestate, version, \
+            NULLIF(seq, 0) \
      FROM outbox_dead WHERE id IN ({list})"
 );
 

@@ -24,10 +24,10 @@ const LOCK: &str =
 /// every worker recorded it, not from what this worker was built with.
 const DONE_KEEP: &str = concat!(
     "INSERT IGNORE INTO outbox_events (id, topic, payload, version, idempotency_key, \
-         ordering_key, created_at, delivered_at, traceparent, tracestate) \
+         ordering_key, created_at, delivered_at, traceparent, tracestate, seq) \
      SELECT m.id, m.topic, m.payload, m.version, m.idempotency_key, m.ordering_key, m.created_at, ",
     now_ms!(),
-    ", m.traceparent, m.tracestate \
+    ", m.traceparent, m.tracestate, CASE WHEN m.ordering_key IS NULL THEN 0 ELSE m.seq END \
      FROM outbox_messages m JOIN outbox_retention r ON r.topic = m.topic \
      WHERE m.id IN ({list})"
 );
@@ -63,10 +63,10 @@ const FAILED_LOCK: &str = "SELECT claim_token FROM outbox_messages WHERE id = ? 
 /// dead now; [`FAILED_DEAD_DELETE`] then deletes it from the live table.
 const FAILED_DEAD: &str = concat!(
     "INSERT INTO outbox_dead (id, topic, payload, idempotency_key, attempts, last_error, \
-         created_at, dead_at, ordering_key, releases_key, traceparent, tracestate, version) \
+         created_at, dead_at, ordering_key, releases_key, traceparent, tracestate, version, seq) \
      SELECT id, topic, payload, idempotency_key, attempts, ?, created_at, ",
     now_ms!(),
-    ", ordering_key, releases_key, traceparent, tracestate, version \
+    ", ordering_key, releases_key, traceparent, tracestate, version, seq \
      FROM outbox_messages WHERE id = ? AND claim_token = ?"
 );
 

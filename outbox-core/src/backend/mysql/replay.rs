@@ -50,7 +50,7 @@ macro_rules! replay_columns {
     ($now:expr) => {
         concat!(
             "id, topic, handler, since, `until`, ordering_key, rate, fresh, backfill, state, \
-             cursor_id, total, delivered, failed, created_at, started_at, updated_at, \
+             cursor_id, cursor_seq, total, delivered, failed, created_at, started_at, updated_at, \
              finished_at, COALESCE(lease_until > ",
             $now,
             " AND state = 'running', FALSE) AS leased"
@@ -122,13 +122,15 @@ const LEASED: &str = concat!(
 const ADVANCE_LOCK: &str =
     "SELECT state FROM outbox_replays WHERE id = ? AND lease_token = ? FOR UPDATE";
 
-/// Moves the locked replay `?` (last): cursor `?` (kept when NULL), `?` more handled, `?`
+/// Moves the locked replay `?` (last): cursor `?` at `seq` `?` (both kept when the first is
+/// NULL, which is bound twice), `?` more handled, `?`
 /// more failed; done when `?` (bound four times); the lease renewed for `?` ms, or given up
 /// when `?` (bound twice). `state` is assigned last (MySQL assigns left to right), so every
 /// condition reads the state the replay had.
 const ADVANCE: &str = concat!(
     "UPDATE outbox_replays \
-     SET cursor_id = COALESCE(?, cursor_id), delivered = delivered + ?, failed = failed + ?, \
+     SET cursor_seq = IF(? IS NULL, cursor_seq, ?), cursor_id = COALESCE(?, cursor_id), \
+         delivered = delivered + ?, failed = failed + ?, \
          finished_at = CASE WHEN ? AND state = 'running' THEN ",
     now_ms!(),
     " ELSE finished_at END, \
@@ -268,6 +270,7 @@ fn info(r: &MySqlRow) -> Result<ReplayInfo, sqlx::Error> {
         delivered: r.try_get("delivered")?,
         failed: r.try_get("failed")?,
         cursor: r.try_get("cursor_id")?,
+        cursor_seq: r.try_get("cursor_seq")?,
         created_at: time(r.try_get("created_at")?),
         started_at: opt_time("started_at")?,
         updated_at: time(r.try_get("updated_at")?),
@@ -378,6 +381,8 @@ pub(super) async fn advance(
             return Ok(None);
         }
         sqlx::query(ADVANCE)
+            .bind(step.cursor)
+            .bind(step.cursor_seq)
             .bind(step.cursor)
             .bind(step.delivered)
             .bind(failed)

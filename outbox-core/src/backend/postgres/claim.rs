@@ -74,29 +74,30 @@ const CLAIM_UNKEYED: &str = "WITH picked AS ( \
 /// key behind it.
 ///
 /// The walk goes from key to key, one probe of the key index per key (a loose index scan),
-/// and yields each key's head (its live message with the smallest id). A later row of a key
+/// and yields each key's head (its live message with the smallest `seq`, the number the
+/// database gave it at insert). A later row of a key
 /// is never a head while an earlier one exists, locked or not, so two workers can never start
 /// two messages of one key.
-pub(super) const CLAIM_KEYED: &str = "WITH RECURSIVE after_cursor(k, id) AS ( \
-        (SELECT ordering_key, id FROM outbox_messages \
-         WHERE ordering_key > $6 ORDER BY ordering_key, id LIMIT 1) \
+pub(super) const CLAIM_KEYED: &str = "WITH RECURSIVE after_cursor(k, seq) AS ( \
+        (SELECT ordering_key, seq FROM outbox_messages \
+         WHERE ordering_key > $6 ORDER BY ordering_key, seq LIMIT 1) \
         UNION ALL \
-        SELECT n.ordering_key, n.id FROM after_cursor a CROSS JOIN LATERAL ( \
-            SELECT ordering_key, id FROM outbox_messages \
-            WHERE ordering_key > a.k ORDER BY ordering_key, id LIMIT 1) n \
-     ), up_to_cursor(k, id) AS ( \
-        (SELECT ordering_key, id FROM outbox_messages \
+        SELECT n.ordering_key, n.seq FROM after_cursor a CROSS JOIN LATERAL ( \
+            SELECT ordering_key, seq FROM outbox_messages \
+            WHERE ordering_key > a.k ORDER BY ordering_key, seq LIMIT 1) n \
+     ), up_to_cursor(k, seq) AS ( \
+        (SELECT ordering_key, seq FROM outbox_messages \
          WHERE ordering_key IS NOT NULL AND ordering_key <= $6 \
-         ORDER BY ordering_key, id LIMIT 1) \
+         ORDER BY ordering_key, seq LIMIT 1) \
         UNION ALL \
-        SELECT n.ordering_key, n.id FROM up_to_cursor a CROSS JOIN LATERAL ( \
-            SELECT ordering_key, id FROM outbox_messages \
+        SELECT n.ordering_key, n.seq FROM up_to_cursor a CROSS JOIN LATERAL ( \
+            SELECT ordering_key, seq FROM outbox_messages \
             WHERE ordering_key > a.k AND ordering_key <= $6 \
-            ORDER BY ordering_key, id LIMIT 1) n \
+            ORDER BY ordering_key, seq LIMIT 1) n \
      ), heads AS ( \
-        SELECT k, id FROM after_cursor UNION ALL SELECT k, id FROM up_to_cursor \
+        SELECT k, seq FROM after_cursor UNION ALL SELECT k, seq FROM up_to_cursor \
      ), picked AS ( \
-        SELECT m.ctid FROM heads h JOIN outbox_messages m ON m.id = h.id \
+        SELECT m.ctid FROM heads h JOIN outbox_messages m ON m.ordering_key = h.k AND m.seq = h.seq \
         WHERE m.topic = ANY(CASE WHEN set_config('synchronous_commit', 'off', true) = 'off' \
                                  THEN $1::text[] END) \
           AND m.version <= ($7::int4[])[array_position($1::text[], m.topic)] \
@@ -105,11 +106,11 @@ pub(super) const CLAIM_KEYED: &str = "WITH RECURSIVE after_cursor(k, id) AS ( \
           AND (NOT EXISTS (SELECT 1 FROM outbox_dead \
                            WHERE ordering_key IS NOT NULL AND NOT releases_key) \
                OR NOT EXISTS (SELECT 1 FROM outbox_dead d \
-                              WHERE d.ordering_key = m.ordering_key AND d.id < m.id \
+                              WHERE d.ordering_key = m.ordering_key AND d.seq < m.seq \
                                 AND NOT d.releases_key)) \
           AND (NOT m.retried_release \
                OR NOT EXISTS (SELECT 1 FROM outbox_messages l \
-                              WHERE l.ordering_key = m.ordering_key AND l.id > m.id \
+                              WHERE l.ordering_key = m.ordering_key AND l.seq > m.seq \
                                 AND l.locked_until >= now())) \
         LIMIT $2 \
         FOR UPDATE OF m SKIP LOCKED \
@@ -123,12 +124,12 @@ pub(super) const CLAIM_KEYED: &str = "WITH RECURSIVE after_cursor(k, id) AS ( \
 
 /// As [`CLAIM_KEYED`], but the heads are those of the keys `$6` only, one probe per key.
 const CLAIM_RELEASED: &str = "WITH heads AS ( \
-        SELECT r.k, h.id FROM unnest((SELECT $6::text[])) AS r(k) \
+        SELECT r.k, h.seq FROM unnest((SELECT $6::text[])) AS r(k) \
         CROSS JOIN LATERAL ( \
-            SELECT id FROM outbox_messages \
-            WHERE ordering_key = r.k ORDER BY ordering_key, id LIMIT 1) h \
+            SELECT seq FROM outbox_messages \
+            WHERE ordering_key = r.k ORDER BY ordering_key, seq LIMIT 1) h \
      ), picked AS ( \
-        SELECT m.ctid FROM heads h JOIN outbox_messages m ON m.id = h.id \
+        SELECT m.ctid FROM heads h JOIN outbox_messages m ON m.ordering_key = h.k AND m.seq = h.seq \
         WHERE m.topic = ANY(CASE WHEN set_config('synchronous_commit', 'off', true) = 'off' \
                                  THEN $1::text[] END) \
           AND m.version <= ($7::int4[])[array_position($1::text[], m.topic)] \
@@ -137,11 +138,11 @@ const CLAIM_RELEASED: &str = "WITH heads AS ( \
           AND (NOT EXISTS (SELECT 1 FROM outbox_dead \
                            WHERE ordering_key IS NOT NULL AND NOT releases_key) \
                OR NOT EXISTS (SELECT 1 FROM outbox_dead d \
-                              WHERE d.ordering_key = m.ordering_key AND d.id < m.id \
+                              WHERE d.ordering_key = m.ordering_key AND d.seq < m.seq \
                                 AND NOT d.releases_key)) \
           AND (NOT m.retried_release \
                OR NOT EXISTS (SELECT 1 FROM outbox_messages l \
-                              WHERE l.ordering_key = m.ordering_key AND l.id > m.id \
+                              WHERE l.ordering_key = m.ordering_key AND l.seq > m.seq \
                                 AND l.locked_until >= now())) \
         LIMIT $2 \
         FOR UPDATE OF m SKIP LOCKED \

@@ -6,6 +6,11 @@
 //! NOTIFY's commit lock. The notification names the worker it is for, so the others sleep on.
 //! The trace columns are named only when a row has a trace context: without one the statement
 //! is the same as without the `opentelemetry` feature.
+//!
+//! A keyed message takes its place in its key's order here, from the sequence
+//! `outbox_messages_seq`, at insert time: under the application's row lock on the aggregate,
+//! that is the order in which its writes commit. The rows of one `enqueue_many` draw their
+//! numbers in slice order (the order `UNNEST` yields them). Unkeyed messages draw none.
 
 use sqlx::PgConnection;
 use uuid::Uuid;
@@ -17,8 +22,9 @@ use crate::backend::NewMessage;
 /// seconds, `$6` ordering key, `$7` whether it releases its key, `$8` its event version.
 const INSERT_ONE: &str = "WITH ins AS ( \
         INSERT INTO outbox_messages (id, topic, payload, idempotency_key, available_at, \
-                                     ordering_key, releases_key, version) \
-        VALUES ($1, $2, $3::json, $4, now() + make_interval(secs => $5), $6, $7, $8) \
+                                     ordering_key, releases_key, version, seq) \
+        VALUES ($1, $2, $3::json, $4, now() + make_interval(secs => $5), $6, $7, $8, \
+                CASE WHEN $6::text IS NULL THEN 0 ELSE nextval('outbox_messages_seq') END) \
      ) \
      SELECT pg_notify('outbox_wakeup', w.id::text) FROM outbox_workers w \
      WHERE $5 = 0 AND w.waiting AND $2 = ANY(w.topics) \
@@ -27,8 +33,9 @@ const INSERT_ONE: &str = "WITH ins AS ( \
 /// [`INSERT_ONE`] with a trace context: `$9` traceparent, `$10` tracestate.
 const INSERT_ONE_TRACED: &str = "WITH ins AS ( \
         INSERT INTO outbox_messages (id, topic, payload, idempotency_key, available_at, \
-                                     ordering_key, releases_key, version, traceparent, tracestate) \
-        VALUES ($1, $2, $3::json, $4, now() + make_interval(secs => $5), $6, $7, $8, $9, $10) \
+                                     ordering_key, releases_key, version, seq, traceparent, tracestate) \
+        VALUES ($1, $2, $3::json, $4, now() + make_interval(secs => $5), $6, $7, $8, \
+                CASE WHEN $6::text IS NULL THEN 0 ELSE nextval('outbox_messages_seq') END, $9, $10) \
      ) \
      SELECT pg_notify('outbox_wakeup', w.id::text) FROM outbox_workers w \
      WHERE $5 = 0 AND w.waiting AND $2 = ANY(w.topics) \
@@ -40,9 +47,10 @@ const INSERT_ONE_TRACED: &str = "WITH ins AS ( \
 /// woken.
 const INSERT_MANY: &str = "WITH ins AS ( \
         INSERT INTO outbox_messages (id, topic, payload, idempotency_key, available_at, \
-                                     ordering_key, releases_key, version) \
+                                     ordering_key, releases_key, version, seq) \
         SELECT u.id, u.topic, u.payload::json, u.idempotency_key, now() + make_interval(secs => u.delay), \
-               u.ordering_key, u.releases_key, u.version \
+               u.ordering_key, u.releases_key, u.version, \
+               CASE WHEN u.ordering_key IS NULL THEN 0 ELSE nextval('outbox_messages_seq') END \
         FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::text[], $5::float8[], $7::text[], $8::bool[], \
                     $9::int4[]) \
              AS u(id, topic, payload, idempotency_key, delay, ordering_key, releases_key, version) \
@@ -54,9 +62,11 @@ const INSERT_MANY: &str = "WITH ins AS ( \
 /// [`INSERT_MANY`] where a row has a trace context: `$10` traceparents, `$11` tracestates.
 const INSERT_MANY_TRACED: &str = "WITH ins AS ( \
         INSERT INTO outbox_messages (id, topic, payload, idempotency_key, available_at, \
-                                     ordering_key, releases_key, version, traceparent, tracestate) \
+                                     ordering_key, releases_key, version, seq, traceparent, tracestate) \
         SELECT u.id, u.topic, u.payload::json, u.idempotency_key, now() + make_interval(secs => u.delay), \
-               u.ordering_key, u.releases_key, u.version, u.traceparent, u.tracestate \
+               u.ordering_key, u.releases_key, u.version, \
+               CASE WHEN u.ordering_key IS NULL THEN 0 ELSE nextval('outbox_messages_seq') END, \
+               u.traceparent, u.tracestate \
         FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::text[], $5::float8[], $7::text[], $8::bool[], \
                     $9::int4[], $10::text[], $11::text[]) \
              AS u(id, topic, payload, idempotency_key, delay, ordering_key, releases_key, version, \
@@ -164,21 +174,32 @@ mod tests {
     /// The traced inserts are the plain ones with the trace columns added, nothing else.
     #[test]
     fn traced_inserts_only_add_the_trace_columns() {
-        let columns = "releases_key, version) ";
-        let traced = "releases_key, version, traceparent, tracestate) ";
+        let columns = "releases_key, version, seq) ";
+        let traced = "releases_key, version, seq, traceparent, tracestate) ";
+        let seq = "nextval('outbox_messages_seq') END";
         assert_eq!(
             INSERT_ONE_TRACED,
-            INSERT_ONE
-                .replacen(columns, traced, 1)
-                .replacen("$7, $8)", "$7, $8, $9, $10)", 1)
+            INSERT_ONE.replacen(columns, traced, 1).replacen(
+                &format!("{seq})"),
+                &format!("{seq}, $9, $10)"),
+                1
+            )
         );
         assert_eq!(
             INSERT_MANY_TRACED,
             INSERT_MANY
                 .replacen(columns, traced, 1)
-                .replacen("u.version ", "u.version, u.traceparent, u.tracestate ", 1)
+                .replacen(
+                    &format!("{seq} "),
+                    &format!("{seq}, u.traceparent, u.tracestate "),
+                    1
+                )
                 .replacen("$9::int4[])", "$9::int4[], $10::text[], $11::text[])", 1)
-                .replacen(columns, traced, 1)
+                .replacen(
+                    "releases_key, version) ",
+                    "releases_key, version, traceparent, tracestate) ",
+                    1
+                )
         );
     }
 }

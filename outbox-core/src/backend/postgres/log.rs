@@ -67,17 +67,23 @@ const TOPICS: &str = "SELECT r.topic, r.retain_secs, r.declared_at, r.changed_at
          FROM outbox_event_days(r.id) d) AS partitions_until \
      FROM outbox_retention r ORDER BY r.topic";
 
-/// Events of topic `$1` enqueued from `$2` to before `$3`, of key `$4`, after id `$5` (each
-/// filter off when NULL), at most `$6`, in id order. An unknown topic has no events.
-const EVENTS: &str = "SELECT e.id, e.topic, e.payload::text AS payload, e.version, \
+/// Events of topic `$1` enqueued from `$2` to before `$3`, of key `$4`, after the event `$5`
+/// (each filter off when NULL), at most `$6`, in (seq, id) order: each key's events in the
+/// order the database inserted their messages. The position of `$5` is `$7` when given, else
+/// that event's own (0 when it is gone: a page may then repeat events, never skip one). An
+/// unknown topic has no events.
+const EVENTS: &str = "SELECT e.id, e.seq, e.topic, e.payload::text AS payload, e.version, \
         e.idempotency_key, e.ordering_key, e.created_at, e.delivered_at, e.traceparent \
      FROM outbox_events e \
      WHERE e.topic_id = (SELECT id FROM outbox_retention WHERE topic = $1) \
        AND ($2::timestamptz IS NULL OR e.created_at >= $2) \
        AND ($3::timestamptz IS NULL OR e.created_at < $3) \
        AND ($4::text IS NULL OR e.ordering_key = $4) \
-       AND ($5::uuid IS NULL OR e.id > $5) \
-     ORDER BY e.id LIMIT $6";
+       AND ($5::uuid IS NULL OR (e.seq, e.id) > ( \
+            coalesce($7::int8, (SELECT x.seq FROM outbox_events x \
+                                WHERE x.topic_id = (SELECT id FROM outbox_retention WHERE topic = $1) \
+                                  AND x.id = $5 LIMIT 1), 0), $5)) \
+     ORDER BY e.seq, e.id LIMIT $6";
 
 /// A window in whole seconds, at least one.
 fn seconds(window: Duration) -> i64 {
@@ -212,12 +218,14 @@ pub(super) async fn events(pool: &PgPool, f: &EventFilter) -> Result<Vec<Retaine
         .bind(f.key.as_deref())
         .bind(f.after)
         .bind(i64::from(f.limit.unwrap_or(100)))
+        .bind(f.after_seq)
         .fetch_all(pool)
         .await?;
     rows.iter()
         .map(|r| {
             Ok(RetainedEvent {
                 id: r.try_get::<Uuid, _>("id")?,
+                seq: r.try_get("seq")?,
                 topic: r.try_get("topic")?,
                 payload: r.try_get("payload")?,
                 version: r.try_get("version")?,

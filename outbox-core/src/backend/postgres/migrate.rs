@@ -64,6 +64,11 @@ const MIGRATIONS: &[Migration] = &[
         sql: include_str!("../../../migrations/postgres/0011_replays.sql"),
     },
     Migration {
+        version: 12,
+        description: "a key's order is the database's insert order (seq), not the id's",
+        sql: include_str!("../../../migrations/postgres/0012_commit_order.sql"),
+    },
+    Migration {
         version: 13,
         description: "who each worker is: its host, process id and handlers per topic",
         sql: include_str!("../../../migrations/postgres/0013_worker_identity.sql"),
@@ -92,7 +97,7 @@ const RECORD_APPLIED: &str =
     "INSERT INTO outbox_migrations (version, description, checksum) VALUES ($1, $2, $3)";
 
 /// Applies the migrations this database still needs, under the migration lock.
-pub(super) async fn migrate(pool: &PgPool) -> Result<()> {
+pub(super) async fn migrate(pool: &PgPool, up_to: Option<i64>) -> Result<()> {
     // A connection of its own, out of the pool: the advisory lock is the session's, and if
     // this future is dropped mid-way the connection closes with it (releasing the lock)
     // rather than going back to the pool still holding it.
@@ -101,7 +106,7 @@ pub(super) async fn migrate(pool: &PgPool) -> Result<()> {
         .bind(MIGRATION_LOCK)
         .execute(&mut conn)
         .await?;
-    let result = apply(&mut conn).await;
+    let result = apply(&mut conn, up_to).await;
     // Closing the session releases the lock; an unlock first says so explicitly.
     let unlock = sqlx::query(UNLOCK)
         .bind(MIGRATION_LOCK)
@@ -114,12 +119,15 @@ pub(super) async fn migrate(pool: &PgPool) -> Result<()> {
 }
 
 /// Runs each pending migration in a transaction of its own, recording it there.
-async fn apply(conn: &mut PgConnection) -> Result<()> {
+async fn apply(conn: &mut PgConnection, up_to: Option<i64>) -> Result<()> {
     sqlx::query(CREATE_MIGRATIONS_TABLE)
         .execute(&mut *conn)
         .await?;
     let applied: Vec<(i64, i64)> = sqlx::query_as(APPLIED).fetch_all(&mut *conn).await?;
-    for m in schema::pending(MIGRATIONS, &applied)? {
+    for m in schema::pending(MIGRATIONS, &applied)?
+        .into_iter()
+        .filter(|m| up_to.is_none_or(|last| m.version <= last))
+    {
         let mut tx = sqlx::Connection::begin(&mut *conn).await?;
         sqlx::raw_sql(m.sql).execute(&mut *tx).await?;
         sqlx::query(RECORD_APPLIED)

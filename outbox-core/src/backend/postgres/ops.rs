@@ -41,12 +41,12 @@ const STATS: &str = "WITH live AS ( \
      ), keyed_rows AS ( \
         SELECT m.topic, m.available_at, \
                m.available_at <= now() AND (m.locked_until IS NULL OR m.locked_until < now()) AS due, \
-               m.id <> first_value(m.id) OVER (PARTITION BY m.ordering_key ORDER BY m.id) AS behind, \
-               coalesce(d.id < m.id, false) AS behind_dead \
+               m.seq <> first_value(m.seq) OVER (PARTITION BY m.ordering_key ORDER BY m.seq) AS behind, \
+               coalesce(d.seq < m.seq, false) AS behind_dead \
         FROM outbox_messages m \
-        LEFT JOIN (SELECT DISTINCT ON (ordering_key) ordering_key, id FROM outbox_dead \
+        LEFT JOIN (SELECT DISTINCT ON (ordering_key) ordering_key, seq FROM outbox_dead \
                    WHERE ordering_key IS NOT NULL AND NOT releases_key \
-                   ORDER BY ordering_key, id) d ON d.ordering_key = m.ordering_key \
+                   ORDER BY ordering_key, seq) d ON d.ordering_key = m.ordering_key \
         WHERE m.ordering_key IS NOT NULL \
      ), keyed AS ( \
         SELECT topic, \
@@ -116,8 +116,10 @@ const HANDLERS_DONE: &str =
 /// Dead letters back to pending, attempts reset: the one of id `$1` or those of topic `$2`
 /// (all if both are NULL). Returns how many.
 ///
-/// A retried letter that had released its key is marked `retried_release`: the claims take it
-/// only once no later message of its key holds a lease (those ran on while it was dead).
+/// A letter keeps its place in its key's order (`seq`); a keyed one that has none (0: written
+/// by a worker of the previous release) takes a new one. A retried letter that had released its
+/// key is marked `retried_release`: the claims take it only once no later message of its key
+/// holds a lease (those ran on while it was dead).
 ///
 /// Waiting workers of the retried topics are woken, as a producer would wake them: the
 /// operator may run this from another process, long before their next poll.
@@ -125,13 +127,15 @@ const DEAD_RETRY: &str = "WITH del AS ( \
         DELETE FROM outbox_dead \
         WHERE ($1::uuid IS NULL OR id = $1) AND ($2::text IS NULL OR topic = $2) \
         RETURNING id, topic, payload, idempotency_key, last_error, created_at, ordering_key, releases_key, \
-                  traceparent, tracestate, version \
+                  traceparent, tracestate, version, seq \
      ), ins AS ( \
         INSERT INTO outbox_messages (id, topic, payload, idempotency_key, last_error, created_at, \
                                      ordering_key, releases_key, retried_release, traceparent, \
-                                     tracestate, version) \
+                                     tracestate, version, seq) \
         SELECT id, topic, payload, idempotency_key, last_error, created_at, ordering_key, releases_key, \
-               ordering_key IS NOT NULL AND releases_key, traceparent, tracestate, version \
+               ordering_key IS NOT NULL AND releases_key, traceparent, tracestate, version, \
+               CASE WHEN seq = 0 AND ordering_key IS NOT NULL THEN nextval('outbox_messages_seq') \
+                    ELSE seq END \
         FROM del \
         RETURNING topic \
      ), woke AS ( \

@@ -27,13 +27,13 @@ macro_rules! done_ctes {
         DELETE FROM outbox_messages m \
         USING UNNEST((SELECT $1::uuid[]), (SELECT $2::uuid[])) AS d(id, claim_token) \
         WHERE m.id = d.id AND m.claim_token = d.claim_token \
-        RETURNING m.id, m.topic, m.ordering_key, m.payload, m.version, m.idempotency_key, \
+        RETURNING m.id, m.topic, m.ordering_key, m.seq, m.payload, m.version, m.idempotency_key, \
                   m.created_at, m.traceparent, m.tracestate \
      ), kept AS ( \
         INSERT INTO outbox_events (topic_id, delivered_at, id, topic, payload, version, \
-                                   idempotency_key, ordering_key, created_at, traceparent, tracestate) \
+                                   idempotency_key, ordering_key, created_at, traceparent, tracestate, seq) \
         SELECT r.id, now(), d.id, d.topic, d.payload, d.version, d.idempotency_key, d.ordering_key, \
-               d.created_at, d.traceparent, d.tracestate \
+               d.created_at, d.traceparent, d.tracestate, d.seq \
         FROM del d JOIN outbox_retention r ON r.topic = d.topic \
      ), counted AS ( \
         INSERT INTO outbox_done_counts (topic, minute, worker, done) \
@@ -80,8 +80,8 @@ const DONE_AND_CLAIM: &str = concat!(
     ", heads AS ( \
         SELECT h.ctid FROM del d CROSS JOIN LATERAL ( \
             SELECT ctid FROM outbox_messages \
-            WHERE ordering_key = d.ordering_key AND id <> d.id \
-            ORDER BY ordering_key, id LIMIT 1) h \
+            WHERE ordering_key = d.ordering_key AND seq <> d.seq \
+            ORDER BY ordering_key, seq LIMIT 1) h \
         WHERE d.ordering_key IS NOT NULL \
      ), claimed AS ( \
         UPDATE outbox_messages m \
@@ -95,11 +95,11 @@ const DONE_AND_CLAIM: &str = concat!(
           AND (NOT EXISTS (SELECT 1 FROM outbox_dead \
                            WHERE ordering_key IS NOT NULL AND NOT releases_key) \
                OR NOT EXISTS (SELECT 1 FROM outbox_dead d \
-                              WHERE d.ordering_key = m.ordering_key AND d.id < m.id \
+                              WHERE d.ordering_key = m.ordering_key AND d.seq < m.seq \
                                 AND NOT d.releases_key)) \
           AND (NOT m.retried_release \
                OR NOT EXISTS (SELECT 1 FROM outbox_messages l \
-                              WHERE l.ordering_key = m.ordering_key AND l.id > m.id \
+                              WHERE l.ordering_key = m.ordering_key AND l.seq > m.seq \
                                 AND l.locked_until >= now())) \
         RETURNING m.id, m.topic, m.payload::text AS payload, m.version, m.idempotency_key, \
                   m.attempts, m.created_at, m.last_error, m.ordering_key, m.traceparent, m.tracestate \
@@ -128,12 +128,12 @@ const FAILED_RETRY: &str = "WITH upd AS ( \
 const FAILED_DEAD: &str = "WITH del AS ( \
         DELETE FROM outbox_messages WHERE id = $1 AND claim_token = $2 \
         RETURNING id, topic, payload, idempotency_key, attempts, created_at, ordering_key, releases_key, \
-                  traceparent, tracestate, version \
+                  traceparent, tracestate, version, seq \
      ), dead AS ( \
         INSERT INTO outbox_dead (id, topic, payload, idempotency_key, attempts, last_error, created_at, \
-                                 ordering_key, releases_key, traceparent, tracestate, version) \
+                                 ordering_key, releases_key, traceparent, tracestate, version, seq) \
         SELECT id, topic, payload, idempotency_key, attempts, $4, created_at, ordering_key, releases_key, \
-               traceparent, tracestate, version \
+               traceparent, tracestate, version, seq \
         FROM del \
      ), ins AS ( \
         INSERT INTO outbox_deliveries (message_id, handler) \

@@ -36,7 +36,7 @@ macro_rules! replay_columns {
     ($now:literal) => {
         concat!(
             "id, topic, handler, since, until, ordering_key, rate, fresh, backfill, state, cursor, \
-             total, delivered, failed, created_at, started_at, updated_at, finished_at, \
+             cursor_seq, total, delivered, failed, created_at, started_at, updated_at, finished_at, \
              coalesce(lease_until > ",
             $now,
             " AND state = 'running', false) AS leased"
@@ -86,11 +86,14 @@ const LEASE: &str = concat!(
     replay_columns!("now()")
 );
 
-/// Moves replay `$1` under lease token `$2`: cursor `$3` (kept when NULL), `$4` more events
-/// handled, `$5` more failed; done when `$6`; the lease renewed for `$7` seconds, or given up
-/// when `$8`. Returns its state, or no row when the lease was taken over.
+/// Moves replay `$1` under lease token `$2`: cursor `$3` at `seq` `$9` (both kept when `$3` is
+/// NULL), `$4` more events handled, `$5` more failed; done when `$6`; the lease renewed for
+/// `$7` seconds, or given up when `$8`. Returns its state, or no row when the lease was taken
+/// over.
 const ADVANCE: &str = "UPDATE outbox_replays \
-     SET cursor = coalesce($3, cursor), delivered = delivered + $4, failed = failed + $5, \
+     SET cursor = coalesce($3, cursor), \
+         cursor_seq = CASE WHEN $3::uuid IS NULL THEN cursor_seq ELSE $9 END, \
+         delivered = delivered + $4, failed = failed + $5, \
          state = CASE WHEN $6 AND state = 'running' THEN 'done' ELSE state END, \
          finished_at = CASE WHEN $6 AND state = 'running' THEN now() ELSE finished_at END, \
          lease_until = CASE WHEN $8 OR state <> 'running' OR $6 THEN NULL \
@@ -183,6 +186,7 @@ fn info(r: &PgRow) -> Result<ReplayInfo, sqlx::Error> {
         delivered: r.try_get("delivered")?,
         failed: r.try_get("failed")?,
         cursor: r.try_get("cursor")?,
+        cursor_seq: r.try_get("cursor_seq")?,
         created_at: r.try_get("created_at")?,
         started_at: r.try_get("started_at")?,
         updated_at: r.try_get("updated_at")?,
@@ -266,6 +270,7 @@ pub(super) async fn advance(
         .bind(step.finished)
         .bind(secs(step.lease))
         .bind(step.release)
+        .bind(step.cursor_seq)
         .fetch_optional(&mut *tx)
         .await?;
     let Some(state) = state else {

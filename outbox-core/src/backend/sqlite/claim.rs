@@ -1,7 +1,7 @@
 //! Claims: unordered messages, the heads of ordering keys, and the handlers a claimed message
 //! already passed.
 //!
-//! Every claim is one `UPDATE ... WHERE id IN (SELECT ... LIMIT n) RETURNING` statement that
+//! Every claim is one `UPDATE ... WHERE seq IN (SELECT ... LIMIT n) RETURNING` statement that
 //! counts the attempt and takes the lease under the write lock. Its parameters are numbered
 //! alike: `?1` claim token, `?2` worker, `?3` now, `?4` the lease's end.
 
@@ -23,8 +23,8 @@ use crate::error::{Error, Result};
 /// that knows them.
 const CLAIM_UNKEYED: &str = "UPDATE outbox_messages \
      SET attempts = attempts + 1, claim_token = ?1, claimed_by = ?2, locked_until = ?4 \
-     WHERE id IN ( \
-         SELECT id FROM outbox_messages \
+     WHERE seq IN ( \
+         SELECT seq FROM outbox_messages \
          WHERE topic = ?5 AND ordering_key IS NULL AND available_at <= ?3 \
            AND (locked_until IS NULL OR locked_until < ?3) AND version <= ?7 \
          ORDER BY available_at LIMIT ?6) \
@@ -35,7 +35,7 @@ const CLAIM_UNKEYED: &str = "UPDATE outbox_messages \
 /// topic's in `?6` (a JSON object, topic to highest version), due, not running, and not behind
 /// a dead letter that holds the key. A head of a newer version holds its key's later messages. The keys are walked one index
 /// probe each (a loose index scan), starting after the key `?5` and wrapping around; each
-/// key's head is its live message with the smallest id, so a later message of a key is never
+/// key's head is its live message with the smallest `seq` (its rowid: insert order), so a later message of a key is never
 /// a head while an earlier one exists, and two workers never start two messages of one key.
 const CLAIM_KEYED: &str = "WITH RECURSIVE after_cursor(k) AS ( \
         SELECT (SELECT min(ordering_key) FROM outbox_messages WHERE ordering_key > ?5) \
@@ -52,42 +52,42 @@ const CLAIM_KEYED: &str = "WITH RECURSIVE after_cursor(k) AS ( \
      ), keys(k) AS ( \
         SELECT k FROM after_cursor WHERE k IS NOT NULL \
         UNION ALL SELECT k FROM up_to_cursor WHERE k IS NOT NULL \
-     ), heads(k, id) AS ( \
-        SELECT k, (SELECT min(id) FROM outbox_messages WHERE ordering_key = keys.k) FROM keys \
+     ), heads(k, seq) AS ( \
+        SELECT k, (SELECT min(seq) FROM outbox_messages WHERE ordering_key = keys.k) FROM keys \
      ) \
      UPDATE outbox_messages \
      SET attempts = attempts + 1, claim_token = ?1, claimed_by = ?2, locked_until = ?4 \
-     WHERE id IN ( \
-         SELECT m.id FROM heads h JOIN outbox_messages m ON m.id = h.id \
+     WHERE seq IN ( \
+         SELECT m.seq FROM heads h JOIN outbox_messages m ON m.seq = h.seq \
          WHERE m.version <= (SELECT value FROM json_each(?6) WHERE key = m.topic) \
            AND m.available_at <= ?3 \
            AND (m.locked_until IS NULL OR m.locked_until < ?3) \
            AND NOT EXISTS (SELECT 1 FROM outbox_dead d \
-                           WHERE d.ordering_key = h.k AND d.id < h.id AND d.releases_key = 0) \
+                           WHERE d.ordering_key = h.k AND d.seq < h.seq AND d.releases_key = 0) \
            AND (m.retried_release = 0 \
                 OR NOT EXISTS (SELECT 1 FROM outbox_messages l \
-                               WHERE l.ordering_key = h.k AND l.id > h.id AND l.locked_until >= ?3)) \
+                               WHERE l.ordering_key = h.k AND l.seq > h.seq AND l.locked_until >= ?3)) \
          LIMIT ?7) \
      RETURNING id, topic, payload, version, idempotency_key, attempts, created_at, last_error, ordering_key, \
                traceparent, tracestate";
 
 /// As [`CLAIM_KEYED`], but the heads are those of the keys `?5` (a JSON array) only, one probe
 /// per key.
-const CLAIM_RELEASED: &str = "WITH keys(k) AS (SELECT value FROM json_each(?5)), heads(k, id) AS ( \
-        SELECT k, (SELECT min(id) FROM outbox_messages WHERE ordering_key = keys.k) FROM keys \
+const CLAIM_RELEASED: &str = "WITH keys(k) AS (SELECT value FROM json_each(?5)), heads(k, seq) AS ( \
+        SELECT k, (SELECT min(seq) FROM outbox_messages WHERE ordering_key = keys.k) FROM keys \
      ) \
      UPDATE outbox_messages \
      SET attempts = attempts + 1, claim_token = ?1, claimed_by = ?2, locked_until = ?4 \
-     WHERE id IN ( \
-         SELECT m.id FROM heads h JOIN outbox_messages m ON m.id = h.id \
+     WHERE seq IN ( \
+         SELECT m.seq FROM heads h JOIN outbox_messages m ON m.seq = h.seq \
          WHERE m.version <= (SELECT value FROM json_each(?6) WHERE key = m.topic) \
            AND m.available_at <= ?3 \
            AND (m.locked_until IS NULL OR m.locked_until < ?3) \
            AND NOT EXISTS (SELECT 1 FROM outbox_dead d \
-                           WHERE d.ordering_key = h.k AND d.id < h.id AND d.releases_key = 0) \
+                           WHERE d.ordering_key = h.k AND d.seq < h.seq AND d.releases_key = 0) \
            AND (m.retried_release = 0 \
                 OR NOT EXISTS (SELECT 1 FROM outbox_messages l \
-                               WHERE l.ordering_key = h.k AND l.id > h.id AND l.locked_until >= ?3)) \
+                               WHERE l.ordering_key = h.k AND l.seq > h.seq AND l.locked_until >= ?3)) \
          LIMIT ?7) \
      RETURNING id, topic, payload, version, idempotency_key, attempts, created_at, last_error, ordering_key, \
                traceparent, tracestate";
@@ -291,8 +291,8 @@ mod tests {
     /// Both claims of heads decide and write alike; only where their keys come from differs.
     #[test]
     fn both_claims_of_heads_claim_alike() {
-        let tail = from(CLAIM_KEYED, "heads(k, id) AS (");
+        let tail = from(CLAIM_KEYED, "heads(k, seq) AS (");
         assert!(!tail.is_empty());
-        assert_eq!(tail, from(CLAIM_RELEASED, "heads(k, id) AS ("));
+        assert_eq!(tail, from(CLAIM_RELEASED, "heads(k, seq) AS ("));
     }
 }

@@ -54,17 +54,21 @@ const TOPICS: &str = "SELECT r.topic, r.retain_ms, r.declared_at, r.changed_at, 
                            ORDER BY e.id LIMIT 1) END AS oldest \
      FROM outbox_retention r ORDER BY r.topic";
 
-/// Events of topic `?1` enqueued from `?2` to before `?3` (Unix ms), of key `?4`, after id
-/// `?5` (each filter off when NULL), at most `?6`, in id order.
-const EVENTS: &str = "SELECT id, topic, payload, version, idempotency_key, ordering_key, \
+/// Events of topic `?1` enqueued from `?2` to before `?3` (Unix ms), of key `?4`, after the
+/// event `?5` (each filter off when NULL), at most `?6`, in (seq, id) order: each key's events
+/// in the order the database inserted their messages. The position of `?5` is `?7` when
+/// given, else that event's own (0 when it is gone: a page may then repeat events, never skip
+/// one).
+const EVENTS: &str = "SELECT id, seq, topic, payload, version, idempotency_key, ordering_key, \
         created_at, delivered_at, traceparent \
      FROM outbox_events \
      WHERE topic = ?1 \
        AND (?2 IS NULL OR created_at >= ?2) \
        AND (?3 IS NULL OR created_at < ?3) \
        AND (?4 IS NULL OR ordering_key = ?4) \
-       AND (?5 IS NULL OR id > ?5) \
-     ORDER BY id LIMIT ?6";
+       AND (?5 IS NULL OR (seq, id) > (coalesce(?7, (SELECT x.seq FROM outbox_events x \
+                                                     WHERE x.id = ?5), 0), ?5)) \
+     ORDER BY seq, id LIMIT ?6";
 
 /// Records windows ([`DECLARE`]) in one transaction.
 pub(super) async fn declare(
@@ -177,12 +181,14 @@ pub(super) async fn events(pool: &SqlitePool, f: &EventFilter) -> Result<Vec<Ret
         .bind(f.key.as_deref())
         .bind(f.after.map(|id| id.to_string()))
         .bind(i64::from(f.limit.unwrap_or(100)))
+        .bind(f.after_seq)
         .fetch_all(pool)
         .await?;
     rows.iter()
         .map(|r| {
             Ok(RetainedEvent {
                 id: parse_uuid(&r.try_get::<String, _>("id")?)?,
+                seq: r.try_get("seq")?,
                 topic: r.try_get("topic")?,
                 payload: r.try_get("payload")?,
                 version: r.try_get("version")?,

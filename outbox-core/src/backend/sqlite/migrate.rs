@@ -64,6 +64,11 @@ const MIGRATIONS: &[Migration] = &[
         sql: include_str!("../../../migrations/sqlite/0011_replays.sql"),
     },
     Migration {
+        version: 12,
+        description: "a key's order is the database's insert order (seq), not the id's",
+        sql: include_str!("../../../migrations/sqlite/0012_commit_order.sql"),
+    },
+    Migration {
         version: 13,
         description: "who each worker is: its host, process id and handlers per topic",
         sql: include_str!("../../../migrations/sqlite/0013_worker_identity.sql"),
@@ -80,7 +85,7 @@ const APPLIED: &str = "SELECT version, checksum FROM outbox_migrations ORDER BY 
 const RECORD_APPLIED: &str = "INSERT INTO outbox_migrations (version, description, checksum, applied_at) VALUES (?1, ?2, ?3, ?4)";
 
 /// Applies the migrations this database still needs, all in one transaction.
-pub(super) async fn migrate(pool: &SqlitePool) -> Result<()> {
+pub(super) async fn migrate(pool: &SqlitePool, up_to: Option<i64>) -> Result<()> {
     let mut conn = pool.acquire().await?;
     // BEGIN IMMEDIATE takes the write lock first, so concurrent migrators queue up.
     let mut tx = sqlx::Connection::begin_with(&mut *conn, "BEGIN IMMEDIATE").await?;
@@ -88,7 +93,10 @@ pub(super) async fn migrate(pool: &SqlitePool) -> Result<()> {
         .execute(&mut *tx)
         .await?;
     let applied: Vec<(i64, i64)> = sqlx::query_as(APPLIED).fetch_all(&mut *tx).await?;
-    for m in schema::pending(MIGRATIONS, &applied)? {
+    for m in schema::pending(MIGRATIONS, &applied)?
+        .into_iter()
+        .filter(|m| up_to.is_none_or(|last| m.version <= last))
+    {
         sqlx::raw_sql(m.sql).execute(&mut *tx).await?;
         sqlx::query(RECORD_APPLIED)
             .bind(m.version)

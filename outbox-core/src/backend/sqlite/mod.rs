@@ -143,8 +143,8 @@ impl Backend for SqliteBackend {
 
     // ---- migrate (`migrate.rs`) ----
 
-    async fn migrate(&self) -> Result<()> {
-        migrate::migrate(&self.pool).await
+    async fn migrate(&self, up_to: Option<i64>) -> Result<()> {
+        migrate::migrate(&self.pool, up_to).await
     }
 
     // ---- enqueue (`enqueue.rs`) ----

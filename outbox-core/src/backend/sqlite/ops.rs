@@ -29,9 +29,9 @@ const STATS: &str = "WITH msgs AS ( \
                CASE WHEN m.ordering_key IS NULL \
                          OR NOT (available_at <= ?1 AND (locked_until IS NULL OR locked_until < ?1)) THEN 0 \
                     WHEN EXISTS (SELECT 1 FROM outbox_dead d WHERE d.ordering_key = m.ordering_key \
-                                 AND d.id < m.id AND d.releases_key = 0) THEN 2 \
+                                 AND d.seq < m.seq AND d.releases_key = 0) THEN 2 \
                     WHEN EXISTS (SELECT 1 FROM outbox_messages e WHERE e.ordering_key = m.ordering_key \
-                                 AND e.id < m.id) THEN 1 \
+                                 AND e.seq < m.seq) THEN 1 \
                     ELSE 0 END AS held \
         FROM outbox_messages m \
      ), live AS ( \
@@ -105,13 +105,16 @@ const HANDLERS_DONE: &str =
 
 /// Copies dead letters back to pending, ready at `?3`, attempts reset: the one of id `?1` or
 /// those of topic `?2` (all if both are NULL). [`DEAD_DELETE`] then deletes them. A letter
-/// that had released its key is marked `retried_release`, as on PostgreSQL.
+/// keeps its place in its key's order (`seq`); one that has none (0: written by a worker of
+/// the previous release) takes a new one. A letter that had released its key is marked
+/// `retried_release`, as on PostgreSQL.
 const DEAD_RETRY: &str =
     "INSERT INTO outbox_messages (id, topic, payload, idempotency_key, available_at, last_error, created_at, \
                                   ordering_key, releases_key, retried_release, traceparent, tracestate, \
-                                  version) \
+                                  version, seq) \
      SELECT id, topic, payload, idempotency_key, ?3, last_error, created_at, ordering_key, releases_key, \
-            ordering_key IS NOT NULL AND releases_key <> 0, traceparent, tracestate, version \
+            ordering_key IS NOT NULL AND releases_key <> 0, traceparent, tracestate, version, \
+            nullif(seq, 0) \
      FROM outbox_dead \
      WHERE (?1 IS NULL OR id = ?1) AND (?2 IS NULL OR topic = ?2)";
 

@@ -18,8 +18,8 @@ use crate::error::Result;
 
 /// Deletes the done messages of `?1`, a JSON array of (id, claim token) pairs, each only under
 /// its claim token; returns the topic of each.
-const DONE: &str = "DELETE FROM outbox_messages WHERE id IN ( \
-         SELECT m.id FROM json_each(?1) AS d \
+const DONE: &str = "DELETE FROM outbox_messages WHERE seq IN ( \
+         SELECT m.seq FROM json_each(?1) AS d \
          JOIN outbox_messages AS m ON m.id = d.value ->> 0 AND m.claim_token = d.value ->> 1) \
      RETURNING topic";
 
@@ -27,9 +27,9 @@ const DONE: &str = "DELETE FROM outbox_messages WHERE id IN ( \
 /// event log, delivered at `?2`. Whether a topic is retained is read from `outbox_retention`,
 /// as every worker recorded it, not from what this worker was built with.
 const DONE_KEEP: &str = "INSERT INTO outbox_events (id, topic, payload, version, idempotency_key, \
-         ordering_key, created_at, delivered_at, traceparent, tracestate) \
+         ordering_key, created_at, delivered_at, traceparent, tracestate, seq) \
      SELECT m.id, m.topic, m.payload, m.version, m.idempotency_key, m.ordering_key, m.created_at, \
-            ?2, m.traceparent, m.tracestate \
+            ?2, m.traceparent, m.tracestate, CASE WHEN m.ordering_key IS NULL THEN 0 ELSE m.seq END \
      FROM json_each(?1) AS d \
      JOIN outbox_messages AS m ON m.id = d.value ->> 0 AND m.claim_token = d.value ->> 1 \
      JOIN outbox_retention AS r ON r.topic = m.topic \
@@ -53,9 +53,9 @@ const FAILED_RETRY: &str = "UPDATE outbox_messages \
 /// at `?4`; [`FAILED_DEAD_DELETE`] then deletes it from the live table.
 const FAILED_DEAD: &str =
     "INSERT INTO outbox_dead (id, topic, payload, idempotency_key, attempts, last_error, created_at, dead_at, \
-                              ordering_key, releases_key, traceparent, tracestate, version) \
+                              ordering_key, releases_key, traceparent, tracestate, version, seq) \
      SELECT id, topic, payload, idempotency_key, attempts, ?3, created_at, ?4, ordering_key, releases_key, \
-            traceparent, tracestate, version \
+            traceparent, tracestate, version, seq \
      FROM outbox_messages WHERE id = ?1 AND claim_token = ?2";
 
 /// Deletes message `?1` under claim token `?2`.
@@ -70,15 +70,15 @@ const FAILED_SUCCEEDED: &str =
 /// once, their attempt not counted.
 const HAND_BACK: &str = "UPDATE outbox_messages \
      SET attempts = max(attempts - 1, 0), locked_until = NULL, claim_token = NULL \
-     WHERE id IN ( \
-         SELECT m.id FROM json_each(?1) AS d \
+     WHERE seq IN ( \
+         SELECT m.seq FROM json_each(?1) AS d \
          JOIN outbox_messages AS m ON m.id = d.value ->> 0 AND m.claim_token = d.value ->> 1)";
 
 /// The leases of the messages of `?1`, a JSON array of (id, claim token) pairs, extended to
 /// `?2`.
 const RENEW: &str = "UPDATE outbox_messages SET locked_until = ?2 \
-     WHERE id IN ( \
-         SELECT m.id FROM json_each(?1) AS d \
+     WHERE seq IN ( \
+         SELECT m.seq FROM json_each(?1) AS d \
          JOIN outbox_messages AS m ON m.id = d.value ->> 0 AND m.claim_token = d.value ->> 1)";
 
 /// Keeps the done messages of retained topics ([`DONE_KEEP`]), deletes them ([`DONE`]),

@@ -38,7 +38,7 @@ macro_rules! replay_columns {
     ($now:literal) => {
         concat!(
             "id, topic, handler, since, until, ordering_key, rate, fresh, backfill, state, cursor, \
-             total, delivered, failed, created_at, started_at, updated_at, finished_at, \
+             cursor_seq, total, delivered, failed, created_at, started_at, updated_at, finished_at, \
              coalesce(lease_until > ",
             $now,
             " AND state = 'running', 0) AS leased"
@@ -86,11 +86,13 @@ const LEASE: &str = concat!(
     replay_columns!("?4")
 );
 
-/// Moves replay `?1` under lease token `?2` at `?9`: cursor `?3` (kept when NULL), `?4` more
+/// Moves replay `?1` under lease token `?2` at `?9`: cursor `?3` at `seq` `?10` (both kept
+/// when `?3` is NULL), `?4` more
 /// handled, `?5` more failed; done when `?6`; the lease renewed until `?7`, or given up when
 /// `?8`. Returns its state, or no row when the lease was taken over.
 const ADVANCE: &str = "UPDATE outbox_replays \
-     SET cursor = coalesce(?3, cursor), delivered = delivered + ?4, failed = failed + ?5, \
+     SET cursor = coalesce(?3, cursor), cursor_seq = CASE WHEN ?3 IS NULL THEN cursor_seq ELSE ?10 END, \
+         delivered = delivered + ?4, failed = failed + ?5, \
          state = CASE WHEN ?6 AND state = 'running' THEN 'done' ELSE state END, \
          finished_at = CASE WHEN ?6 AND state = 'running' THEN ?9 ELSE finished_at END, \
          lease_until = CASE WHEN ?8 OR state <> 'running' OR ?6 THEN NULL ELSE ?7 END, \
@@ -191,6 +193,7 @@ fn info(r: &SqliteRow) -> Result<ReplayInfo, sqlx::Error> {
             .try_get::<Option<String>, _>("cursor")?
             .map(|c| parse_uuid(&c))
             .transpose()?,
+        cursor_seq: r.try_get("cursor_seq")?,
         created_at: time(r.try_get("created_at")?),
         started_at: opt_time("started_at")?,
         updated_at: time(r.try_get("updated_at")?),
@@ -285,6 +288,7 @@ pub(super) async fn advance(
         .bind(now + ms(step.lease))
         .bind(step.release)
         .bind(now)
+        .bind(step.cursor_seq)
         .fetch_optional(&mut *tx)
         .await?;
     let Some(state) = state else {

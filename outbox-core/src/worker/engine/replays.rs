@@ -151,6 +151,7 @@ async fn run_one(
     };
     tracing::info!(replay = %replay.id, topic = %r.topic, handler = %r.handler, delivered = replay.delivered, total = replay.total, "taking up a replay");
     let mut cursor = replay.cursor;
+    let mut cursor_seq = replay.cursor_seq;
     let mut delivered = replay.delivered;
     // A paced replay reads a twentieth of a second's worth at a time: short bursts, evenly
     // spread, rather than a second's worth at once.
@@ -168,6 +169,7 @@ async fn run_one(
             until: Some(r.until),
             key: r.key.clone(),
             after: cursor,
+            after_seq: cursor_seq,
             limit: Some(batch),
         };
         let events = match shared.backend.log_events(&filter).await {
@@ -183,6 +185,7 @@ async fn run_one(
             step.finished = true;
         } else {
             step.cursor = events.last().map(|e| e.id);
+            step.cursor_seq = events.last().map(|e| e.seq);
             step.delivered = i64::try_from(events.len()).unwrap_or(i64::MAX);
             step.failures = deliver(shared, replay, &handler, events, slots, token).await;
         }
@@ -217,7 +220,10 @@ async fn run_one(
                 return;
             }
         }
-        cursor = step.cursor.or(cursor);
+        if step.cursor.is_some() {
+            cursor = step.cursor;
+            cursor_seq = step.cursor_seq;
+        }
         // At most `rate` events a second: a batch of `rate / 20` events takes 50 ms at least.
         if let Some(rate) = r.rate {
             let least = Duration::from_secs_f64(step.delivered as f64 / f64::from(rate.max(1)));
