@@ -611,3 +611,51 @@ async fn the_event_log_and_replays_from_the_command_line() {
     assert!(err.contains("is done; it cannot be paused"), "{err}");
     db.drop_db().await;
 }
+
+/// The operations binary's terminal shows its own lines only: no sqlx slow-statement warning
+/// (a statement held for 1.5 s behind a lock), no colour codes when stderr is not a terminal,
+/// and no server notice from a migration run on a migrated database.
+#[tokio::test]
+async fn the_command_line_prints_its_own_lines_only() {
+    let db = pg().await;
+    let run = |args: &[&str], rust_log: Option<&str>| {
+        let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_ops"));
+        c.args(args).env("DATABASE_URL", &db.url).env_remove("RUST_LOG");
+        if let Some(filter) = rust_log {
+            c.env("RUST_LOG", filter);
+        }
+        c.output().expect("run the outbox command line")
+    };
+    // Every log line shown, as an operator who asks for them: the migrated database's
+    // `outbox_migrations` raises no notice.
+    let (code, _, err) = text(&run(&["migrate"], Some("info")));
+    assert_eq!(code, 0, "{err}");
+    assert!(!err.contains("already exists"), "{err}");
+
+    // A statistics read held behind a lock for 1.5 s: sqlx finds it slow.
+    let mut holder = db.pool.begin().await.unwrap();
+    sqlx::query("LOCK TABLE outbox_dead_counts IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    let url = db.url.clone();
+    let stats = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_ops"))
+            .arg("stats")
+            .env("DATABASE_URL", url)
+            .env_remove("RUST_LOG")
+            .output()
+            .expect("run the outbox command line")
+    });
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    holder.rollback().await.unwrap();
+    let (code, out, err) = text(&stats.await.unwrap());
+    assert_eq!(code, 0, "{err}");
+    assert!(out.starts_with("topic"), "{out}");
+    assert_eq!(err, "", "nothing but our own lines");
+    // Where our own warnings do show (sqlx's asked for), no colour codes off a terminal.
+    let (_, _, err) = text(&run(&["stats"], Some("debug")));
+    assert!(!err.is_empty(), "debug logs something");
+    assert!(!err.contains('\u{1b}'), "{err:?}");
+    db.drop_db().await;
+}

@@ -257,7 +257,9 @@ fn batch(s: &str) -> Result<usize, String> {
 ///
 /// Meant to be the whole of `main`.
 pub async fn main() -> ExitCode {
-    init_logging_with("warn");
+    // Our own warnings only: sqlx's (a statement slower than a second, say) are not the
+    // operator's business here, and errors reach them as this command's one error line.
+    init_logging_with("warn,sqlx=off");
     let cli = Cli::parse();
     // Refuse an unsafe console before touching the database.
     #[cfg(feature = "console")]

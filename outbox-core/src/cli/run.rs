@@ -20,13 +20,16 @@ pub fn init_logging() {
     init_logging_with("info,lapin=off");
 }
 
-/// Installs a `tracing` subscriber that reads `RUST_LOG`, or `default` when it is unset.
+/// Installs a `tracing` subscriber that reads `RUST_LOG`, or `default` when it is unset. It
+/// writes to stderr, with colours only when stderr is a terminal.
 pub fn init_logging_with(default: &str) {
+    use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .try_init();
 }
 
