@@ -468,9 +468,11 @@ async fn a_replay_killed_mid_batch_redelivers_at_most_about_a_checkpoint() {
     // Handled once live (each 10 ms in the handler), and so logged.
     enqueue_work(&db, EVENTS, 10).await;
     let mut victim = spawn_worker(&db.url, &[]);
-    wait_until(Duration::from_secs(60), "the live messages are done", async || {
-        store.stats().await.expect("stats").total.pending() == 0
-    })
+    wait_until(
+        Duration::from_secs(60),
+        "the live messages are done",
+        async || store.stats().await.expect("stats").total.pending() == 0,
+    )
     .await;
     sqlx::query("DELETE FROM effects")
         .execute(&db.pool)
@@ -483,9 +485,11 @@ async fn a_replay_killed_mid_batch_redelivers_at_most_about_a_checkpoint() {
         .await
         .expect("the replay starts");
     assert_eq!(replay.total, EVENTS);
-    wait_until(Duration::from_secs(60), "the replay is half way", async || {
-        scalar(&db.pool, "SELECT count(*) FROM effects").await >= EVENTS / 2
-    })
+    wait_until(
+        Duration::from_secs(60),
+        "the replay is half way",
+        async || scalar(&db.pool, "SELECT count(*) FROM effects").await >= EVENTS / 2,
+    )
     .await;
     signal(&victim, "-KILL");
     let _ = victim.wait().await;
@@ -493,9 +497,13 @@ async fn a_replay_killed_mid_batch_redelivers_at_most_about_a_checkpoint() {
     let recorded = store.replay(replay.id).await.unwrap().unwrap().delivered;
 
     let mut heir = spawn_worker(&db.url, &[]);
-    wait_until(Duration::from_secs(60), "the replay ends on the heir", async || {
-        store.replay(replay.id).await.unwrap().unwrap().state != outbox::ReplayState::Running
-    })
+    wait_until(
+        Duration::from_secs(60),
+        "the replay ends on the heir",
+        async || {
+            store.replay(replay.id).await.unwrap().unwrap().state != outbox::ReplayState::Running
+        },
+    )
     .await;
     let ended = store.replay(replay.id).await.unwrap().unwrap();
     assert_eq!(ended.state, outbox::ReplayState::Done, "{ended:?}");

@@ -369,10 +369,10 @@ async fn the_outbox_command_line() {
         .split_whitespace()
         .collect();
     // topic, ready, scheduled, in flight, stalled, dead, done 5m, oldest, live workers,
-    // blocked, blocked by dead, oldest blocked.
+    // blocked, blocked by dead, oldest blocked, awaiting a version.
     assert_eq!(
         row,
-        ["ops.task", "0", "0", "0", "0", "2", "1", "-", "0", "0", "0", "-"],
+        ["ops.task", "0", "0", "0", "0", "2", "1", "-", "0", "0", "0", "-", "0"],
         "{out}"
     );
     let (code, out, _) = text(&ops(&db, &["stats", "--json"]));
@@ -620,7 +620,9 @@ async fn the_command_line_prints_its_own_lines_only() {
     let db = pg().await;
     let run = |args: &[&str], rust_log: Option<&str>| {
         let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_ops"));
-        c.args(args).env("DATABASE_URL", &db.url).env_remove("RUST_LOG");
+        c.args(args)
+            .env("DATABASE_URL", &db.url)
+            .env_remove("RUST_LOG");
         if let Some(filter) = rust_log {
             c.env("RUST_LOG", filter);
         }

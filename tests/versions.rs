@@ -253,6 +253,19 @@ outbox_tests::all_backends! {
         }
         let booking = topic_stats(&store, "ver.booking").await;
         assert_eq!((booking.dead, booking.unknown_version), (0, Some(2)));
+        // The version 2 heads (five keys `a:*` and `c:0`) await a worker that knows them:
+        // counted apart, not ready, and out of the oldest ready age that alerts watch; the
+        // version 1 messages behind them are blocked.
+        assert_eq!(
+            (booking.ready, booking.awaiting_version, booking.blocked),
+            (0, 6, 5),
+            "{booking:?}"
+        );
+        assert_eq!(booking.oldest_ready_age, None, "{booking:?}");
+        assert!(booking.oldest_awaiting_version_age.is_some(), "{booking:?}");
+        // Health has its own reason for them, with its own limit (15 minutes unless set): a
+        // rollout in progress is not a late queue.
+        assert_eq!(old_health.check(), Ok(()));
         wait_until(Duration::from_secs(10), "the old worker's health names the version", async || {
             old_health.unknown_versions().iter().any(|(t, v, _)| t == "ver.booking" && *v == 2)
         })

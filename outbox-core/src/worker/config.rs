@@ -67,6 +67,7 @@ pub struct WorkerConfig {
     pub(crate) stats_interval: Duration,
     pub(crate) health_max_tick_age: Option<Duration>,
     pub(crate) health_max_oldest_ready: Duration,
+    pub(crate) health_max_awaiting_version: Duration,
     pub(crate) purge_retention: Option<Duration>,
     pub(crate) purge_interval: Duration,
 }
@@ -90,6 +91,7 @@ impl Default for WorkerConfig {
             stats_interval: Duration::from_secs(15),
             health_max_tick_age: None,
             health_max_oldest_ready: Duration::from_secs(600),
+            health_max_awaiting_version: Duration::from_secs(900),
             purge_retention: None,
             purge_interval: Duration::from_secs(600),
         }
@@ -244,6 +246,14 @@ impl WorkerConfig {
         self
     }
 
+    /// Health fails when messages of a version no live worker knows have waited this long
+    /// (default 15 minutes): a rollout whose producers run ahead of its workers is not late
+    /// until then. Such messages are not ready, and never count in the oldest ready age.
+    pub fn health_max_awaiting_version(mut self, age: Duration) -> Self {
+        self.health_max_awaiting_version = age;
+        self
+    }
+
     /// Deletes DONE messages and processed-id records older than `retention`, every
     /// [`purge_interval`](WorkerConfig::purge_interval), in small batches. Off by default.
     pub fn purge_after(mut self, retention: Duration) -> Self {
@@ -280,6 +290,10 @@ impl WorkerConfig {
             ("report_interval", self.report_interval),
             ("stats_interval", self.stats_interval),
             ("health_max_oldest_ready", self.health_max_oldest_ready),
+            (
+                "health_max_awaiting_version",
+                self.health_max_awaiting_version,
+            ),
             ("purge_interval", self.purge_interval),
             ("RetryPolicy::max_delay", self.retry.max_delay),
         ];

@@ -158,6 +158,7 @@ where
 pub(crate) const CLAIM_UNKEYED: &str = claim::CLAIM_UNKEYED;
 pub(crate) const WALK_KEYS: &str = claim::WALK_AFTER;
 pub(crate) const KEY_HEAD: &str = claim::KEY_HEAD;
+pub(crate) const STATS: &str = ops::STATS;
 
 /// Workers count as alive while their heartbeat is this fresh.
 const LIVE_MS: i64 = 5_000;

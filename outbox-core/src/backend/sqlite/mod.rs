@@ -51,6 +51,9 @@ mod replay;
 mod wake;
 mod workers;
 
+/// The statistics statement, for the test that checks its plan (through `__private`).
+pub(crate) const STATS: &str = ops::STATS;
+
 /// The connect options the outbox expects on SQLite: WAL, a busy timeout, foreign keys, and the
 /// file created if missing.
 ///
