@@ -424,6 +424,11 @@ async fn the_outbox_command_line() {
     );
 
     // Bad input: one line, a useful exit code, no panic.
+    let replay = |extra: &[&'static str]| {
+        let mut args = vec!["replay", "--topic", "ops.task", "--handler", "task"];
+        args.extend_from_slice(extra);
+        args
+    };
     let unknown = uuid::Uuid::now_v7().to_string();
     for (args, want) in [
         (vec!["dead", "show", unknown.as_str()], 1),
@@ -446,32 +451,8 @@ async fn the_outbox_command_line() {
             2,
         ),
         (vec!["replay"], 2),
-        (
-            vec![
-                "replay",
-                "--topic",
-                "ops.task",
-                "--handler",
-                "task",
-                "--rate",
-                "0",
-            ],
-            2,
-        ),
-        (
-            vec![
-                "replay",
-                "--topic",
-                "ops.task",
-                "--handler",
-                "task",
-                "--since",
-                "1h",
-                "--until",
-                "2h",
-            ],
-            2,
-        ),
+        (replay(&["--rate", "0"]), 2),
+        (replay(&["--since", "1h", "--until", "2h"]), 2),
         (vec!["replay", "pause", "not-a-uuid"], 2),
         (vec!["console", "--token", " "], 2),
         (vec!["--database-url", "http://127.0.0.1/none", "stats"], 2),

@@ -14,6 +14,15 @@ struct Keyed {
     n: i64,
 }
 
+/// A row of MariaDB's `EXPLAIN`: select type, table, access type, key, Extra.
+type PlanRow = (
+    String,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    String,
+);
+
 const MESSAGES: i64 = 20_000;
 const KEYS: i64 = 200;
 
@@ -136,13 +145,7 @@ async fn mysql_stats_join_each_row_to_its_keys_head() {
     .fetch_all(&db.pool)
     .await
     .unwrap();
-    let plan: Vec<(
-        String,
-        Option<String>,
-        Option<String>,
-        Option<String>,
-        String,
-    )> = rows
+    let plan: Vec<PlanRow> = rows
         .iter()
         .map(|r| {
             (

@@ -3,9 +3,9 @@
 //! ordering key, with their original message ids and idempotency keys unless asked otherwise.
 //!
 //! A replay is a row in the database, with a cursor: the workers that run its handler take it
-//! up, one at a time under a lease, and move the cursor after each batch of events is handled.
-//! It survives crashes and restarts (a batch cut short by a kill is handled again, at least
-//! once as everywhere), can be paused, resumed and cancelled, and its progress is read with
+//! up, one at a time under a lease, and move the cursor every 100 events handled or every second,
+//! whichever comes first. It survives crashes and restarts (what a killed worker handled after
+//! its cursor's last move is handled again, at least once as everywhere), can be paused, resumed and cancelled, and its progress is read with
 //! [`Store::replay`].
 
 use chrono::Utc;
