@@ -27,6 +27,7 @@
 //! | W13 | PostgreSQL: 100,000 messages of a retained topic drained by W1's worker (best setting; without W1 in the run, the largest of `--settings`), then, on that worker, a replay of all of them to the probe, timed from `start_replay` until the probe has had every call and the replay is done; ratio to W1 as the median of at least 5 pairs' ratios, each pair's order alternating; beside it, how long the worker took to take the replay up (it looks every 500 ms) and the rate from then on (database clock) |
 //! | W14 | PostgreSQL: W3 with a replay of 100,000 retained events running on the same worker (paced to outlast the measured messages), alternating with W3 on an idle worker (`--repeat` pairs, at most 3); p50 and p99 of each side's pooled messages, and the ratio of the p99s |
 //! | W15 | PostgreSQL: 1,000,000 events in today's partition of a topic retained for a day, dropped by the log's upkeep run as if three days later (`__log_upkeep_at`), against a `DELETE` of the same rows in a second identical setup (and the `VACUUM` it leaves owed) |
+//! | W16 | every backend: 100,000 pending messages over 1,000 ordering keys (each key's first ready, the rest blocked behind it); `Store::stats` timed 5 times with no worker, then 5 times while a default worker drains the keys (from its first hundred messages on); the slowest of each five |
 //! | RSS | peak RSS (VmHWM) of a worker process draining a 100,000-message backlog |
 //! | W2T | with `--features opentelemetry` only: W2's enqueue transactions (1 and 8 producers, a worker running), in at least 9 rounds of three variants, each round starting with the next: OpenTelemetry recording nothing; each transaction's business statements in a recorded request span, `enqueue` outside it (no context stored, as without the feature); the whole transaction in the span, its context stored and continued by the worker (spans and events at INFO and above, batch-exported to a sink that drops them); the ratios of the last to the other two, each the median of the rounds' ratios; then the target's figure: as many rounds in which each producer's transactions alternate between the context stored and not, every one timed, and the median over runs of 50 such pairs of the time without to the time with (pairs of neighbouring transactions meet the same disk and server, which separate runs do not), beside the ratio of all pairs' time summed |
 //!
@@ -1409,6 +1410,38 @@ async fn run(args: &Args, db: &mut Db, report: &mut Report, pg_w1: Option<f64>) 
             "msgs/s",
             Target::at_least(50_000.0),
         );
+    }
+
+    // W16: statistics over a keyed backlog, idle and while its keys drain.
+    if args.wants("w16") {
+        db.reset().await?;
+        let (n, keys) = (args.scaled(100_000), args.scaled(1_000));
+        match workloads::w16(db, n, keys, 5).await {
+            Ok(t) => {
+                let most = |v: &[f64]| v.iter().copied().fold(0.0, f64::max);
+                report.push(
+                    "W16",
+                    format!("Store::stats over {n} keyed messages ({keys} keys), slowest of 5"),
+                    Ok(most(&t.idle)),
+                    "s",
+                    Target::at_most(0.5),
+                );
+                report.push(
+                    "W16",
+                    "the same while a default worker drains the keys, slowest of 5",
+                    Ok(most(&t.draining)),
+                    "s",
+                    Target::at_most(0.5),
+                );
+            }
+            Err(e) => report.push(
+                "W16",
+                "Store::stats over a keyed backlog",
+                Err(e),
+                "s",
+                None,
+            ),
+        }
     }
 
     // Peak RSS of a worker process on a 100,000-message backlog.

@@ -416,28 +416,31 @@ async fn four_byte_utf8_round_trips_through_the_worker() {
     db.drop_db().await;
 }
 
-#[tokio::test]
-async fn a_lock_wait_in_the_callers_transaction_comes_back_classified_and_is_not_retried() {
-    outbox_tests::skip_without_mysql!();
-    let db = mysql().await;
-    // Another transaction holds a gap lock over the whole (empty) table at REPEATABLE READ: an
-    // insert waits for it.
-    let mut holder = db.pool.acquire().await.unwrap();
-    sqlx::query("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-        .execute(&mut *holder)
-        .await
-        .unwrap();
-    let mut held = holder.begin().await.unwrap();
-    sqlx::query("SELECT id FROM outbox_messages WHERE id >= 0x00 FOR UPDATE")
-        .fetch_all(&mut *held)
-        .await
-        .unwrap();
-
+/// Another connection in a transaction that holds a gap lock over the whole (empty) outbox
+/// table at REPEATABLE READ, so that an insert waits for it (end it with `ROLLBACK`), and a
+/// caller's connection whose lock waits time out after a second.
+async fn gap_locked(db: &outbox_tests::MySqlDb) -> (sqlx::MySqlConnection, sqlx::MySqlConnection) {
+    let mut holder = sqlx::MySqlConnection::connect(&db.url).await.unwrap();
+    for sql in [
+        "SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ",
+        "BEGIN",
+        "SELECT id FROM outbox_messages WHERE id >= 0x00 FOR UPDATE",
+    ] {
+        sqlx::query(sql).execute(&mut holder).await.unwrap();
+    }
     let mut caller = sqlx::MySqlConnection::connect(&db.url).await.unwrap();
     sqlx::query("SET SESSION innodb_lock_wait_timeout = 1")
         .execute(&mut caller)
         .await
         .unwrap();
+    (holder, caller)
+}
+
+#[tokio::test]
+async fn a_lock_wait_in_the_callers_transaction_comes_back_classified_and_is_not_retried() {
+    outbox_tests::skip_without_mysql!();
+    let db = mysql().await;
+    let (mut held, mut caller) = gap_locked(&db).await;
     let mut tx = caller.begin().await.unwrap();
     let started = Instant::now();
     let err = enqueue(&mut *tx, &note(1))
@@ -458,8 +461,79 @@ async fn a_lock_wait_in_the_callers_transaction_comes_back_classified_and_is_not
         "one wait of the session's 1 s timeout, not retried behind the caller's back: {waited:?}"
     );
     tx.rollback().await.unwrap();
-    held.rollback().await.unwrap();
+    sqlx::query("ROLLBACK").execute(&mut held).await.unwrap();
     assert_eq!(db.count().await, 0);
+    db.drop_db().await;
+}
+
+/// The user's trap: with the server's default `innodb_rollback_on_timeout = OFF`, a lock wait
+/// timeout ends only the insert, and a caller who ignores the error and commits would store its
+/// booking without the event. `enqueue` rolls the transaction back, so the commit stores
+/// nothing, a later write in it fails rather than committing on its own, and the message says
+/// what happened to the transaction.
+#[tokio::test]
+async fn a_caller_who_commits_after_a_lock_wait_timeout_stores_nothing() {
+    outbox_tests::skip_without_mysql!();
+    let db = mysql().await;
+    let on_timeout: i64 = sqlx::query_scalar("SELECT CAST(@@innodb_rollback_on_timeout AS SIGNED)")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        on_timeout, 0,
+        "the server's default, which ends only the statement"
+    );
+    sqlx::query("CREATE TABLE bookings (id BIGINT PRIMARY KEY) ENGINE = InnoDB")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let (mut held, mut caller) = gap_locked(&db).await;
+    let mut tx = caller.begin().await.unwrap();
+    sqlx::query("INSERT INTO bookings (id) VALUES (1)")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let err = enqueue(&mut *tx, &note(1))
+        .await
+        .expect_err("the insert waits for the gap lock, then times out");
+    assert_eq!(err.database_kind(), Some(DatabaseErrorKind::Conflict));
+    let line = err.line();
+    for says in [
+        "(1205)",
+        "only that statement",
+        "innodb_rollback_on_timeout",
+        "run the whole transaction again",
+        "enqueue has already rolled it back",
+    ] {
+        assert!(line.contains(says), "the error says {says:?}: {line}");
+    }
+    // The caller ignores the error: a later write fails instead of committing on its own...
+    let write = sqlx::query("INSERT INTO bookings (id) VALUES (2)")
+        .execute(&mut *tx)
+        .await
+        .expect_err("no write after the conflict");
+    assert!(write.to_string().contains("READ ONLY"), "{write}");
+    // ... and the commit stores nothing: not the booking without its event.
+    tx.commit().await.unwrap();
+    sqlx::query("ROLLBACK").execute(&mut held).await.unwrap();
+    let bookings: i64 = sqlx::query_scalar("SELECT count(*) FROM bookings")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        (bookings, db.count().await),
+        (0, 0),
+        "neither the booking nor its event"
+    );
+    // The connection goes on as usual.
+    let mut tx = caller.begin().await.unwrap();
+    sqlx::query("INSERT INTO bookings (id) VALUES (3)")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    enqueue(&mut *tx, &note(3)).await.unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(db.count().await, 1);
     db.drop_db().await;
 }
 

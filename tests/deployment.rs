@@ -451,3 +451,77 @@ async fn a_huge_retry_after_is_capped_and_written() {
     assert!(error.contains("come back at the end of time"), "{error}");
     db.drop_db().await;
 }
+
+/// A worker SIGKILLed in the middle of a replay's batch of 1,000 events leaves only the events
+/// after its replay's last checkpoint to be handled again: the cursor moves every 100 events
+/// (or every second), not once a batch. Measured: the events redelivered after the kill.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_killed_mid_batch_redelivers_at_most_about_a_checkpoint() {
+    const EVENTS: i64 = 3_000;
+    let db = pg().await;
+    effects_table(&db.pool).await;
+    let store = outbox::Store::from(&db.pool);
+    store
+        .set_retention("test.work", Some(Duration::from_secs(30 * 86_400)))
+        .await
+        .expect("retain test.work");
+    // Handled once live (each 10 ms in the handler), and so logged.
+    enqueue_work(&db, EVENTS, 10).await;
+    let mut victim = spawn_worker(&db.url, &[]);
+    wait_until(
+        Duration::from_secs(60),
+        "the live messages are done",
+        async || store.stats().await.expect("stats").total.pending() == 0,
+    )
+    .await;
+    sqlx::query("DELETE FROM effects")
+        .execute(&db.pool)
+        .await
+        .expect("clear the live run's effects");
+
+    // The replay: unpaced, batches of 1,000; the kill lands half way through the second.
+    let replay = store
+        .start_replay(&outbox::ReplayRequest::new("test.work", "record"))
+        .await
+        .expect("the replay starts");
+    assert_eq!(replay.total, EVENTS);
+    wait_until(
+        Duration::from_secs(60),
+        "the replay is half way",
+        async || scalar(&db.pool, "SELECT count(*) FROM effects").await >= EVENTS / 2,
+    )
+    .await;
+    signal(&victim, "-KILL");
+    let _ = victim.wait().await;
+    let handled = scalar(&db.pool, "SELECT count(*) FROM effects").await;
+    let recorded = store.replay(replay.id).await.unwrap().unwrap().delivered;
+
+    let mut heir = spawn_worker(&db.url, &[]);
+    wait_until(
+        Duration::from_secs(60),
+        "the replay ends on the heir",
+        async || {
+            store.replay(replay.id).await.unwrap().unwrap().state != outbox::ReplayState::Running
+        },
+    )
+    .await;
+    let ended = store.replay(replay.id).await.unwrap().unwrap();
+    assert_eq!(ended.state, outbox::ReplayState::Done, "{ended:?}");
+    let calls = scalar(&db.pool, "SELECT count(*) FROM effects").await;
+    let distinct = scalar(&db.pool, "SELECT count(DISTINCT message_id) FROM effects").await;
+    assert_eq!(distinct, EVENTS, "every event at least once");
+    let redelivered = calls - distinct;
+    println!(
+        "replay kill: {handled} events handled by the victim, its cursor at {recorded}, \
+         {redelivered} redelivered after the SIGKILL"
+    );
+    // 100 events a checkpoint, plus those running at the kill (8 replay slots of 32) and
+    // those handled while the checkpoint's write was in flight.
+    assert!(
+        redelivered <= 150,
+        "{redelivered} events redelivered after the kill (cursor at {recorded} of {handled} handled)"
+    );
+    signal(&heir, "-TERM");
+    let _ = heir.wait().await;
+    db.drop_db().await;
+}

@@ -369,10 +369,10 @@ async fn the_outbox_command_line() {
         .split_whitespace()
         .collect();
     // topic, ready, scheduled, in flight, stalled, dead, done 5m, oldest, live workers,
-    // blocked, blocked by dead, oldest blocked.
+    // blocked, blocked by dead, oldest blocked, awaiting a version.
     assert_eq!(
         row,
-        ["ops.task", "0", "0", "0", "0", "2", "1", "-", "0", "0", "0", "-"],
+        ["ops.task", "0", "0", "0", "0", "2", "1", "-", "0", "0", "0", "-", "0"],
         "{out}"
     );
     let (code, out, _) = text(&ops(&db, &["stats", "--json"]));
@@ -424,6 +424,11 @@ async fn the_outbox_command_line() {
     );
 
     // Bad input: one line, a useful exit code, no panic.
+    let replay = |extra: &[&'static str]| {
+        let mut args = vec!["replay", "--topic", "ops.task", "--handler", "task"];
+        args.extend_from_slice(extra);
+        args
+    };
     let unknown = uuid::Uuid::now_v7().to_string();
     for (args, want) in [
         (vec!["dead", "show", unknown.as_str()], 1),
@@ -431,6 +436,27 @@ async fn the_outbox_command_line() {
         (vec!["dead", "show", "not-a-uuid"], 2),
         (vec!["purge", "--older-than", "soon"], 2),
         (vec!["dead", "retry"], 2),
+        // Every refusal of an argument is a usage error (2), whoever refuses it: clap, the
+        // command or the store behind it.
+        (vec!["purge", "--older-than", "1d", "--batch", "0"], 2),
+        (vec!["dead", "list", "--limit", "none"], 2),
+        (vec!["events"], 2),
+        (
+            vec!["events", "retain", "--topic", "ops.task", "--for", "30s"],
+            2,
+        ),
+        (vec!["events", "retain", "--topic", "", "--for", "30d"], 2),
+        (
+            vec!["events", "--topic", "ops.task", "--since", "tomorrow"],
+            2,
+        ),
+        (vec!["replay"], 2),
+        (replay(&["--rate", "0"]), 2),
+        (replay(&["--since", "1h", "--until", "2h"]), 2),
+        (vec!["replay", "pause", "not-a-uuid"], 2),
+        (vec!["console", "--token", " "], 2),
+        (vec!["--database-url", "http://127.0.0.1/none", "stats"], 2),
+        (vec!["--database-url", "postgres://[::1", "stats"], 2),
     ] {
         let (code, _, err) = text(&ops(&db, &args));
         assert_eq!(code, want, "{args:?}: {err}");
@@ -448,6 +474,27 @@ async fn the_outbox_command_line() {
     let (code, _, err) = text(&o);
     assert_eq!(code, 4, "{err}");
     assert_eq!(err.lines().count(), 1, "{err}");
+
+    // A worker binary's flags out of range are usage errors too, refused before any SQL.
+    for flags in [
+        &["--batch-size", "0"][..],
+        &["--concurrency", "0"],
+        &["--lease", "500ms"],
+        &["--max-attempts", "0"],
+        &["--retry-base", "10s", "--retry-max", "1s"],
+        &["--poll-interval", "0s"],
+        &["--batch-size", "many"],
+    ] {
+        let o = std::process::Command::new(env!("CARGO_BIN_EXE_test-worker"))
+            .args(flags)
+            .arg("--once")
+            .env("DATABASE_URL", "postgres://postgres@127.0.0.1:1/none")
+            .output()
+            .unwrap();
+        let (code, _, err) = text(&o);
+        assert_eq!(code, 2, "{flags:?}: {err}");
+        assert!(err.starts_with("error:"), "{flags:?}: {err}");
+    }
     db.drop_db().await;
 }
 
@@ -543,5 +590,55 @@ async fn the_event_log_and_replays_from_the_command_line() {
     let (code, _, err) = text(&ops(&db, &["replay", "pause", &replay.to_string()]));
     assert_eq!(code, 1);
     assert!(err.contains("is done; it cannot be paused"), "{err}");
+    db.drop_db().await;
+}
+
+/// The operations binary's terminal shows its own lines only: no sqlx slow-statement warning
+/// (a statement held for 1.5 s behind a lock), no colour codes when stderr is not a terminal,
+/// and no server notice from a migration run on a migrated database.
+#[tokio::test]
+async fn the_command_line_prints_its_own_lines_only() {
+    let db = pg().await;
+    let run = |args: &[&str], rust_log: Option<&str>| {
+        let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_ops"));
+        c.args(args)
+            .env("DATABASE_URL", &db.url)
+            .env_remove("RUST_LOG");
+        if let Some(filter) = rust_log {
+            c.env("RUST_LOG", filter);
+        }
+        c.output().expect("run the outbox command line")
+    };
+    // Every log line shown, as an operator who asks for them: the migrated database's
+    // `outbox_migrations` raises no notice.
+    let (code, _, err) = text(&run(&["migrate"], Some("info")));
+    assert_eq!(code, 0, "{err}");
+    assert!(!err.contains("already exists"), "{err}");
+
+    // A statistics read held behind a lock for 1.5 s: sqlx finds it slow.
+    let mut holder = db.pool.begin().await.unwrap();
+    sqlx::query("LOCK TABLE outbox_dead_counts IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    let url = db.url.clone();
+    let stats = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_ops"))
+            .arg("stats")
+            .env("DATABASE_URL", url)
+            .env_remove("RUST_LOG")
+            .output()
+            .expect("run the outbox command line")
+    });
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    holder.rollback().await.unwrap();
+    let (code, out, err) = text(&stats.await.unwrap());
+    assert_eq!(code, 0, "{err}");
+    assert!(out.starts_with("topic"), "{out}");
+    assert_eq!(err, "", "nothing but our own lines");
+    // Where our own warnings do show (sqlx's asked for), no colour codes off a terminal.
+    let (_, _, err) = text(&run(&["stats"], Some("debug")));
+    assert!(!err.is_empty(), "debug logs something");
+    assert!(!err.contains('\u{1b}'), "{err:?}");
     db.drop_db().await;
 }

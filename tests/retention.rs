@@ -189,7 +189,7 @@ outbox_tests::all_backends! {
         assert!(!store.set_retention("ret.w", None).await.unwrap(), "nothing left to stop");
         // Bad input is refused before any SQL, saying what is allowed.
         let e = store.set_retention("ret.w", Some(Duration::from_secs(10))).await.unwrap_err();
-        assert!(matches!(e, Error::Config(_)) && e.to_string().contains("one minute to 100 years"), "{e}");
+        assert!(matches!(e, Error::InvalidArgument(_)) && e.to_string().contains("one minute to 100 years"), "{e}");
         let e = store.declare_retention(&[("", DAY)]).await.unwrap_err();
         assert!(e.to_string().contains("1 to 64 characters"), "{e}");
     }

@@ -1207,6 +1207,68 @@ pub(crate) async fn w6(db: &Db, total: u64, batch: usize) -> Result<Sample> {
     })
 }
 
+/// W16's figures: the seconds of each `Store::stats` call over the keyed backlog, with no
+/// worker, then while a default worker drains the keys.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct StatsTimes {
+    pub(crate) idle: Vec<f64>,
+    pub(crate) draining: Vec<f64>,
+}
+
+/// W16: `n` pending messages over `keys` ordering keys, then `calls` timed calls of
+/// `Store::stats` with no worker, then as many while a default worker drains them (from its
+/// first hundred messages on). The idle figures are checked: each key's head is ready, the
+/// rest blocked.
+pub(crate) async fn w16(db: &Db, n: u64, keys: u64, calls: usize) -> Result<StatsTimes> {
+    db.seed(&keyed_messages(n, keys)).await?;
+    db.analyze().await?;
+    let store = db.pool.store();
+    let mut times = StatsTimes::default();
+    for _ in 0..calls {
+        let start = Instant::now();
+        let stats = store.stats().await?;
+        times.idle.push(start.elapsed().as_secs_f64());
+        let t = stats
+            .topics
+            .iter()
+            .find(|t| t.topic == TOPIC)
+            .ok_or_else(|| anyhow!("no statistics of {TOPIC}"))?;
+        let (heads, behind) = (
+            i64::try_from(keys.min(n))?,
+            i64::try_from(n)? - i64::try_from(keys.min(n))?,
+        );
+        if (t.ready, t.blocked) != (heads, behind) {
+            bail!(
+                "W16 stats say {} ready and {} blocked, expected {heads} and {behind}",
+                t.ready,
+                t.blocked
+            );
+        }
+    }
+    let state = ProbeState::new(n, 0);
+    let pool = db.cold_pool(COLD_POOL_SIZE).await?;
+    let w = worker(&pool, &state, WorkerConfig::default())?;
+    let mut timed: Result<()> = Ok(());
+    w.run_until(async {
+        let deadline = Instant::now() + limit_for(n);
+        while state.handled() < 100.min(n) && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        for _ in 0..calls {
+            let start = Instant::now();
+            if let Err(e) = store.stats().await {
+                timed = Err(e.into());
+                return;
+            }
+            times.draining.push(start.elapsed().as_secs_f64());
+        }
+    })
+    .await?;
+    pool.close().await;
+    timed?;
+    Ok(times)
+}
+
 /// The peak-RSS run's figures.
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct Rss {

@@ -27,3 +27,14 @@ pub const MYSQL_WALK_KEYS: &str = crate::backend::mysql::WALK_KEYS;
 /// The head of one ordering key on MySQL, for the test that counts its index reads.
 #[cfg(feature = "mysql")]
 pub const MYSQL_KEY_HEAD: &str = crate::backend::mysql::KEY_HEAD;
+/// The statistics statement on MySQL (one `?`: how long workers count as alive, in ms), for
+/// the test that checks its plan.
+#[cfg(feature = "mysql")]
+pub const MYSQL_STATS: &str = crate::backend::mysql::STATS;
+/// The statistics statement on PostgreSQL, for the test that checks its plan.
+#[cfg(feature = "postgres")]
+pub const POSTGRES_STATS: &str = crate::backend::postgres::STATS;
+/// The statistics statement on SQLite (`?1` now, `?2` how long workers count as alive, both
+/// in ms), for the test that checks its plan.
+#[cfg(any(feature = "sqlite", feature = "sqlite-unbundled"))]
+pub const SQLITE_STATS: &str = crate::backend::sqlite::STATS;

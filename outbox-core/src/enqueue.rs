@@ -128,6 +128,13 @@ impl EnqueueOptions {
 /// fails, [`Error::Database`] when the insert fails; nothing is written in each case (and after
 /// a database error PostgreSQL needs the transaction rolled back).
 ///
+/// On MariaDB and MySQL a deadlock (1213) or a lock wait timeout (1205) comes back as
+/// [`DatabaseErrorKind::Conflict`](crate::DatabaseErrorKind::Conflict), and `enqueue` has
+/// rolled the caller's transaction back: a lock wait timeout alone would have ended only the
+/// insert, leaving the business rows written before it to a commit without their event.
+/// Inside a `sqlx::Transaction` a read-only transaction then stands in for it until the caller
+/// ends it, so a commit stores nothing and a later write fails. Run the whole transaction again.
+///
 /// # Cancellation safety
 ///
 /// Dropping the future may leave the statement sent or not; the transaction decides. Roll it

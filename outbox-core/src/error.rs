@@ -41,7 +41,7 @@ use std::time::Duration;
 pub enum Error {
     /// The database returned an error or could not be reached. Its message says which of the
     /// [`DatabaseErrorKind`]s it is and what to do; [`Error::database_kind`] tells a program.
-    #[error("{}", DatabaseErrorKind::of(.0).advice())]
+    #[error("{}", advice(.0))]
     Database(#[source] sqlx::Error),
 
     /// A payload could not be turned into JSON.
@@ -125,6 +125,13 @@ pub enum Error {
     /// A configuration value is out of range.
     #[error("invalid configuration: {0}")]
     Config(String),
+
+    /// An argument of the call is invalid or out of range (a replay's window or rate, a
+    /// retention window, a purge batch, a database URL of an unknown kind): nothing was done.
+    /// The message says what is allowed. The command line exits with
+    /// 2, a usage error on it.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
 
     /// A replay of the event log was refused: the topic retains nothing, the handler never ran
     /// on it, the window holds no event, or the replay is not in a state to pause, resume or
@@ -236,8 +243,11 @@ pub enum DatabaseErrorKind {
     Data,
     /// The database URL or a connection option is malformed.
     InvalidArgument,
-    /// MySQL ended the statement on a deadlock (1213, the transaction was rolled back) or a
-    /// lock wait timeout (1205): run the whole transaction again.
+    /// MySQL or MariaDB ended the statement on a deadlock (1213: the server rolled the whole
+    /// transaction back) or a lock wait timeout (1205: the server rolled back only the
+    /// statement, unless it runs with `innodb_rollback_on_timeout = ON`): roll the transaction
+    /// back and run the whole transaction again. [`enqueue`](crate::enqueue) has already rolled
+    /// the caller's transaction back when it returns this (see its errors).
     Conflict,
     /// Any other database error.
     Other,
@@ -329,11 +339,30 @@ impl DatabaseErrorKind {
                 "the database URL or a connection option is invalid; fix it"
             }
             DatabaseErrorKind::Conflict => {
-                "the database ended the transaction on a deadlock or a lock wait timeout; \
-                 nothing of it was kept, so run the whole transaction again"
+                "the database ended a statement on a deadlock or a lock wait timeout; roll the \
+                 transaction back and run the whole transaction again"
             }
             DatabaseErrorKind::Other => "the database returned an error",
         }
+    }
+}
+
+/// The message of an [`Error::Database`]: its kind's [`advice`](DatabaseErrorKind::advice),
+/// or for MySQL's two conflicts, what each left of the transaction.
+fn advice(e: &sqlx::Error) -> &'static str {
+    match e.as_database_error().and_then(mysql_number) {
+        Some(1213) => {
+            "the database chose this transaction as a deadlock's victim (1213) and rolled all \
+             of it back: nothing of it was kept; run the whole transaction again"
+        }
+        Some(1205) => {
+            "a lock wait timed out (1205): the server rolled back only that statement (the \
+             whole transaction only with innodb_rollback_on_timeout=ON), so what the \
+             transaction wrote before it is still there; roll the transaction back and run the \
+             whole transaction again (enqueue has already rolled it back: a commit now stores \
+             nothing)"
+        }
+        _ => DatabaseErrorKind::of(e).advice(),
     }
 }
 

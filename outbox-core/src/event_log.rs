@@ -74,8 +74,8 @@ impl Store {
     ///
     /// # Errors
     ///
-    /// [`Error::Config`] for a window under a minute or over 100 years, or a topic that is
-    /// empty or longer than 64 characters; [`Error::Database`] when the write fails.
+    /// [`Error::InvalidArgument`] for a window under a minute or over 100 years, or a topic
+    /// that is empty or longer than 64 characters; [`Error::Database`] when the write fails.
     ///
     /// # Cancellation safety
     ///
@@ -156,7 +156,7 @@ impl Store {
 
 fn check_topic(topic: &str) -> Result<()> {
     if topic.is_empty() || topic.chars().count() > 64 {
-        return Err(Error::Config(format!(
+        return Err(Error::InvalidArgument(format!(
             "`{topic}` is not a topic: a topic has 1 to 64 characters"
         )));
     }
@@ -165,7 +165,7 @@ fn check_topic(topic: &str) -> Result<()> {
 
 fn check_window(topic: &str, window: Duration) -> Result<()> {
     if window < Duration::from_secs(60) || window > MAX_WINDOW {
-        return Err(Error::Config(format!(
+        return Err(Error::InvalidArgument(format!(
             "the retention of topic `{topic}` must be from one minute to 100 years, not {window:?}"
         )));
     }

@@ -36,10 +36,15 @@ struct HealthInner {
     log_runway: std::sync::Mutex<Vec<(String, Duration)>>,
     max_tick_age: Duration,
     max_oldest_ready: Duration,
+    max_awaiting_version: Duration,
 }
 
 impl Health {
-    pub(crate) fn new(max_tick_age: Duration, max_oldest_ready: Duration) -> Self {
+    pub(crate) fn new(
+        max_tick_age: Duration,
+        max_oldest_ready: Duration,
+        max_awaiting_version: Duration,
+    ) -> Self {
         Self {
             inner: Arc::new(HealthInner {
                 last_tick_ms: AtomicI64::new(now_ms()),
@@ -52,6 +57,7 @@ impl Health {
                 log_runway: std::sync::Mutex::new(Vec::new()),
                 max_tick_age,
                 max_oldest_ready,
+                max_awaiting_version,
             }),
         }
     }
@@ -93,7 +99,8 @@ impl Health {
     }
 
     /// Topics whose newest version of live messages no live worker knows, with that version
-    /// and the age of the topic's oldest ready message, as of the last statistics refresh.
+    /// and how long the topic's oldest message awaiting a worker that knows its version has
+    /// been due, as of the last statistics refresh.
     pub fn unknown_versions(&self) -> Vec<(String, i32, Duration)> {
         self.inner
             .unknown_versions
@@ -191,14 +198,17 @@ impl Health {
                 limit: UNSERVED_LIMIT,
             });
         }
-        let unknown: Vec<(String, i32)> = self
+        let awaiting = self.inner.max_awaiting_version;
+        let unknown: Vec<(String, i32, Duration)> = self
             .unknown_versions()
             .into_iter()
-            .filter(|(_, _, age)| *age > UNSERVED_LIMIT)
-            .map(|(topic, version, _)| (topic, version))
+            .filter(|(_, _, age)| *age > awaiting)
             .collect();
         if !unknown.is_empty() {
-            return Err(Unhealthy::UnknownVersions { topics: unknown });
+            return Err(Unhealthy::UnknownVersions {
+                topics: unknown,
+                limit: awaiting,
+            });
         }
         let blocked: Vec<(String, i64)> = self
             .blocked_by_dead()
@@ -259,12 +269,16 @@ pub enum Unhealthy {
         /// The limit.
         limit: Duration,
     },
-    /// Messages of a version that no live worker knows have waited longer than 60 s.
-    #[error("{}: deploy workers built with the newer event types (workers first, then \
-             producers)", unknown(.topics))]
+    /// Messages of a version that no live worker knows have waited longer than their limit
+    /// (15 minutes unless set): a rollout whose workers never caught up with its producers.
+    #[error("{} (limit {} s): deploy workers built with the newer event types (workers first, \
+             then producers)", unknown(.topics), .limit.as_secs())]
     UnknownVersions {
-        /// The topics, with the newest version no live worker knows.
-        topics: Vec<(String, i32)>,
+        /// The topics, with the newest version no live worker knows and how long the oldest
+        /// message awaiting it has been due.
+        topics: Vec<(String, i32, Duration)>,
+        /// The limit ([`WorkerConfig::health_max_awaiting_version`](crate::WorkerConfig::health_max_awaiting_version)).
+        limit: Duration,
     },
     /// Messages wait behind a dead letter of their ordering key, which holds the key until it
     /// is retried or discarded.
@@ -319,10 +333,16 @@ fn blocked(topics: &[(String, i64)]) -> String {
         .join(", ")
 }
 
-fn unknown(topics: &[(String, i32)]) -> String {
+fn unknown(topics: &[(String, i32, Duration)]) -> String {
     topics
         .iter()
-        .map(|(topic, v)| format!("version {v} of topic {topic}: no live worker knows it"))
+        .map(|(topic, v, age)| {
+            format!(
+                "version {v} of topic {topic}: no live worker knows it, its oldest message due \
+                 for {} s",
+                age.as_secs()
+            )
+        })
         .collect::<Vec<_>>()
         .join("; ")
 }
@@ -341,4 +361,36 @@ fn runway(topics: &[(String, Duration)]) -> String {
         .map(|(topic, left)| format!("`{topic}` ({:.1} h)", left.as_secs_f64() / 3600.0))
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_awaiting_a_version_fail_health_only_past_their_own_limit() {
+        let minute = Duration::from_secs(60);
+        let health = Health::new(minute, minute, 15 * minute);
+        health.tick();
+        // A rollout's producers ahead of its workers for five minutes: past the oldest-ready
+        // limit, not past the version's own.
+        health.set_unknown_versions(vec![("booking".into(), 2, 5 * minute)]);
+        assert_eq!(health.check(), Ok(()));
+        health.set_unknown_versions(vec![("booking".into(), 2, 16 * minute)]);
+        let e = health.check().unwrap_err();
+        assert_eq!(
+            e,
+            Unhealthy::UnknownVersions {
+                topics: vec![("booking".into(), 2, 16 * minute)],
+                limit: 15 * minute,
+            }
+        );
+        assert!(
+            e.to_string().starts_with(
+                "version 2 of topic booking: no live worker knows it, its oldest message due for \
+                 960 s (limit 900 s)"
+            ),
+            "{e}"
+        );
+    }
 }

@@ -16,7 +16,8 @@ pub struct TopicStats {
     /// The topic (`"*"` in the total).
     pub topic: String,
     /// Due now and not claimed (including claims whose lease ran out), and free to start:
-    /// messages held back by an earlier message of their ordering key are in `blocked`.
+    /// messages held back by an earlier message of their ordering key are in `blocked`, and
+    /// those of a version no live worker of the topic knows are in `awaiting_version`.
     pub ready: i64,
     /// Due now but held back by an earlier message of their ordering key (one that is pending,
     /// running, waiting for a retry, delayed, or dead and holding the key).
@@ -35,7 +36,8 @@ pub struct TopicStats {
     pub dead: i64,
     /// Done in the last five minutes (counted per whole minute).
     pub done_last_5m: i64,
-    /// How long the oldest ready message has been due.
+    /// How long the oldest ready message has been due (messages awaiting a worker that knows
+    /// their version are not ready, and do not count here).
     pub oldest_ready_age: Option<Duration>,
     /// How long ago the oldest stalled message's lease ran out.
     pub oldest_stalled_age: Option<Duration>,
@@ -49,6 +51,12 @@ pub struct TopicStats {
     /// until a worker built with the newer event type starts. `None` when every version is
     /// known (and in [`Stats::total`]).
     pub unknown_version: Option<i32>,
+    /// Due now and free to start but for their version: live workers serve the topic and none
+    /// of them knows that version (a producer deployed ahead of its workers). They wait,
+    /// never claimed, until a worker that knows it starts; they are not in `ready`.
+    pub awaiting_version: i64,
+    /// How long the oldest of `awaiting_version` has been due.
+    pub oldest_awaiting_version_age: Option<Duration>,
 }
 
 impl TopicStats {
@@ -65,11 +73,16 @@ impl TopicStats {
         self.oldest_ready_age = self.oldest_ready_age.max(o.oldest_ready_age);
         self.oldest_stalled_age = self.oldest_stalled_age.max(o.oldest_stalled_age);
         self.live_workers = self.live_workers.max(o.live_workers);
+        self.awaiting_version += o.awaiting_version;
+        self.oldest_awaiting_version_age = self
+            .oldest_awaiting_version_age
+            .max(o.oldest_awaiting_version_age);
     }
 
-    /// Messages not yet done or dead: ready + blocked + scheduled + in flight.
+    /// Messages not yet done or dead: ready + blocked + awaiting a version + scheduled + in
+    /// flight.
     pub fn pending(&self) -> i64 {
-        self.ready + self.blocked + self.scheduled + self.in_flight
+        self.ready + self.blocked + self.awaiting_version + self.scheduled + self.in_flight
     }
 
     /// What waits for a worker that knows a newer version, as one line:
@@ -209,11 +222,19 @@ pub struct WorkerInfo {
     pub id: Uuid,
     /// Its name (`host:pid` by default, see [`WorkerConfig::name`](crate::WorkerConfig::name)).
     pub name: String,
+    /// The host it runs on; `None` for a worker of a build that did not record it.
+    pub host: Option<String>,
+    /// Its process id; `None` for a worker of a build that did not record it.
+    pub pid: Option<u32>,
     /// The topics it serves.
     pub topics: Vec<String>,
     /// Per topic of `topics`, at the same position, the highest version of its event type the
     /// worker decodes (and claims). Empty for a worker that did not record them.
     pub versions: Vec<i32>,
+    /// Per topic of `topics`, at the same position, the names of the handlers it runs for
+    /// that topic: what `outbox replay --handler` takes. Empty for a worker that did not record
+    /// them.
+    pub handlers: Vec<Vec<String>>,
     /// Whether it sleeps until a producer wakes it (idle), rather than claiming (busy).
     pub waiting: bool,
     /// When it started.
@@ -222,6 +243,28 @@ pub struct WorkerInfo {
     pub heartbeat_at: DateTime<Utc>,
     /// The heartbeat is fresh (within 5 s): the worker is alive.
     pub live: bool,
+}
+
+impl WorkerInfo {
+    /// Each topic the worker serves, with the highest version it knows of it (when recorded)
+    /// and the names of its handlers of it (empty when not recorded).
+    ///
+    /// ```
+    /// # fn show(w: &outbox::WorkerInfo) {
+    /// for (topic, version, handlers) in w.serves() {
+    ///     println!("{topic} v{}: {}", version.unwrap_or(1), handlers.join(", "));
+    /// }
+    /// # }
+    /// ```
+    pub fn serves(&self) -> impl Iterator<Item = (&str, Option<i32>, &[String])> {
+        self.topics.iter().enumerate().map(|(i, t)| {
+            (
+                t.as_str(),
+                self.versions.get(i).copied(),
+                self.handlers.get(i).map(Vec::as_slice).unwrap_or_default(),
+            )
+        })
+    }
 }
 
 /// Which dead letters to list: build it with [`DeadLetterFilter::new`] and its setters.

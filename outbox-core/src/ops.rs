@@ -56,7 +56,10 @@ impl Store {
         Ok(Stats::from_topics(self.backend().outbox_stats().await?))
     }
 
-    /// The workers that registered and have not been gone for a minute, live ones first.
+    /// The workers that registered and have not been gone for a minute, live ones first:
+    /// who each is (name, host, process id), what it serves ([`WorkerInfo::serves`]: each
+    /// topic with the version it knows and its handlers' names), and its last heartbeat.
+    /// `outbox workers` prints the live ones, and the console's workers page shows them.
     ///
     /// # Errors
     ///
@@ -147,7 +150,7 @@ impl Store {
     /// # Errors
     ///
     /// [`Error::Database`] when a delete fails (earlier batches stay deleted);
-    /// [`Error::Config`] when `batch` is 0.
+    /// [`Error::InvalidArgument`] when `batch` is 0.
     ///
     /// # Cancellation safety
     ///
@@ -171,7 +174,9 @@ impl Store {
 
     async fn purge(&self, older_than: Duration, batch: usize, processed: bool) -> Result<u64> {
         if batch == 0 {
-            return Err(Error::Config("the purge batch must be at least 1".into()));
+            return Err(Error::InvalidArgument(
+                "the purge batch must be at least 1".into(),
+            ));
         }
         let batch = i64::try_from(batch).unwrap_or(i64::MAX);
         let mut total = 0;

@@ -3,9 +3,9 @@
 //! ordering key, with their original message ids and idempotency keys unless asked otherwise.
 //!
 //! A replay is a row in the database, with a cursor: the workers that run its handler take it
-//! up, one at a time under a lease, and move the cursor after each batch of events is handled.
-//! It survives crashes and restarts (a batch cut short by a kill is handled again, at least
-//! once as everywhere), can be paused, resumed and cancelled, and its progress is read with
+//! up, one at a time under a lease, and move the cursor every 100 events handled or every second,
+//! whichever comes first. It survives crashes and restarts (what a killed worker handled after
+//! its cursor's last move is handled again, at least once as everywhere), can be paused, resumed and cancelled, and its progress is read with
 //! [`Store::replay`].
 
 use chrono::Utc;
@@ -41,7 +41,7 @@ impl Store {
     /// # Errors
     ///
     /// [`Error::ReplayRefused`] for a topic without retention or a handler that never ran on
-    /// it; [`Error::Config`] for a bad window or rate; [`Error::Database`] when a query fails.
+    /// it; [`Error::InvalidArgument`] for a bad window or rate; [`Error::Database`] when a query fails.
     pub async fn plan_replay(&self, request: &ReplayRequest) -> Result<ReplayPlan> {
         let until = self.check_replay(request).await?;
         self.backend().replay_plan(request, until).await
@@ -54,7 +54,7 @@ impl Store {
     ///
     /// [`Error::ReplayRefused`] for a topic that retains nothing, a handler that never ran on
     /// the topic (no worker with it has started), or a window without events;
-    /// [`Error::Config`] for a window that ends before it starts or a rate of 0;
+    /// [`Error::InvalidArgument`] for a window that ends before it starts or a rate of 0;
     /// [`Error::Database`] when a query fails.
     pub async fn start_replay(&self, request: &ReplayRequest) -> Result<ReplayInfo> {
         let until = self.check_replay(request).await?;
@@ -156,13 +156,13 @@ impl Store {
         let until = r.until.unwrap_or_else(Utc::now);
         if let Some(since) = r.since {
             if since >= until {
-                return Err(Error::Config(format!(
+                return Err(Error::InvalidArgument(format!(
                     "the replay's window starts ({since}) at or after it ends ({until})"
                 )));
             }
         }
         if r.rate == Some(0) {
-            return Err(Error::Config(
+            return Err(Error::InvalidArgument(
                 "a replay's rate is at least 1 event per second".into(),
             ));
         }
@@ -178,7 +178,7 @@ impl Store {
         if !self.backend().handler_known(&r.topic, &r.handler).await? {
             return Err(Error::ReplayRefused(format!(
                 "no worker has run a handler named `{}` for topic `{}`: check the name (`outbox \
-                 workers` lists the live workers' topics) and start a worker with it first",
+                 workers` lists the live workers' handlers per topic) and start a worker with it first",
                 r.handler, r.topic
             )));
         }

@@ -2066,3 +2066,35 @@ macro_rules! all_backends {
         $crate::on_backend!(mysql, $crate::mysql, $($tests)*);
     };
 }
+
+/// Serves the operator's console for `store` on a free loopback port, without credentials
+/// (loopback only), and returns a function that GETs a path and gives the page's body.
+///
+/// # Panics
+///
+/// When the console does not answer 200 within 10 s.
+pub async fn console_page(store: outbox::Store) -> impl AsyncFn(&str) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let app = outbox::console::router(store, outbox::console::ConsoleConfig::new());
+    tokio::spawn(async move {
+        axum::serve(listener, app).await.unwrap();
+    });
+    move |path: &str| {
+        let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+        async move {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+            s.write_all(request.as_bytes()).await.unwrap();
+            let mut raw = Vec::new();
+            tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut raw))
+                .await
+                .expect("the console answers in time")
+                .unwrap();
+            let raw = String::from_utf8_lossy(&raw).into_owned();
+            let (head, body) = raw.split_once("\r\n\r\n").expect("an HTTP answer");
+            assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+            body.to_owned()
+        }
+    }
+}

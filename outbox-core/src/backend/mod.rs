@@ -34,8 +34,8 @@ pub(crate) use types::*;
 /// One topic's row of every backend's statistics query, in its column order: topic, ready,
 /// scheduled, in flight, stalled, dead, done in the last 5 minutes, the oldest ready message,
 /// the oldest stall, live workers, blocked, blocked by a dead letter, the oldest blocked
-/// message, messages of an unknown version. The three times are `A`, in whatever the backend
-/// reads them as.
+/// message, messages of an unknown version, messages awaiting a worker that knows their
+/// version, the oldest of those. The four times are `A`, in whatever the backend reads them as.
 pub(crate) type StatsRow<A, V> = (
     String,
     i64,
@@ -51,7 +51,17 @@ pub(crate) type StatsRow<A, V> = (
     i64,
     Option<A>,
     Option<V>,
+    i64,
+    Option<A>,
 );
+
+/// The `handlers` column of the workers table (a JSON array, per topic, of handler names), as
+/// [`WorkerInfo::handlers`](crate::model::WorkerInfo::handlers): empty when missing or
+/// unreadable.
+pub(crate) fn worker_handlers(json: Option<&str>) -> Vec<Vec<String>> {
+    json.and_then(|j| serde_json::from_str(j).ok())
+        .unwrap_or_default()
+}
 
 /// A [`StatsRow`] as the model's `TopicStats`, its times turned into ages by `age`.
 pub(crate) fn topic_stats<A, V: TryInto<i32>>(
@@ -73,6 +83,8 @@ pub(crate) fn topic_stats<A, V: TryInto<i32>>(
         blocked_by_dead,
         oldest_blocked,
         unknown_version,
+        awaiting_version,
+        oldest_awaiting,
     ) = row;
     crate::model::TopicStats {
         topic,
@@ -89,6 +101,8 @@ pub(crate) fn topic_stats<A, V: TryInto<i32>>(
         oldest_stalled_age: age(stalled_for),
         live_workers: workers,
         unknown_version: unknown_version.and_then(|v| v.try_into().ok()),
+        awaiting_version,
+        oldest_awaiting_version_age: age(oldest_awaiting),
     }
 }
 

@@ -82,11 +82,26 @@ pub(crate) struct Beat<'a> {
     pub(crate) topics: &'a [&'a str],
     /// Per topic of `topics`, the highest version the worker decodes.
     pub(crate) versions: &'a [i32],
+    /// The host the worker runs on.
+    pub(crate) host: &'a str,
+    /// Its process id.
+    pub(crate) pid: u32,
+    /// Per topic of `topics`, the names of the handlers it runs for that topic, as a JSON
+    /// array of arrays (see [`Beat::handlers_json`]).
+    pub(crate) handlers: &'a [Vec<&'a str>],
     /// Sleeping until a producer wakes it: only then do producers of its topics notify.
     pub(crate) waiting: bool,
     /// Wake one other waiting worker of these topics: this one was woken and claimed a full
     /// batch, so a burst is waiting that one worker alone would drain slowly.
     pub(crate) wake_peer: bool,
+}
+
+impl Beat<'_> {
+    /// [`handlers`](Self::handlers) as the workers table stores it on every backend: a JSON
+    /// array of arrays of names, in the order of `topics`.
+    pub(crate) fn handlers_json(&self) -> String {
+        serde_json::to_string(self.handlers).unwrap_or_else(|_| "[]".into())
+    }
 }
 
 /// One message as `enqueue` hands it to a backend to insert. Public in a private module: the

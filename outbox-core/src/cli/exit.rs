@@ -4,7 +4,7 @@
 //! |---|---|---|
 //! | 0 | done | |
 //! | 1 | failed while running, or not found / refused, or an unclassified database error | read the message |
-//! | 2 | bad command line or argument (also a malformed database URL) | fix the arguments |
+//! | 2 | bad command line or argument: refused by the parser, or out of range for the command ([`Error::InvalidArgument`], a malformed or unknown database URL, a worker flag out of range) | fix the arguments |
 //! | 3 | the handlers or the configuration are not sound; for `--list-topics`, something it lists as `missing:` | fix the worker's setup |
 //! | 4 | the database could not be reached (refused, lost, shut down, timed out), stayed locked, or ended the transaction on a deadlock or lock wait timeout | check the server and the URL; retrying later may work |
 //! | 5 | the outbox schema is missing, out of date or newer than this build | run `outbox migrate`, or upgrade |
@@ -58,7 +58,7 @@ pub fn for_error(e: &Error) -> u8 {
             _ => FAILURE,
         },
         Error::MigrationChanged { .. } | Error::MigrationUnknown { .. } => SCHEMA,
-        Error::DelayOutOfRange(_) => USAGE,
+        Error::DelayOutOfRange(_) | Error::InvalidArgument(_) => USAGE,
         Error::Registry(_) | Error::Resource(_) | Error::Config(_) => CONFIG,
         // A worker that failed by itself is not misconfigured: a plain failure.
         Error::Worker(_) | Error::WorkerPanicked(_) => FAILURE,

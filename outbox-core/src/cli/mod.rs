@@ -22,6 +22,7 @@ pub mod ops;
 mod print;
 mod replay;
 mod run;
+mod workers;
 
 pub(crate) use self::args::duration;
 pub use self::args::{redact_url, WorkerArgs, MAX_DURATION};

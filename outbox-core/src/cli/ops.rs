@@ -12,6 +12,7 @@
 //! outbox events topics | retain --topic T (--for 180d | --off) | upkeep
 //! outbox replay --topic T --handler H [--since TIME] [--until TIME] [--key K] [--rate N] [--fresh] [--dry-run] [--follow]
 //! outbox replay status [ID] | pause ID | resume ID | cancel ID
+//! outbox workers [--all] [--json]
 //! outbox console [--addr 127.0.0.1:8080] [--read-only] [--token T | --user U --password P]
 //! ```
 //!
@@ -50,7 +51,7 @@ const EXIT_CODES: &str = "Exit codes:
 #[derive(Parser)]
 #[command(
     name = "outbox",
-    about = "Operate a transactional outbox: migrate, stats, dead letters, purge",
+    about = "Operate a transactional outbox: migrate, stats, dead letters, purge, the event log, workers",
     after_help = EXIT_CODES
 )]
 struct Cli {
@@ -105,6 +106,9 @@ enum Command {
     /// Deliver a window of a retained topic's events again to one handler
     /// (`--topic T --handler H`), or follow, pause, resume or cancel a replay.
     Replay(super::replay::Replay),
+    /// The live workers: name, host, process id, state, last heartbeat, and per topic the
+    /// version they know and their handlers' names (what `replay --handler` takes).
+    Workers(super::workers::Workers),
     /// Serve the operator's console in the browser.
     #[cfg(feature = "console")]
     Console(ConsoleArgs),
@@ -253,7 +257,9 @@ fn batch(s: &str) -> Result<usize, String> {
 ///
 /// Meant to be the whole of `main`.
 pub async fn main() -> ExitCode {
-    init_logging_with("warn");
+    // Our own warnings only: sqlx's (a statement slower than a second, say) are not the
+    // operator's business here, and errors reach them as this command's one error line.
+    init_logging_with("warn,sqlx=off");
     let cli = Cli::parse();
     // Refuse an unsafe console before touching the database.
     #[cfg(feature = "console")]
@@ -383,6 +389,7 @@ async fn run(command: Command, store: Store) -> crate::error::Result<u8> {
         }
         Command::Events(events) => return super::events::run(events, store).await,
         Command::Replay(replay) => return super::replay::run(replay, store).await,
+        Command::Workers(workers) => return super::workers::run(workers, &store).await,
         #[cfg(feature = "console")]
         Command::Console(args) => return console(&args, store).await,
     }

@@ -114,6 +114,8 @@ pub fn print_stats(stats: &crate::model::Stats, registry: Option<&Registry>, jso
                 "blocked_by_dead": t.blocked_by_dead,
                 "oldest_blocked_age_secs": t.oldest_blocked_age.map(|d| d.as_secs_f64()),
                 "unknown_version": t.unknown_version,
+                "awaiting_version": t.awaiting_version,
+                "oldest_awaiting_version_age_secs": t.oldest_awaiting_version_age.map(|d| d.as_secs_f64()),
             })
         };
         let doc = serde_json::json!({
@@ -135,7 +137,7 @@ pub fn print_stats(stats: &crate::model::Stats, registry: Option<&Registry>, jso
             .map(|d| format!("{:.1}s", d.as_secs_f64()))
             .unwrap_or_else(|| "-".into());
         println!(
-            "{:<32} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>8} {:>9} {:>9} {:>12}",
+            "{:<32} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>8} {:>9} {:>9} {:>12} {:>9}",
             t.topic,
             t.ready,
             t.scheduled,
@@ -147,11 +149,12 @@ pub fn print_stats(stats: &crate::model::Stats, registry: Option<&Registry>, jso
             t.live_workers,
             t.blocked,
             t.blocked_by_dead,
-            blocked_age
+            blocked_age,
+            t.awaiting_version
         );
     };
     println!(
-        "{:<32} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>8} {:>9} {:>9} {:>12}",
+        "{:<32} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>8} {:>9} {:>9} {:>12} {:>9}",
         "topic",
         "ready",
         "scheduled",
@@ -163,7 +166,8 @@ pub fn print_stats(stats: &crate::model::Stats, registry: Option<&Registry>, jso
         "workers",
         "blocked",
         "by dead",
-        "blk oldest"
+        "blk oldest",
+        "awaiting v"
     );
     stats.topics.iter().for_each(line);
     line(&stats.total);

@@ -20,13 +20,16 @@ pub fn init_logging() {
     init_logging_with("info,lapin=off");
 }
 
-/// Installs a `tracing` subscriber that reads `RUST_LOG`, or `default` when it is unset.
+/// Installs a `tracing` subscriber that reads `RUST_LOG`, or `default` when it is unset. It
+/// writes to stderr, with colours only when stderr is a terminal.
 pub fn init_logging_with(default: &str) {
+    use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .try_init();
 }
 
@@ -94,6 +97,15 @@ where
     F: FnOnce(&WorkerArgs, WorkerBuilder) -> WorkerBuilder,
 {
     let stop = stop.shared();
+    // Flags out of range are bad arguments (exit 2), refused before touching the database;
+    // what `configure` sets in code is checked when the worker is built (exit 3).
+    if let Err(e) = args
+        .apply(WorkerConfig::default())
+        .validate(std::time::Duration::ZERO)
+    {
+        eprintln!("error: a flag is out of range: {}", error_line(&e));
+        return ExitCode::from(exit::USAGE);
+    }
     let start = async {
         let store = connect(&args.database_url)
             .await
@@ -219,7 +231,8 @@ where
 /// # Errors
 ///
 /// [`Error::Database`](crate::error::Error::Database) when the URL is bad or the server unreachable;
-/// [`Error::Config`](crate::error::Error::Config) for a database kind this build does not support.
+/// [`Error::InvalidArgument`](crate::error::Error::InvalidArgument) for a database kind this
+/// build does not support.
 ///
 /// # Cancellation safety
 ///
@@ -256,7 +269,7 @@ pub async fn connect(url: &str) -> crate::error::Result<crate::store::Store> {
             .connect_lazy_with(options);
         return Ok(crate::store::Store::mysql(pool));
     }
-    Err(crate::error::Error::Config(format!(
+    Err(crate::error::Error::InvalidArgument(format!(
         "unsupported database URL `{}`: use postgres://, mysql:// or sqlite:",
         url.split(':').next().unwrap_or("")
     )))

@@ -240,6 +240,7 @@ impl WorkerBuilder {
                 health: Health::new(
                     self.config.max_tick_age(),
                     self.config.health_max_oldest_ready,
+                    self.config.health_max_awaiting_version,
                 ),
                 config: self.config,
                 id: Uuid::now_v7(),

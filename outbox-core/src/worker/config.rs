@@ -67,6 +67,7 @@ pub struct WorkerConfig {
     pub(crate) stats_interval: Duration,
     pub(crate) health_max_tick_age: Option<Duration>,
     pub(crate) health_max_oldest_ready: Duration,
+    pub(crate) health_max_awaiting_version: Duration,
     pub(crate) purge_retention: Option<Duration>,
     pub(crate) purge_interval: Duration,
 }
@@ -90,6 +91,7 @@ impl Default for WorkerConfig {
             stats_interval: Duration::from_secs(15),
             health_max_tick_age: None,
             health_max_oldest_ready: Duration::from_secs(600),
+            health_max_awaiting_version: Duration::from_secs(900),
             purge_retention: None,
             purge_interval: Duration::from_secs(600),
         }
@@ -97,8 +99,19 @@ impl Default for WorkerConfig {
 }
 
 fn default_name() -> String {
-    let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "worker".into());
-    format!("{host}:{}", std::process::id())
+    format!("{}:{}", host(), std::process::id())
+}
+
+/// The name of the host this process runs on, as the kernel has it (Linux), else
+/// `/etc/hostname` or `HOSTNAME`, else `unknown`.
+pub(crate) fn host() -> String {
+    ["/proc/sys/kernel/hostname", "/etc/hostname"]
+        .into_iter()
+        .filter_map(|p| std::fs::read_to_string(p).ok())
+        .chain(std::env::var("HOSTNAME").ok())
+        .map(|h| h.trim().to_string())
+        .find(|h| !h.is_empty())
+        .unwrap_or_else(|| "unknown".into())
 }
 
 impl WorkerConfig {
@@ -233,6 +246,14 @@ impl WorkerConfig {
         self
     }
 
+    /// Health fails when messages of a version no live worker knows have waited this long
+    /// (default 15 minutes): a rollout whose producers run ahead of its workers is not late
+    /// until then. Such messages are not ready, and never count in the oldest ready age.
+    pub fn health_max_awaiting_version(mut self, age: Duration) -> Self {
+        self.health_max_awaiting_version = age;
+        self
+    }
+
     /// Deletes DONE messages and processed-id records older than `retention`, every
     /// [`purge_interval`](WorkerConfig::purge_interval), in small batches. Off by default.
     pub fn purge_after(mut self, retention: Duration) -> Self {
@@ -269,6 +290,10 @@ impl WorkerConfig {
             ("report_interval", self.report_interval),
             ("stats_interval", self.stats_interval),
             ("health_max_oldest_ready", self.health_max_oldest_ready),
+            (
+                "health_max_awaiting_version",
+                self.health_max_awaiting_version,
+            ),
             ("purge_interval", self.purge_interval),
             ("RetryPolicy::max_delay", self.retry.max_delay),
         ];

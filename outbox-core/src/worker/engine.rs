@@ -112,6 +112,8 @@ struct Shared {
     waiting: AtomicBool,
     /// Live workers (this one included) that share a topic with this one.
     peers: AtomicI64,
+    /// The host this process runs on, for the workers table.
+    host: String,
     /// Handler tasks started and not yet ended, abandoned ones included.
     running_tasks: Arc<AtomicU64>,
     epoch: Instant,
@@ -168,6 +170,7 @@ pub(super) async fn run(
         permits: Arc::new(Semaphore::new(cfg.concurrency)),
         waiting: AtomicBool::new(false),
         peers: AtomicI64::new(1),
+        host: crate::worker::config::host(),
         running_tasks: Arc::new(AtomicU64::new(0)),
         epoch: Instant::now(),
     });
@@ -344,11 +347,19 @@ impl Shared {
         let inner = &self.worker.inner;
         let topics: Vec<&str> = inner.topics.keys().copied().collect();
         let versions = self.worker.versions_of(&topics);
+        let handlers: Vec<Vec<&str>> = inner
+            .topics
+            .values()
+            .map(|hs| hs.iter().map(|h| h.name()).collect())
+            .collect();
         let beat = Beat {
             id: inner.id,
             name: &inner.config.name,
             topics: &topics,
             versions: &versions,
+            host: &self.host,
+            pid: std::process::id(),
+            handlers: &handlers,
             waiting: self.waiting.load(Ordering::Relaxed),
             wake_peer,
         };

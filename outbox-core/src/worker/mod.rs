@@ -420,7 +420,11 @@ impl Worker {
                     .filter_map(|t| {
                         let version = t.unknown_version?;
                         tracing::warn!(topic = %t.topic, version, "version {version} of topic {}: no live worker knows it", t.topic);
-                        Some((t.topic.clone(), version, t.oldest_ready_age.unwrap_or_default()))
+                        Some((
+                            t.topic.clone(),
+                            version,
+                            t.oldest_awaiting_version_age.unwrap_or_default(),
+                        ))
                     })
                     .collect();
                 self.inner.health.set_unknown_versions(unknown);

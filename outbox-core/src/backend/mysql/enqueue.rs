@@ -3,7 +3,13 @@
 //!
 //! Nothing here retries: a deadlock or a lock wait timeout in the caller's transaction is
 //! the caller's to handle (it comes back as [`DatabaseErrorKind::Conflict`]), since only the
-//! caller can run its whole transaction again.
+//! caller can run its whole transaction again. A deadlock (1213) has already rolled the
+//! transaction back; a lock wait timeout (1205) ends only the failed statement (unless the
+//! server runs with `innodb_rollback_on_timeout = ON`), leaving the caller's business rows in
+//! an open transaction that a commit would store without their event. So after either,
+//! [`end_after_conflict`] rolls the transaction back and, inside a transaction sqlx tracks,
+//! opens a read-only one in its place until the caller ends it: a commit then stores nothing,
+//! and a later write fails instead of committing on its own.
 //!
 //! An insert larger than the server's `max_allowed_packet` would make the server close the
 //! connection, and the caller's transaction with it. So a large insert first reads the limit
@@ -135,4 +141,31 @@ pub(super) async fn record_processed(
         .await?
         .rows_affected();
     Ok(inserted == 1)
+}
+
+/// Ends the caller's transaction, whether sqlx began it or the caller's own `BEGIN` did (with
+/// no transaction open it does nothing).
+const ROLLBACK: &str = "ROLLBACK";
+
+/// What stands in for the caller's transaction once [`ROLLBACK`] ended it: sqlx still counts
+/// it open and ends it with the caller's commit or rollback (or its drop); meanwhile writes
+/// fail (1792) rather than commit one statement at a time.
+const READ_ONLY: &str = "START TRANSACTION READ ONLY";
+
+/// After an insert met a deadlock (1213) or a lock wait timeout (1205) on the caller's
+/// connection: rolls the caller's transaction back, so that a caller who commits anyway stores
+/// nothing of it rather than its business rows without their event, and, when sqlx tracks a
+/// transaction on `conn`, opens a read-only one in its place (see [`READ_ONLY`]).
+///
+/// Failures are only logged: the caller gets the conflict, and a connection too broken to
+/// roll back has lost its transaction with it.
+pub(super) async fn end_after_conflict(conn: &mut MySqlConnection) {
+    let tracked = sqlx::Connection::is_in_transaction(&*conn);
+    let mut result = sqlx::query(ROLLBACK).execute(&mut *conn).await.map(drop);
+    if tracked && result.is_ok() {
+        result = sqlx::query(READ_ONLY).execute(&mut *conn).await.map(drop);
+    }
+    if let Err(e) = result {
+        tracing::debug!(error = %e, "could not roll back the caller's transaction after a conflict");
+    }
 }

@@ -78,6 +78,11 @@ const MIGRATIONS: &[Migration] = &[
         description: "a key's order is the database's insert order (seq), not the id's",
         sql: include_str!("../../../migrations/mysql/0012_commit_order.sql"),
     },
+    Migration {
+        version: 13,
+        description: "who each worker is: its host, process id and handlers per topic",
+        sql: include_str!("../../../migrations/mysql/0013_worker_identity.sql"),
+    },
 ];
 
 const CREATE_MIGRATIONS_TABLE: &str = "CREATE TABLE IF NOT EXISTS outbox_migrations ( \

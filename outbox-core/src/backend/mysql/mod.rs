@@ -27,7 +27,9 @@
 //!   caller's pool each transaction sets it), so no gap lock makes a producer's insert and a
 //!   claim deadlock. A deadlock (1213) or a lock wait timeout (1205) in the worker's own
 //!   statements is retried here, the whole transaction again; in the caller's transaction,
-//!   `enqueue` returns it classified ([`DatabaseErrorKind::Conflict`]) and never retries.
+//!   `enqueue` returns it classified ([`DatabaseErrorKind::Conflict`]) and never retries, and
+//!   rolls the caller's transaction back first (a lock wait timeout alone ends only the
+//!   statement), so that a caller who commits anyway stores nothing of it.
 //! - Nothing reads the tables by commit order: an id that commits late is never skipped,
 //!   because claims look at every live row, not at rows after a cursor of ids.
 //!
@@ -123,7 +125,8 @@ fn worker_pool_options(connections: u32) -> MySqlPoolOptions {
 const CONFLICT_TRIES: u32 = 5;
 
 /// Whether `e` is a deadlock (1213) or a lock wait timeout (1205): the transaction (or, for
-/// a timeout, the statement) was rolled back, and running it again is the cure.
+/// a timeout with the server's default `innodb_rollback_on_timeout = OFF`, only the
+/// statement) was rolled back, and running the whole transaction again is the cure.
 pub(crate) fn is_conflict(e: &sqlx::Error) -> bool {
     e.as_database_error()
         .and_then(|d| d.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>())
@@ -155,6 +158,7 @@ where
 pub(crate) const CLAIM_UNKEYED: &str = claim::CLAIM_UNKEYED;
 pub(crate) const WALK_KEYS: &str = claim::WALK_AFTER;
 pub(crate) const KEY_HEAD: &str = claim::KEY_HEAD;
+pub(crate) const STATS: &str = ops::STATS;
 
 /// Workers count as alive while their heartbeat is this fresh.
 const LIVE_MS: i64 = 5_000;
@@ -416,7 +420,13 @@ impl super::sealed::Sealed for MySqlConnection {}
 #[async_trait]
 impl Connection for MySqlConnection {
     async fn __insert(&mut self, rows: &[NewMessage]) -> Result<()> {
-        enqueue::insert(self, rows).await
+        match enqueue::insert(self, rows).await {
+            Err(crate::error::Error::Database(e)) if is_conflict(&e) => {
+                enqueue::end_after_conflict(self).await;
+                Err(e.into())
+            }
+            r => r,
+        }
     }
 
     async fn __record_processed(

@@ -37,45 +37,31 @@ const UNKNOWN_TOPICS: &str = "SELECT topic, count(*) FROM outbox_messages GROUP 
 
 /// Per-topic counts, now, workers counting as alive for `?` milliseconds: ready, scheduled,
 /// running, stalled, dead, done in the last 5 minutes, the oldest ready message's age, the
-/// oldest stall's age, live workers, and the ordered messages blocked behind their key (and of
-/// those, behind a dead letter) with the oldest one's age, and the newest version of the
-/// topic's live messages if no live worker knows it. Ages are in milliseconds.
+/// oldest stall's age, live workers, the ordered messages blocked behind their key (and of
+/// those, behind a dead letter) with the oldest one's age, the newest version of the topic's
+/// live messages if no live worker knows it, and the due messages that wait for a worker that
+/// knows their version, with the oldest one's age. Ages are in milliseconds.
+///
+/// A keyed row is behind when its key's head (the least `seq` of the key's live rows, by a
+/// loose scan of the key index: one probe per key) is before it, and behind a dead letter when
+/// its key's first dead letter that holds the key is before it. Both come from one derived
+/// table, `key_heads`, that the server materializes with a key of its own on the MD5 of the
+/// ordering key (an ordering key of up to 255 characters is longer than a temporary table's
+/// key may be, and without a key the join was a scan of the heads per row): each row then
+/// costs one lookup in memory, never a probe of the table's index (which made this statement
+/// take seconds over 50,000 keyed messages). Rows are first counted per topic and version, so
+/// that only those few groups meet the live workers' versions.
+///
+/// The server computes a common table expression once per reference: `per_version`, the one
+/// that reads every live row, is referenced once (the list of topics reads the topic index
+/// instead).
 ///
 /// `SUM` is a `DECIMAL` on MySQL: each is cast back to an integer.
-const STATS: &str = concat!(
+pub(super) const STATS: &str = concat!(
     "WITH clock AS ( \
         SELECT ",
     now_ms!(),
     " AS now \
-     ), msgs AS ( \
-        SELECT m.topic, m.version, m.available_at, m.locked_until, \
-               (m.available_at <= c.now AND (m.locked_until IS NULL OR m.locked_until < c.now)) AS due, \
-               CASE WHEN m.ordering_key IS NULL \
-                         OR NOT (m.available_at <= c.now AND (m.locked_until IS NULL OR m.locked_until < c.now)) THEN 0 \
-                    WHEN EXISTS (SELECT 1 FROM outbox_dead d WHERE d.ordering_key = m.ordering_key \
-                                 AND d.releases_key = FALSE AND d.seq < m.seq) THEN 2 \
-                    WHEN EXISTS (SELECT 1 FROM outbox_messages e WHERE e.ordering_key = m.ordering_key \
-                                 AND e.seq < m.seq) THEN 1 \
-                    ELSE 0 END AS held \
-        FROM outbox_messages m CROSS JOIN clock c \
-     ), live AS ( \
-        SELECT s.topic, \
-               CAST(SUM(s.due AND s.held = 0) AS SIGNED) AS ready, \
-               CAST(SUM(s.due AND s.held > 0) AS SIGNED) AS blocked, \
-               CAST(SUM(s.due AND s.held = 2) AS SIGNED) AS blocked_by_dead, \
-               CAST(SUM(s.available_at > c.now AND s.locked_until IS NULL) AS SIGNED) AS scheduled, \
-               CAST(SUM(s.locked_until >= c.now) AS SIGNED) AS in_flight, \
-               CAST(SUM(s.locked_until < c.now) AS SIGNED) AS stalled, \
-               MIN(CASE WHEN s.due AND s.held = 0 THEN s.available_at END) AS oldest, \
-               MIN(CASE WHEN s.locked_until < c.now THEN s.locked_until END) AS stalled_since, \
-               MIN(CASE WHEN s.due AND s.held > 0 THEN s.available_at END) AS oldest_blocked, \
-               MAX(s.version) AS newest_version \
-        FROM msgs s CROSS JOIN clock c GROUP BY s.topic \
-     ), dead AS ( \
-        SELECT topic, n AS dead FROM outbox_dead_counts WHERE n > 0 \
-     ), done AS ( \
-        SELECT o.topic, CAST(SUM(o.done) AS SIGNED) AS done \
-        FROM outbox_done_counts o CROSS JOIN clock c WHERE o.minute > c.now - 300000 GROUP BY o.topic \
      ), served AS ( \
         SELECT j.topic, count(*) AS workers, \
                MAX(CAST(JSON_EXTRACT(w.versions, CONCAT('$[', j.i - 1, ']')) AS SIGNED)) AS known_version \
@@ -83,15 +69,65 @@ const STATS: &str = concat!(
              JSON_TABLE(w.topics, '$[*]' COLUMNS (i FOR ORDINALITY, \
                  topic VARCHAR(64) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin PATH '$')) AS j \
         WHERE w.heartbeat_at > c.now - ? AND j.topic IS NOT NULL GROUP BY j.topic \
+     ), key_heads AS ( \
+        SELECT u.k, MIN(u.live_seq) AS live_seq, MIN(u.dead_seq) AS dead_seq FROM ( \
+            SELECT LEFT(CAST(ordering_key AS BINARY), 255) AS k, MIN(seq) AS live_seq, \
+                   NULL AS dead_seq \
+            FROM outbox_messages WHERE ordering_key IS NOT NULL GROUP BY ordering_key \
+            UNION ALL \
+            SELECT LEFT(CAST(ordering_key AS BINARY), 255), NULL, MIN(seq) \
+            FROM outbox_dead WHERE ordering_key IS NOT NULL AND releases_key = FALSE \
+            GROUP BY ordering_key \
+        ) AS u GROUP BY u.k \
+     ), per_version AS ( \
+        SELECT m.topic, m.version, \
+               CAST(SUM(m.available_at <= c.now AND (m.locked_until IS NULL OR m.locked_until < c.now) \
+                        AND NOT (h.dead_seq < m.seq OR h.live_seq < m.seq) <=> TRUE) AS SIGNED) AS free, \
+               CAST(SUM(m.available_at <= c.now AND (m.locked_until IS NULL OR m.locked_until < c.now) \
+                        AND (h.dead_seq < m.seq OR h.live_seq < m.seq)) AS SIGNED) AS blocked, \
+               CAST(SUM(m.available_at <= c.now AND (m.locked_until IS NULL OR m.locked_until < c.now) \
+                        AND h.dead_seq < m.seq) AS SIGNED) AS blocked_by_dead, \
+               CAST(SUM(m.available_at > c.now AND m.locked_until IS NULL) AS SIGNED) AS scheduled, \
+               CAST(SUM(m.locked_until >= c.now) AS SIGNED) AS in_flight, \
+               CAST(SUM(m.locked_until < c.now) AS SIGNED) AS stalled, \
+               MIN(CASE WHEN m.available_at <= c.now AND (m.locked_until IS NULL OR m.locked_until < c.now) \
+                        AND NOT (h.dead_seq < m.seq OR h.live_seq < m.seq) <=> TRUE THEN m.available_at END) AS free_at, \
+               MIN(CASE WHEN m.available_at <= c.now AND (m.locked_until IS NULL OR m.locked_until < c.now) \
+                        AND (h.dead_seq < m.seq OR h.live_seq < m.seq) THEN m.available_at END) AS blocked_at, \
+               MIN(CASE WHEN m.locked_until < c.now THEN m.locked_until END) AS stalled_since \
+        FROM outbox_messages m CROSS JOIN clock c \
+        LEFT JOIN key_heads h ON h.k = LEFT(CAST(m.ordering_key AS BINARY), 255) \
+        GROUP BY m.topic, m.version \
+     ), live AS ( \
+        SELECT p.topic, \
+               CAST(SUM(CASE WHEN p.version > s.known_version THEN 0 ELSE p.free END) AS SIGNED) AS ready, \
+               CAST(SUM(CASE WHEN p.version > s.known_version THEN p.free ELSE 0 END) AS SIGNED) AS awaiting, \
+               CAST(SUM(p.blocked) AS SIGNED) AS blocked, \
+               CAST(SUM(p.blocked_by_dead) AS SIGNED) AS blocked_by_dead, \
+               CAST(SUM(p.scheduled) AS SIGNED) AS scheduled, \
+               CAST(SUM(p.in_flight) AS SIGNED) AS in_flight, \
+               CAST(SUM(p.stalled) AS SIGNED) AS stalled, \
+               MIN(CASE WHEN p.version > s.known_version THEN NULL ELSE p.free_at END) AS oldest, \
+               MIN(CASE WHEN p.version > s.known_version THEN p.free_at END) AS oldest_awaiting, \
+               MIN(p.blocked_at) AS oldest_blocked, \
+               MIN(p.stalled_since) AS stalled_since, \
+               MAX(p.version) AS newest_version \
+        FROM per_version p LEFT JOIN served s ON s.topic = p.topic GROUP BY p.topic \
+     ), dead AS ( \
+        SELECT topic, n AS dead FROM outbox_dead_counts WHERE n > 0 \
+     ), done AS ( \
+        SELECT o.topic, CAST(SUM(o.done) AS SIGNED) AS done \
+        FROM outbox_done_counts o CROSS JOIN clock c WHERE o.minute > c.now - 300000 GROUP BY o.topic \
      ), topics AS ( \
-        SELECT topic FROM live UNION SELECT topic FROM dead UNION SELECT topic FROM done \
-        UNION SELECT topic FROM served \
+        SELECT DISTINCT topic FROM outbox_messages UNION SELECT topic FROM dead \
+        UNION SELECT topic FROM done UNION SELECT topic FROM served \
      ) \
      SELECT t.topic, COALESCE(l.ready, 0), COALESCE(l.scheduled, 0), COALESCE(l.in_flight, 0), \
             COALESCE(l.stalled, 0), COALESCE(d.dead, 0), COALESCE(o.done, 0), c.now - l.oldest, \
             c.now - l.stalled_since, COALESCE(s.workers, 0), COALESCE(l.blocked, 0), \
             COALESCE(l.blocked_by_dead, 0), c.now - l.oldest_blocked, \
-            CASE WHEN l.newest_version > s.known_version THEN l.newest_version END \
+            CASE WHEN l.newest_version > s.known_version THEN l.newest_version END, \
+            COALESCE(l.awaiting, 0), c.now - l.oldest_awaiting \
      FROM topics t \
      CROSS JOIN clock c \
      LEFT JOIN live l ON l.topic = t.topic \

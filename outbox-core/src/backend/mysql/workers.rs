@@ -8,7 +8,7 @@
 use uuid::Uuid;
 
 use super::{now_ms, retrying, time, MySqlBackend, LIVE_MS};
-use crate::backend::Beat;
+use crate::backend::{worker_handlers, Beat};
 use crate::error::Result;
 use crate::model::WorkerInfo;
 
@@ -21,17 +21,19 @@ const GONE: &str = concat!(
 );
 
 /// Records worker `?` named `?`: its topics `?` (a JSON array) with the highest version it
-/// decodes of each (`?`, a JSON array in the same order), whether it waits (`?`) and a fresh
-/// heartbeat.
+/// decodes of each (`?`, a JSON array in the same order), whether it waits (`?`), its host
+/// (`?`), process id (`?`) and handlers' names per topic (`?`, JSON), and a fresh heartbeat.
 const BEAT: &str = concat!(
-    "INSERT INTO outbox_workers (id, name, topics, versions, waiting, started_at, heartbeat_at) \
-     VALUES (?, ?, ?, ?, ?, ",
+    "INSERT INTO outbox_workers (id, name, topics, versions, waiting, host, pid, handlers, \
+                                 started_at, heartbeat_at) \
+     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ",
     now_ms!(),
     ", ",
     now_ms!(),
     ") \
      ON DUPLICATE KEY UPDATE topics = VALUES(topics), versions = VALUES(versions), \
-                             waiting = VALUES(waiting), heartbeat_at = VALUES(heartbeat_at)"
+                             waiting = VALUES(waiting), handlers = VALUES(handlers), \
+                             heartbeat_at = VALUES(heartbeat_at)"
 );
 
 /// How many workers with a heartbeat within the last `?` ms serve any of the topics `?` (a
@@ -51,7 +53,7 @@ const LIST: &str = concat!(
     "SELECT id, name, topics, versions, waiting, started_at, heartbeat_at, \
             heartbeat_at > ",
     now_ms!(),
-    " - ? AS live \
+    " - ? AS live, host, pid, handlers \
      FROM outbox_workers ORDER BY live DESC, name"
 );
 
@@ -65,6 +67,7 @@ pub(super) async fn heartbeat(backend: &MySqlBackend, b: &Beat<'_>) -> Result<i6
     let _ = b.wake_peer;
     let topics = serde_json::to_string(b.topics).unwrap_or_else(|_| "[]".into());
     let versions = serde_json::to_string(b.versions).unwrap_or_else(|_| "[]".into());
+    let handlers = b.handlers_json();
     let peers: i64 = retrying("heartbeat", || async {
         let mut tx = backend.begin().await?;
         sqlx::query(GONE).bind(b.id).execute(&mut *tx).await?;
@@ -74,6 +77,9 @@ pub(super) async fn heartbeat(backend: &MySqlBackend, b: &Beat<'_>) -> Result<i6
             .bind(&topics)
             .bind(&versions)
             .bind(b.waiting)
+            .bind(b.host)
+            .bind(i64::from(b.pid))
+            .bind(&handlers)
             .execute(&mut *tx)
             .await?;
         let peers = sqlx::query_scalar(PEERS)
@@ -89,7 +95,19 @@ pub(super) async fn heartbeat(backend: &MySqlBackend, b: &Beat<'_>) -> Result<i6
 }
 
 pub(super) async fn list(b: &MySqlBackend) -> Result<Vec<WorkerInfo>> {
-    type Row = (Uuid, String, String, Option<String>, bool, i64, i64, bool);
+    type Row = (
+        Uuid,
+        String,
+        String,
+        Option<String>,
+        bool,
+        i64,
+        i64,
+        bool,
+        Option<String>,
+        Option<i64>,
+        Option<String>,
+    );
     let rows: Vec<Row> = sqlx::query_as(LIST)
         .bind(LIVE_MS)
         .fetch_all(&b.pool)
@@ -97,17 +115,22 @@ pub(super) async fn list(b: &MySqlBackend) -> Result<Vec<WorkerInfo>> {
     Ok(rows
         .into_iter()
         .map(
-            |(id, name, topics, versions, waiting, started, beat, live)| WorkerInfo {
-                id,
-                name,
-                topics: serde_json::from_str(&topics).unwrap_or_default(),
-                versions: versions
-                    .and_then(|v| serde_json::from_str(&v).ok())
-                    .unwrap_or_default(),
-                waiting,
-                started_at: time(started),
-                heartbeat_at: time(beat),
-                live,
+            |(id, name, topics, versions, waiting, started, beat, live, host, pid, handlers)| {
+                WorkerInfo {
+                    id,
+                    name,
+                    host,
+                    pid: pid.and_then(|p| u32::try_from(p).ok()),
+                    topics: serde_json::from_str(&topics).unwrap_or_default(),
+                    versions: versions
+                        .and_then(|v| serde_json::from_str(&v).ok())
+                        .unwrap_or_default(),
+                    handlers: worker_handlers(handlers.as_deref()),
+                    waiting,
+                    started_at: time(started),
+                    heartbeat_at: time(beat),
+                    live,
+                }
             },
         )
         .collect())

@@ -68,6 +68,11 @@ const MIGRATIONS: &[Migration] = &[
         description: "a key's order is the database's insert order (seq), not the id's",
         sql: include_str!("../../../migrations/postgres/0012_commit_order.sql"),
     },
+    Migration {
+        version: 13,
+        description: "who each worker is: its host, process id and handlers per topic",
+        sql: include_str!("../../../migrations/postgres/0013_worker_identity.sql"),
+    },
 ];
 
 /// The advisory lock key that serialises migrations ("outbox" in ASCII).
@@ -84,6 +89,11 @@ const CREATE_MIGRATIONS_TABLE: &str = "CREATE TABLE IF NOT EXISTS outbox_migrati
     description TEXT NOT NULL, \
     checksum BIGINT NOT NULL, \
     applied_at TIMESTAMPTZ NOT NULL DEFAULT now())";
+
+/// Whether `outbox_migrations` exists where an unqualified name finds it: only then is
+/// [`CREATE_MIGRATIONS_TABLE`] skipped, so a start on a migrated database logs no server
+/// notice ("relation ... already exists, skipping").
+const MIGRATIONS_TABLE_EXISTS: &str = "SELECT to_regclass('outbox_migrations') IS NOT NULL";
 
 const APPLIED: &str = "SELECT version, checksum FROM outbox_migrations ORDER BY version";
 
@@ -115,9 +125,14 @@ pub(super) async fn migrate(pool: &PgPool, up_to: Option<i64>) -> Result<()> {
 
 /// Runs each pending migration in a transaction of its own, recording it there.
 async fn apply(conn: &mut PgConnection, up_to: Option<i64>) -> Result<()> {
-    sqlx::query(CREATE_MIGRATIONS_TABLE)
-        .execute(&mut *conn)
+    let exists: bool = sqlx::query_scalar(MIGRATIONS_TABLE_EXISTS)
+        .fetch_one(&mut *conn)
         .await?;
+    if !exists {
+        sqlx::query(CREATE_MIGRATIONS_TABLE)
+            .execute(&mut *conn)
+            .await?;
+    }
     let applied: Vec<(i64, i64)> = sqlx::query_as(APPLIED).fetch_all(&mut *conn).await?;
     for m in schema::pending(MIGRATIONS, &applied)?
         .into_iter()

@@ -42,6 +42,9 @@ mod replay;
 mod wake;
 mod workers;
 
+/// The statistics statement, for the test that checks its plan (through `__private`).
+pub(crate) const STATS: &str = ops::STATS;
+
 pub(crate) struct PgBackend {
     pool: PgPool,
     /// What this backend's claims remember from one call to the next.

@@ -19,65 +19,69 @@ const UNKNOWN_TOPICS: &str = "SELECT topic, count(*) FROM outbox_messages \
 
 /// Per-topic counts: ready, scheduled, running, stalled, dead, done in the last 5 minutes,
 /// the oldest ready message's age, the oldest stall, live workers, the ordered messages
-/// blocked behind their key (and of those, behind a dead letter) with the oldest one's age, and
-/// the newest version of the topic's live messages if no live worker knows it.
+/// blocked behind their key (and of those, behind a dead letter) with the oldest one's age,
+/// the newest version of the topic's live messages if no live worker knows it, and the due
+/// messages that wait for a worker that knows their version, with the oldest one's age.
 ///
 /// The live table holds only pending and running rows; dead letters and the done counts have
-/// tables of their own. Ordered rows are ranked within their key by a window over the key
-/// index, never by a subquery per row: per-row subqueries make the planner's estimate large
-/// enough to JIT-compile the statement, which costs more than the query.
-const STATS: &str = "WITH live AS ( \
+/// tables of their own. A keyed row is behind when its key's head (the least `seq` of the key's
+/// live rows, one `GROUP BY` over the key index) is before it, and behind a dead letter when
+/// its key's first dead letter that holds the key is before it: two hash joins, never a
+/// subquery per row (per-row subqueries make the planner's estimate large enough to
+/// JIT-compile the statement, which costs more than the query).
+pub(super) const STATS: &str = "WITH served AS ( \
+        SELECT t.topic, count(*) AS workers, max(t.version) AS known_version \
+        FROM outbox_workers, unnest(topics, versions) AS t(topic, version) \
+        WHERE heartbeat_at > now() - interval '5 seconds' AND t.topic IS NOT NULL GROUP BY t.topic \
+     ), heads AS ( \
+        SELECT ordering_key, min(seq) AS seq FROM outbox_messages \
+        WHERE ordering_key IS NOT NULL GROUP BY ordering_key \
+     ), dead_heads AS ( \
+        SELECT ordering_key, min(seq) AS seq FROM outbox_dead \
+        WHERE ordering_key IS NOT NULL AND NOT releases_key GROUP BY ordering_key \
+     ), msgs AS ( \
+        SELECT m.topic, m.version, m.available_at, m.locked_until, \
+               m.available_at <= now() AND (m.locked_until IS NULL OR m.locked_until < now()) AS due, \
+               CASE WHEN dh.seq < m.seq THEN 2 WHEN h.seq < m.seq THEN 1 ELSE 0 END AS held, \
+               coalesce(m.version > s.known_version, false) AS unknown \
+        FROM outbox_messages m \
+        LEFT JOIN heads h ON h.ordering_key = m.ordering_key \
+        LEFT JOIN dead_heads dh ON dh.ordering_key = m.ordering_key \
+        LEFT JOIN served s ON s.topic = m.topic \
+     ), live AS ( \
         SELECT topic, \
-               count(*) FILTER (WHERE ordering_key IS NULL AND available_at <= now() \
-                   AND (locked_until IS NULL OR locked_until < now())) AS ready, \
+               count(*) FILTER (WHERE due AND held = 0 AND NOT unknown) AS ready, \
+               count(*) FILTER (WHERE due AND held > 0) AS blocked, \
+               count(*) FILTER (WHERE due AND held = 2) AS blocked_by_dead, \
+               count(*) FILTER (WHERE due AND held = 0 AND unknown) AS awaiting, \
                count(*) FILTER (WHERE available_at > now() AND locked_until IS NULL) AS scheduled, \
                count(*) FILTER (WHERE locked_until >= now()) AS in_flight, \
                count(*) FILTER (WHERE locked_until < now()) AS stalled, \
-               min(available_at) FILTER (WHERE ordering_key IS NULL AND available_at <= now() \
-                   AND (locked_until IS NULL OR locked_until < now())) AS oldest_at, \
-               extract(epoch FROM now() - min(locked_until) FILTER (WHERE locked_until < now()))::float8 AS stalled_for, \
+               min(available_at) FILTER (WHERE due AND held = 0 AND NOT unknown) AS oldest_at, \
+               min(available_at) FILTER (WHERE due AND held > 0) AS blocked_at, \
+               min(available_at) FILTER (WHERE due AND held = 0 AND unknown) AS awaiting_at, \
+               min(locked_until) FILTER (WHERE locked_until < now()) AS stalled_since, \
                max(version) AS newest_version \
-        FROM outbox_messages GROUP BY topic \
-     ), keyed_rows AS ( \
-        SELECT m.topic, m.available_at, \
-               m.available_at <= now() AND (m.locked_until IS NULL OR m.locked_until < now()) AS due, \
-               m.seq <> first_value(m.seq) OVER (PARTITION BY m.ordering_key ORDER BY m.seq) AS behind, \
-               coalesce(d.seq < m.seq, false) AS behind_dead \
-        FROM outbox_messages m \
-        LEFT JOIN (SELECT DISTINCT ON (ordering_key) ordering_key, seq FROM outbox_dead \
-                   WHERE ordering_key IS NOT NULL AND NOT releases_key \
-                   ORDER BY ordering_key, seq) d ON d.ordering_key = m.ordering_key \
-        WHERE m.ordering_key IS NOT NULL \
-     ), keyed AS ( \
-        SELECT topic, \
-               count(*) FILTER (WHERE due AND NOT behind AND NOT behind_dead) AS ready, \
-               count(*) FILTER (WHERE due AND (behind OR behind_dead)) AS blocked, \
-               count(*) FILTER (WHERE due AND behind_dead) AS blocked_by_dead, \
-               min(available_at) FILTER (WHERE due AND NOT behind AND NOT behind_dead) AS oldest_at, \
-               min(available_at) FILTER (WHERE due AND (behind OR behind_dead)) AS blocked_at \
-        FROM keyed_rows GROUP BY topic \
+        FROM msgs GROUP BY topic \
      ), dead AS ( \
         SELECT topic, n AS dead FROM outbox_dead_counts \
      ), done AS ( \
         SELECT topic, sum(done)::bigint AS done FROM outbox_done_counts \
         WHERE minute > now() - interval '5 minutes' GROUP BY topic \
-     ), served AS ( \
-        SELECT t.topic, count(*) AS workers, max(t.version) AS known_version \
-        FROM outbox_workers, unnest(topics, versions) AS t(topic, version) \
-        WHERE heartbeat_at > now() - interval '5 seconds' AND t.topic IS NOT NULL GROUP BY t.topic \
      ), topics AS ( \
         SELECT topic FROM live UNION SELECT topic FROM dead UNION SELECT topic FROM done \
         UNION SELECT topic FROM served \
      ) \
-     SELECT t.topic, coalesce(l.ready, 0) + coalesce(k.ready, 0), coalesce(l.scheduled, 0), \
+     SELECT t.topic, coalesce(l.ready, 0), coalesce(l.scheduled, 0), \
             coalesce(l.in_flight, 0), coalesce(l.stalled, 0), coalesce(d.dead, 0), coalesce(o.done, 0), \
-            extract(epoch FROM now() - least(l.oldest_at, k.oldest_at))::float8, \
-            l.stalled_for, coalesce(s.workers, 0), coalesce(k.blocked, 0), \
-            coalesce(k.blocked_by_dead, 0), extract(epoch FROM now() - k.blocked_at)::float8, \
-            CASE WHEN l.newest_version > s.known_version THEN l.newest_version END \
+            extract(epoch FROM now() - l.oldest_at)::float8, \
+            extract(epoch FROM now() - l.stalled_since)::float8, coalesce(s.workers, 0), \
+            coalesce(l.blocked, 0), coalesce(l.blocked_by_dead, 0), \
+            extract(epoch FROM now() - l.blocked_at)::float8, \
+            CASE WHEN l.newest_version > s.known_version THEN l.newest_version END, \
+            coalesce(l.awaiting, 0), extract(epoch FROM now() - l.awaiting_at)::float8 \
      FROM topics t \
      LEFT JOIN live l ON l.topic = t.topic \
-     LEFT JOIN keyed k ON k.topic = t.topic \
      LEFT JOIN dead d ON d.topic = t.topic \
      LEFT JOIN done o ON o.topic = t.topic \
      LEFT JOIN served s ON s.topic = t.topic \

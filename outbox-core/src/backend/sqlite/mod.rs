@@ -51,6 +51,9 @@ mod replay;
 mod wake;
 mod workers;
 
+/// The statistics statement, for the test that checks its plan (through `__private`).
+pub(crate) const STATS: &str = ops::STATS;
+
 /// The connect options the outbox expects on SQLite: WAL, a busy timeout, foreign keys, and the
 /// file created if missing.
 ///
@@ -60,7 +63,7 @@ mod workers;
 pub fn sqlite_options(url: &str) -> Result<SqliteConnectOptions> {
     let opts: SqliteConnectOptions = url
         .parse()
-        .map_err(|e| Error::Config(format!("`{url}` is not a SQLite URL: {e}")))?;
+        .map_err(|e| Error::InvalidArgument(format!("`{url}` is not a SQLite URL: {e}")))?;
     Ok(opts
         .create_if_missing(true)
         .journal_mode(SqliteJournalMode::Wal)

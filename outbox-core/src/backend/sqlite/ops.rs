@@ -20,42 +20,63 @@ const UNKNOWN_TOPICS: &str = "SELECT topic, count(*) FROM outbox_messages \
 
 /// Per-topic counts at `?1` (now), workers counting as alive for `?2` milliseconds: ready,
 /// scheduled, running, stalled, dead, done in the last 5 minutes, the oldest ready message's
-/// time, the oldest stall, live workers, and the ordered messages blocked behind their key
-/// (and of those, behind a dead letter) with the oldest one's time, and the newest version of
-/// the topic's live messages if no live worker knows it.
-const STATS: &str = "WITH msgs AS ( \
-        SELECT topic, version, available_at, locked_until, \
-               (available_at <= ?1 AND (locked_until IS NULL OR locked_until < ?1)) AS due, \
-               CASE WHEN m.ordering_key IS NULL \
-                         OR NOT (available_at <= ?1 AND (locked_until IS NULL OR locked_until < ?1)) THEN 0 \
-                    WHEN EXISTS (SELECT 1 FROM outbox_dead d WHERE d.ordering_key = m.ordering_key \
-                                 AND d.seq < m.seq AND d.releases_key = 0) THEN 2 \
-                    WHEN EXISTS (SELECT 1 FROM outbox_messages e WHERE e.ordering_key = m.ordering_key \
-                                 AND e.seq < m.seq) THEN 1 \
-                    ELSE 0 END AS held \
-        FROM outbox_messages m \
-     ), live AS ( \
-        SELECT topic, \
-               sum(due AND held = 0) AS ready, \
-               sum(due AND held > 0) AS blocked, \
-               sum(due AND held = 2) AS blocked_by_dead, \
-               sum(available_at > ?1 AND locked_until IS NULL) AS scheduled, \
-               sum(locked_until >= ?1) AS in_flight, \
-               sum(locked_until < ?1) AS stalled, \
-               min(CASE WHEN due AND held = 0 THEN available_at END) AS oldest, \
-               min(CASE WHEN locked_until < ?1 THEN locked_until END) AS stalled_since, \
-               min(CASE WHEN due AND held > 0 THEN available_at END) AS oldest_blocked, \
-               max(version) AS newest_version \
-        FROM msgs GROUP BY topic \
-     ), dead AS ( \
-        SELECT topic, n AS dead FROM outbox_dead_counts \
-     ), done AS ( \
-        SELECT topic, sum(done) AS done FROM outbox_done_counts WHERE minute > ?1 - 300000 GROUP BY topic \
-     ), served AS ( \
+/// time, the oldest stall, live workers, the ordered messages blocked behind their key (and of
+/// those, behind a dead letter) with the oldest one's time, the newest version of the topic's
+/// live messages if no live worker knows it, and the due messages that wait for a worker that
+/// knows their version, with the oldest one's time.
+///
+/// A keyed row is behind when its key's head (the least `seq` of the key's live rows, one
+/// `GROUP BY` over the key index) is before it, and behind a dead letter when its key's first
+/// dead letter that holds the key is before it: one lookup per row in `key_heads`, materialized
+/// with an automatic index, never a subquery per row. Rows are counted per topic and version
+/// as they are read (nothing of them is materialized), so that only those few groups meet the
+/// live workers' versions.
+pub(super) const STATS: &str = "WITH served AS ( \
         SELECT j.value AS topic, count(*) AS workers, \
                max(json_extract(outbox_workers.versions, '$[' || j.key || ']')) AS known_version \
         FROM outbox_workers, json_each(outbox_workers.topics) AS j \
         WHERE heartbeat_at > ?1 - ?2 GROUP BY j.value \
+     ), key_heads AS MATERIALIZED ( \
+        SELECT ordering_key, min(live_seq) AS live_seq, min(dead_seq) AS dead_seq FROM ( \
+            SELECT ordering_key, min(seq) AS live_seq, NULL AS dead_seq FROM outbox_messages \
+            WHERE ordering_key IS NOT NULL GROUP BY ordering_key \
+            UNION ALL \
+            SELECT ordering_key, NULL, min(seq) FROM outbox_dead \
+            WHERE ordering_key IS NOT NULL AND releases_key = 0 GROUP BY ordering_key \
+        ) GROUP BY ordering_key \
+     ), per_version AS ( \
+        SELECT m.topic, m.version, \
+               sum((m.available_at <= ?1 AND (m.locked_until IS NULL OR m.locked_until < ?1)) AND NOT (coalesce(h.dead_seq < m.seq, 0) OR coalesce(h.live_seq < m.seq, 0))) AS free, \
+               sum((m.available_at <= ?1 AND (m.locked_until IS NULL OR m.locked_until < ?1)) AND (coalesce(h.dead_seq < m.seq, 0) OR coalesce(h.live_seq < m.seq, 0))) AS blocked, \
+               sum((m.available_at <= ?1 AND (m.locked_until IS NULL OR m.locked_until < ?1)) AND coalesce(h.dead_seq < m.seq, 0)) AS blocked_by_dead, \
+               sum(m.available_at > ?1 AND m.locked_until IS NULL) AS scheduled, \
+               sum(m.locked_until >= ?1) AS in_flight, \
+               sum(m.locked_until < ?1) AS stalled, \
+               min(CASE WHEN (m.available_at <= ?1 AND (m.locked_until IS NULL OR m.locked_until < ?1)) AND NOT (coalesce(h.dead_seq < m.seq, 0) OR coalesce(h.live_seq < m.seq, 0)) THEN m.available_at END) AS free_at, \
+               min(CASE WHEN (m.available_at <= ?1 AND (m.locked_until IS NULL OR m.locked_until < ?1)) AND (coalesce(h.dead_seq < m.seq, 0) OR coalesce(h.live_seq < m.seq, 0)) THEN m.available_at END) AS blocked_at, \
+               min(CASE WHEN m.locked_until < ?1 THEN m.locked_until END) AS stalled_since \
+        FROM outbox_messages m \
+        LEFT JOIN key_heads h ON h.ordering_key = m.ordering_key \
+        GROUP BY m.topic, m.version \
+     ), live AS ( \
+        SELECT p.topic, \
+               sum(CASE WHEN p.version > s.known_version THEN 0 ELSE p.free END) AS ready, \
+               sum(CASE WHEN p.version > s.known_version THEN p.free ELSE 0 END) AS awaiting, \
+               sum(p.blocked) AS blocked, \
+               sum(p.blocked_by_dead) AS blocked_by_dead, \
+               sum(p.scheduled) AS scheduled, \
+               sum(p.in_flight) AS in_flight, \
+               sum(p.stalled) AS stalled, \
+               min(CASE WHEN p.version > s.known_version THEN NULL ELSE p.free_at END) AS oldest, \
+               min(CASE WHEN p.version > s.known_version THEN p.free_at END) AS oldest_awaiting, \
+               min(p.blocked_at) AS oldest_blocked, \
+               min(p.stalled_since) AS stalled_since, \
+               max(p.version) AS newest_version \
+        FROM per_version p LEFT JOIN served s ON s.topic = p.topic GROUP BY p.topic \
+     ), dead AS ( \
+        SELECT topic, n AS dead FROM outbox_dead_counts \
+     ), done AS ( \
+        SELECT topic, sum(done) AS done FROM outbox_done_counts WHERE minute > ?1 - 300000 GROUP BY topic \
      ), topics AS ( \
         SELECT topic FROM live UNION SELECT topic FROM dead UNION SELECT topic FROM done \
         UNION SELECT topic FROM served \
@@ -64,7 +85,8 @@ const STATS: &str = "WITH msgs AS ( \
             coalesce(l.stalled, 0), coalesce(d.dead, 0), coalesce(o.done, 0), l.oldest, \
             l.stalled_since, coalesce(s.workers, 0), coalesce(l.blocked, 0), \
             coalesce(l.blocked_by_dead, 0), l.oldest_blocked, \
-            CASE WHEN l.newest_version > s.known_version THEN l.newest_version END \
+            CASE WHEN l.newest_version > s.known_version THEN l.newest_version END, \
+            coalesce(l.awaiting, 0), l.oldest_awaiting \
      FROM topics t \
      LEFT JOIN live l ON l.topic = t.topic \
      LEFT JOIN dead d ON d.topic = t.topic \

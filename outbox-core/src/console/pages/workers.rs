@@ -1,5 +1,6 @@
-//! The workers: every live worker (name, topics, waiting or working, started, last
-//! heartbeat) and the live workers per topic.
+//! The workers: every live worker (name, host, process id, per topic the version it knows
+//! and its handlers, waiting or working, started, last heartbeat) and the live workers per
+//! topic.
 
 use std::fmt::Write as _;
 
@@ -8,39 +9,21 @@ use axum::http::StatusCode;
 use axum::response::Response;
 use axum::Extension;
 use chrono::{DateTime, Utc};
-use uuid::Uuid;
 
 use super::{failure, frame, html};
 use crate::console::html::{esc, num, when, Nav};
 use crate::console::{Base, Shared};
+use crate::model::WorkerInfo;
 use crate::store::Store;
 
-/// One live worker, as the workers page shows it.
-struct WorkerRow {
-    id: Uuid,
-    name: String,
-    topics: Vec<String>,
-    waiting: bool,
-    started_at: DateTime<Utc>,
-    heartbeat_at: DateTime<Utc>,
-}
-
 /// The live workers (heartbeat within seconds), from the store's worker listing.
-async fn live_workers(store: &Store) -> crate::error::Result<Option<Vec<WorkerRow>>> {
+async fn live_workers(store: &Store) -> crate::error::Result<Option<Vec<WorkerInfo>>> {
     Ok(Some(
         store
             .workers()
             .await?
             .into_iter()
             .filter(|w| w.live)
-            .map(|w| WorkerRow {
-                id: w.id,
-                name: w.name,
-                topics: w.topics,
-                waiting: w.waiting,
-                started_at: w.started_at,
-                heartbeat_at: w.heartbeat_at,
-            })
             .collect(),
     ))
 }
@@ -90,26 +73,45 @@ pub(in crate::console) async fn workers(
     html(StatusCode::OK, f.page("Workers", Nav::Workers, None, &b))
 }
 
-fn workers_table(b: &mut String, rows: &[WorkerRow], now: DateTime<Utc>) {
+fn workers_table(b: &mut String, rows: &[WorkerInfo], now: DateTime<Utc>) {
     if rows.is_empty() {
         b.push_str("<p class=\"empty\" id=\"no-workers\">No live worker.</p>");
         return;
     }
     b.push_str(
-        "<table class=\"grid\" id=\"workers\"><thead><tr><th>Name</th><th>Id</th><th>Topics</th>\
-         <th>State</th><th>Started</th><th>Last heartbeat</th></tr></thead><tbody>",
+        "<table class=\"grid\" id=\"workers\"><thead><tr><th>Name</th><th>Host</th>\
+         <th class=\"n\">Pid</th><th>Topics, versions and handlers</th><th>State</th>\
+         <th>Started</th><th>Last heartbeat</th><th>Id</th></tr></thead><tbody>",
     );
     for w in rows {
-        let topics: Vec<String> = w.topics.iter().map(|t| esc(t)).collect();
+        let serves: Vec<String> = w
+            .serves()
+            .map(|(topic, version, handlers)| {
+                let names: Vec<String> = handlers.iter().map(|h| esc(h)).collect();
+                format!(
+                    "<span class=\"serves\" data-topic=\"{0}\">{0} v{1}: {2}</span>",
+                    esc(topic),
+                    version.unwrap_or(1),
+                    if names.is_empty() {
+                        "-".to_string()
+                    } else {
+                        names.join(", ")
+                    }
+                )
+            })
+            .collect();
         let _ = write!(
             b,
-            "<tr><th>{}</th><td class=\"mono\">{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
-            esc(&w.name),
+            "<tr data-worker=\"{}\"><th>{}</th><td>{}</td><td class=\"n\">{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td class=\"mono\">{}</td></tr>",
             w.id,
-            topics.join(", "),
+            esc(&w.name),
+            esc(w.host.as_deref().unwrap_or("-")),
+            w.pid.map_or_else(|| "-".into(), |p| p.to_string()),
+            serves.join("<br>"),
             if w.waiting { "waiting" } else { "working" },
             when(w.started_at, now),
             when(w.heartbeat_at, now),
+            w.id,
         );
     }
     b.push_str("</tbody></table>");
@@ -118,6 +120,7 @@ fn workers_table(b: &mut String, rows: &[WorkerRow], now: DateTime<Utc>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use uuid::Uuid;
 
     #[test]
     fn workers_render_escaped() {
@@ -125,18 +128,28 @@ mod tests {
         let mut b = String::new();
         workers_table(
             &mut b,
-            &[WorkerRow {
+            &[WorkerInfo {
                 id: Uuid::nil(),
                 name: "<b>w1</b>".into(),
+                host: Some("<h>".into()),
+                pid: Some(42),
                 topics: vec!["a".into(), "<i>".into()],
+                versions: vec![2, 1],
+                handlers: vec![vec!["x".into(), "<y>".into()], vec![]],
                 waiting: true,
                 started_at: now,
                 heartbeat_at: now,
+                live: true,
             }],
             now,
         );
-        assert!(b.contains("&lt;b&gt;w1&lt;/b&gt;"));
-        assert!(b.contains("a, &lt;i&gt;"));
+        assert!(b.contains("&lt;b&gt;w1&lt;/b&gt;"), "{b}");
+        assert!(
+            b.contains("<td>&lt;h&gt;</td><td class=\"n\">42</td>"),
+            "{b}"
+        );
+        assert!(b.contains("a v2: x, &lt;y&gt;"), "{b}");
+        assert!(b.contains("&lt;i&gt; v1: -"), "{b}");
         assert!(b.contains("waiting"));
     }
 }

@@ -4,11 +4,14 @@
 //!
 //! A batch's events go to the handler concurrently across ordering keys and one after another
 //! within a key, each with the handler's retries; one that still fails is recorded as the
-//! replay's failure and the replay goes on. Only then does the cursor move, in the write that
-//! renews the lease: a worker killed mid-batch leaves the batch to be handled again by the next
-//! worker that takes the replay up, once the lease (the worker's message lease,
-//! [`WorkerConfig::lease`](crate::WorkerConfig::lease)) of the killed one has run out. Replays never starve live messages: they use at most a
-//! quarter of the worker's handler slots, and take those slots as live messages do.
+//! replay's failure and the replay goes on. The cursor moves, in a write that also renews the
+//! lease, to the end of the batch's longest handled prefix every [`CHECKPOINT_EVENTS`] events
+//! of it or every [`CHECKPOINT_EVERY`], whichever comes first, and at the batch's end: a worker
+//! killed mid-batch leaves the events after its last checkpoint (about that many, plus those
+//! running) to be handled again by the next worker that takes the replay up, once the lease
+//! (the worker's message lease, [`WorkerConfig::lease`](crate::WorkerConfig::lease)) of the
+//! killed one has run out. Replays never starve live messages: they use at most a quarter of
+//! the worker's handler slots, and take those slots as live messages do.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -35,6 +38,10 @@ const LOOK_EVERY: Duration = Duration::from_millis(200);
 const BATCH: u32 = 1000;
 /// The longest pause between two attempts of one event.
 const MAX_PAUSE: Duration = Duration::from_secs(5);
+/// Handled events after which the cursor moves within a batch.
+const CHECKPOINT_EVENTS: usize = 100;
+/// The longest the cursor stays behind handled events within a batch.
+const CHECKPOINT_EVERY: Duration = Duration::from_secs(1);
 
 /// Records this worker's handlers as run, and makes the backfill of each one seen for the first
 /// time whose [`Start`] reaches into the past of a retained topic. Failures are logged: a
@@ -181,13 +188,19 @@ async fn run_one(
             }
         };
         let started = Instant::now();
+        // What the checkpoints within the batch recorded already: events, failures.
+        let (mut recorded, mut recorded_failed) = (0, 0);
         if events.is_empty() {
             step.finished = true;
         } else {
             step.cursor = events.last().map(|e| e.id);
             step.cursor_seq = events.last().map(|e| e.seq);
-            step.delivered = i64::try_from(events.len()).unwrap_or(i64::MAX);
-            step.failures = deliver(shared, replay, &handler, events, slots, token).await;
+            let total = events.len();
+            let rest;
+            (recorded, recorded_failed, rest) =
+                deliver(shared, replay, &handler, events, slots, token).await;
+            step.delivered = i64::try_from(total - recorded).unwrap_or(i64::MAX);
+            step.failures = rest;
         }
         let state = loop {
             match shared.backend.replay_advance(replay.id, token, &step).await {
@@ -200,10 +213,12 @@ async fn run_one(
         };
         let topic = r.topic.clone();
         let name = r.handler.clone();
-        let failed = step.failures.len() as u64;
+        let failed = (step.failures.len() + recorded_failed) as u64;
         let done = u64::try_from(step.delivered)
             .unwrap_or(0)
+            .saturating_add(recorded as u64)
             .saturating_sub(failed);
+        delivered += i64::try_from(recorded).unwrap_or(i64::MAX);
         metrics::counter!(crate::metrics::REPLAYED, "topic" => topic.clone(), "handler" => name.clone(), "outcome" => "done").increment(done);
         metrics::counter!(crate::metrics::REPLAYED, "topic" => topic.clone(), "handler" => name.clone(), "outcome" => "failed").increment(failed);
         delivered += step.delivered;
@@ -238,7 +253,10 @@ async fn run_one(
 }
 
 /// Delivers one batch: keys concurrently, each key's events in order; the lease renewed
-/// meanwhile. Returns the events that failed for good.
+/// meanwhile, and the cursor moved to the end of the longest handled prefix of the batch every
+/// [`CHECKPOINT_EVENTS`] events or [`CHECKPOINT_EVERY`]. Returns how many events (from the
+/// batch's start) those checkpoints recorded and how many of them failed for good, and the
+/// events after them that failed for good.
 async fn deliver(
     shared: &Shared,
     replay: &ReplayInfo,
@@ -246,38 +264,145 @@ async fn deliver(
     events: Vec<RetainedEvent>,
     slots: &Arc<Semaphore>,
     token: Uuid,
-) -> Vec<(Uuid, i32, String)> {
-    let mut chains: BTreeMap<Option<String>, Vec<RetainedEvent>> = BTreeMap::new();
+) -> (usize, usize, Vec<(Uuid, i32, String)>) {
+    let places: Vec<(Uuid, i64)> = events.iter().map(|e| (e.id, e.seq)).collect();
+    let (handled_tx, mut handled_rx) = tokio::sync::mpsc::unbounded_channel();
+    let mut chains: BTreeMap<Option<String>, Vec<(usize, RetainedEvent)>> = BTreeMap::new();
     let mut unordered = Vec::new();
-    for e in events {
+    for (i, e) in events.into_iter().enumerate() {
         match e.ordering_key.clone() {
-            Some(k) => chains.entry(Some(k)).or_default().push(e),
-            None => unordered.push(vec![e]),
+            Some(k) => chains.entry(Some(k)).or_default().push((i, e)),
+            None => unordered.push(vec![(i, e)]),
         }
     }
-    let all = chains
+    let all: Vec<_> = chains
         .into_values()
         .chain(unordered)
-        .map(|chain| async move {
-            let mut failed = Vec::new();
-            for e in chain {
-                if let Some(f) = deliver_one(shared, replay, handler, &e, slots).await {
-                    failed.push(f);
+        .map(|chain| {
+            let handled_tx = handled_tx.clone();
+            async move {
+                for (i, e) in chain {
+                    let failure = deliver_one(shared, replay, handler, &e, slots).await;
+                    let _ = handled_tx.send((i, failure));
                 }
             }
-            failed
-        });
+        })
+        .collect();
+    // The chains hold the only senders: the channel closes once every event was counted.
+    drop(handled_tx);
     let work = join_all(all);
     tokio::pin!(work);
+    let mut progress = Progress::new(places.len());
+    let mut checkpointed = Instant::now();
+    let mut finished = false;
     loop {
         tokio::select! {
-            out = &mut work => return out.into_iter().flatten().collect(),
+            _ = &mut work, if !finished => finished = true,
+            handled = handled_rx.recv() => match handled {
+                Some((i, failure)) => {
+                    progress.handled(i, failure);
+                    if progress.unrecorded() >= CHECKPOINT_EVENTS {
+                        checkpoint(shared, replay, token, &places, &mut progress).await;
+                        checkpointed = Instant::now();
+                    }
+                }
+                // Every chain ended and its events were counted: the caller records the rest.
+                None => {
+                    let rest: Vec<_> = progress.take_failures(places.len()).into_values().collect();
+                    return (progress.recorded, progress.failed, rest);
+                }
+            },
             () = tokio::time::sleep(shared.worker.inner.config.renew_interval()) => {
+                if progress.unrecorded() > 0 && checkpointed.elapsed() >= CHECKPOINT_EVERY {
+                    checkpoint(shared, replay, token, &places, &mut progress).await;
+                    checkpointed = Instant::now();
+                    continue;
+                }
                 let renew = ReplayStep::renewal(shared.worker.inner.config.lease);
                 if let Err(e) = shared.backend.replay_advance(replay.id, token, &renew).await {
                     tracing::warn!(replay = %replay.id, error = %e, "could not renew the replay's lease");
                 }
             }
+        }
+    }
+}
+
+/// Which events of a batch were handled, and how far the cursor was moved within it.
+struct Progress {
+    /// Per event of the batch, whether it was handled (succeeded or failed for good).
+    handled: Vec<bool>,
+    /// The events failed for good, by place in the batch.
+    failures: BTreeMap<usize, (Uuid, i32, String)>,
+    /// The batch's first events, all handled: the longest handled prefix.
+    prefix: usize,
+    /// The prefix the cursor was moved to.
+    recorded: usize,
+    /// The failures recorded with it.
+    failed: usize,
+}
+
+impl Progress {
+    fn new(len: usize) -> Self {
+        Progress {
+            handled: vec![false; len],
+            failures: BTreeMap::new(),
+            prefix: 0,
+            recorded: 0,
+            failed: 0,
+        }
+    }
+
+    fn handled(&mut self, i: usize, failure: Option<(Uuid, i32, String)>) {
+        self.handled[i] = true;
+        if let Some(f) = failure {
+            self.failures.insert(i, f);
+        }
+        while self.handled.get(self.prefix).copied().unwrap_or(false) {
+            self.prefix += 1;
+        }
+    }
+
+    /// Handled events of the prefix the cursor has not been moved past yet.
+    fn unrecorded(&self) -> usize {
+        self.prefix - self.recorded
+    }
+
+    /// The failures among the events before `upto`, taken out, by place.
+    fn take_failures(&mut self, upto: usize) -> BTreeMap<usize, (Uuid, i32, String)> {
+        let later = self.failures.split_off(&upto);
+        std::mem::replace(&mut self.failures, later)
+    }
+}
+
+/// Moves the cursor to the end of the handled prefix (renewing the lease), recording the
+/// events and failures since the last checkpoint. A failed write is only logged: the next
+/// checkpoint, or the batch's end, records them.
+async fn checkpoint(
+    shared: &Shared,
+    replay: &ReplayInfo,
+    token: Uuid,
+    places: &[(Uuid, i64)],
+    progress: &mut Progress,
+) {
+    let upto = progress.prefix;
+    let Some(&(id, seq)) = upto.checked_sub(1).and_then(|last| places.get(last)) else {
+        return;
+    };
+    let mut step = ReplayStep::renewal(shared.worker.inner.config.lease);
+    step.cursor = Some(id);
+    step.cursor_seq = Some(seq);
+    step.delivered = i64::try_from(upto - progress.recorded).unwrap_or(i64::MAX);
+    let failures = progress.take_failures(upto);
+    step.failures = failures.values().cloned().collect();
+    match shared.backend.replay_advance(replay.id, token, &step).await {
+        Ok(_) => {
+            progress.recorded = upto;
+            progress.failed += failures.len();
+        }
+        Err(e) => {
+            // Kept for the next write.
+            progress.failures.extend(failures);
+            tracing::warn!(replay = %replay.id, error = %e, "could not move the replay's cursor; the next write does");
         }
     }
 }
