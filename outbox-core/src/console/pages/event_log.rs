@@ -435,7 +435,6 @@ mod tests {
             version: 2,
             idempotency_key: None,
             ordering_key: Some("<b>k</b>".into()),
-            seq: 1,
             created_at: now,
             delivered_at: now,
             traceparent: None,
