@@ -13,7 +13,10 @@ use tokio_util::sync::CancellationToken;
 
 use super::{dispatch, Shared};
 use crate::backend::Fence;
-use crate::{Context, Event, Handler, HandlerError, Store, Worker, WorkerConfig};
+use crate::event::Event;
+use crate::handler::{Context, Handler, HandlerError};
+use crate::store::Store;
+use crate::worker::{Worker, WorkerConfig};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct Ping;
@@ -156,7 +159,9 @@ async fn reclaimed_while_waiting_sqlite() {
     let dir = std::env::temp_dir().join(format!("outbox-engine-{}", uuid::Uuid::now_v7()));
     std::fs::create_dir_all(&dir).unwrap();
     let url = format!("sqlite://{}", dir.join("outbox.sqlite").display());
-    let pool = crate::sqlite_pool(&url).await.expect("SQLite opens");
+    let pool = crate::backend::sqlite::sqlite_pool(&url)
+        .await
+        .expect("SQLite opens");
     on_pool(pool).await;
     let _ = std::fs::remove_dir_all(&dir);
 }
