@@ -8,10 +8,15 @@ use std::time::Duration;
 use outbox_tests::{console_page, wait_until};
 use tokio::process::Command;
 
-/// The host name as the kernel has it, which a worker records.
+/// The host name a worker records: `HOSTNAME` when this environment sets it (the worker
+/// processes inherit it), else the kernel's.
 fn this_host() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .expect("a Linux host name")
+    std::env::var("HOSTNAME")
+        .ok()
+        .filter(|h| !h.trim().is_empty())
+        .unwrap_or_else(|| {
+            std::fs::read_to_string("/proc/sys/kernel/hostname").expect("a Linux host name")
+        })
         .trim()
         .to_string()
 }

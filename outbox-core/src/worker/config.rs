@@ -102,13 +102,18 @@ fn default_name() -> String {
     format!("{}:{}", host(), std::process::id())
 }
 
-/// The name of the host this process runs on, as the kernel has it (Linux), else
-/// `/etc/hostname` or `HOSTNAME`, else `unknown`.
+/// The name of the host this process runs on: `HOSTNAME` when the environment sets it (a
+/// deployment that names its workers, as a container runtime does), else the kernel's (Linux),
+/// else `/etc/hostname`, else `unknown`.
 pub(crate) fn host() -> String {
-    ["/proc/sys/kernel/hostname", "/etc/hostname"]
+    std::env::var("HOSTNAME")
+        .ok()
         .into_iter()
-        .filter_map(|p| std::fs::read_to_string(p).ok())
-        .chain(std::env::var("HOSTNAME").ok())
+        .chain(
+            ["/proc/sys/kernel/hostname", "/etc/hostname"]
+                .into_iter()
+                .filter_map(|p| std::fs::read_to_string(p).ok()),
+        )
         .map(|h| h.trim().to_string())
         .find(|h| !h.is_empty())
         .unwrap_or_else(|| "unknown".into())
