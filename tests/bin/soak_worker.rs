@@ -1,12 +1,13 @@
 //! The worker of the fault-injection soak (tests/soak.rs), built on
 //! `outbox::cli::run_worker` exactly as a user's worker is. It serves a PostgreSQL
-//! (`postgres://`) or a MariaDB/MySQL (`mysql://`) database: the soak's tables are on it, and
-//! the few statements the handlers run are written for each ([`SoakDb`]).
+//! (`postgres://`), a MariaDB/MySQL (`mysql://`) or a SQLite (`sqlite:`) database: the soak's
+//! tables are on it, and the few statements the handlers run are written for each ([`SoakDb`]).
 //!
 //! Topics and handlers:
 //!
 //! - `soak.billing`: two handlers. `audit` (plain) appends each successful delivery to
-//!   `soak_deliveries`; `ledger` is `Paced<Dedup<Ledger, Postgres>>` (on MariaDB `Dedup<Ledger, MySql>`), whose
+//!   `soak_deliveries`; `ledger` is `Paced<Dedup<Ledger, Postgres>>` (on MariaDB `Dedup<Ledger, MySql>`, on SQLite
+//!   `Dedup<Ledger, Sqlite>`), whose
 //!   effect is an INSERT into `soak_effects` on the dedup transaction, a table with no unique
 //!   key: exactly one row per message proves the dedup.
 //! - `soak.emails`: `mail` (plain, logs to `soak_deliveries`).
@@ -39,7 +40,7 @@ use outbox::{
 };
 use outbox_handlers::dedup::{Dedup, TxHandler};
 use serde::{Deserialize, Serialize};
-use sqlx::{MySqlConnection, MySqlPool, PgConnection, PgPool};
+use sqlx::{MySqlConnection, MySqlPool, PgConnection, PgPool, SqliteConnection, SqlitePool};
 use uuid::Uuid;
 
 /// Per handler, on a laggard's first attempt, the longest wait for a newer claim: two of them
@@ -209,11 +210,20 @@ fn pid_i32() -> i32 {
 }
 
 /// The soak's database, a worker resource: the statements of the handlers, each written for
-/// PostgreSQL and for MariaDB/MySQL (ids `BINARY(16)`, times Unix milliseconds).
+/// PostgreSQL, for MariaDB/MySQL (ids `BINARY(16)`, times Unix milliseconds) and for SQLite
+/// (the outbox's ids hyphenated text, times Unix milliseconds; the soak's own ids blobs).
 #[derive(Clone)]
 enum SoakDb {
     Pg(PgPool),
     My(MySqlPool),
+    Lite(SqlitePool),
+}
+
+/// Now in Unix milliseconds, as the SQLite backend writes its times.
+fn unix_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
 impl SoakDb {
@@ -238,6 +248,15 @@ impl SoakDb {
             .execute(pool)
             .await
             .map(drop),
+            SoakDb::Lite(pool) => sqlx::query(
+                "UPDATE outbox_messages SET locked_until = ?1 - 1 WHERE id = ?2 AND attempts = ?3",
+            )
+            .bind(unix_ms())
+            .bind(id.hyphenated().to_string())
+            .bind(attempt)
+            .execute(pool)
+            .await
+            .map(drop),
         }
     }
 
@@ -256,6 +275,12 @@ impl SoakDb {
                     .fetch_one(pool)
                     .await
             }
+            SoakDb::Lite(pool) => {
+                sqlx::query_scalar("SELECT attempts FROM outbox_messages WHERE id = ?1")
+                    .bind(id.hyphenated().to_string())
+                    .fetch_one(pool)
+                    .await
+            }
         }
     }
 
@@ -267,25 +292,23 @@ impl SoakDb {
             "INSERT INTO soak_preempted (message_id, handler, attempt, newer_attempt, pid) \
              VALUES (?, ?, ?, ?, ?)",
         ];
+        macro_rules! insert {
+            ($pool:expr, $sql:expr) => {
+                sqlx::query($sql)
+                    .bind(ctx.message_id())
+                    .bind(ctx.handler_name())
+                    .bind(attempt_i32(ctx))
+                    .bind(newer)
+                    .bind(pid_i32())
+                    .execute($pool)
+                    .await
+                    .map(drop)
+            };
+        }
         match self {
-            SoakDb::Pg(pool) => sqlx::query(SQL[0])
-                .bind(ctx.message_id())
-                .bind(ctx.handler_name())
-                .bind(attempt_i32(ctx))
-                .bind(newer)
-                .bind(pid_i32())
-                .execute(pool)
-                .await
-                .map(drop),
-            SoakDb::My(pool) => sqlx::query(SQL[1])
-                .bind(ctx.message_id())
-                .bind(ctx.handler_name())
-                .bind(attempt_i32(ctx))
-                .bind(newer)
-                .bind(pid_i32())
-                .execute(pool)
-                .await
-                .map(drop),
+            SoakDb::Pg(pool) => insert!(pool, SQL[0]),
+            SoakDb::My(pool) => insert!(pool, SQL[1]),
+            SoakDb::Lite(pool) => insert!(pool, SQL[1]),
         }
     }
 
@@ -295,23 +318,22 @@ impl SoakDb {
             "INSERT INTO soak_deliveries (message_id, handler, pid, attempt) VALUES ($1, $2, $3, $4)",
             "INSERT INTO soak_deliveries (message_id, handler, pid, attempt) VALUES (?, ?, ?, ?)",
         ];
+        macro_rules! insert {
+            ($pool:expr, $sql:expr) => {
+                sqlx::query($sql)
+                    .bind(ctx.message_id())
+                    .bind(ctx.handler_name())
+                    .bind(pid_i32())
+                    .bind(attempt_i32(ctx))
+                    .execute($pool)
+                    .await
+                    .map(drop)
+            };
+        }
         match self {
-            SoakDb::Pg(pool) => sqlx::query(SQL[0])
-                .bind(ctx.message_id())
-                .bind(ctx.handler_name())
-                .bind(pid_i32())
-                .bind(attempt_i32(ctx))
-                .execute(pool)
-                .await
-                .map(drop),
-            SoakDb::My(pool) => sqlx::query(SQL[1])
-                .bind(ctx.message_id())
-                .bind(ctx.handler_name())
-                .bind(pid_i32())
-                .bind(attempt_i32(ctx))
-                .execute(pool)
-                .await
-                .map(drop),
+            SoakDb::Pg(pool) => insert!(pool, SQL[0]),
+            SoakDb::My(pool) => insert!(pool, SQL[1]),
+            SoakDb::Lite(pool) => insert!(pool, SQL[1]),
         }
     }
 }
@@ -403,11 +425,17 @@ ledger!(
     MySqlConnection,
     "INSERT INTO soak_effects (message_id, n, pid, attempt) VALUES (?, ?, ?, ?)"
 );
+ledger!(
+    sqlx::Sqlite,
+    SqliteConnection,
+    "INSERT INTO soak_effects (message_id, n, pid, attempt) VALUES (?, ?, ?, ?)"
+);
 
 /// [`Ledger`] under the dedup wrapper of the soak's database.
 enum DedupLedger {
     Pg(Dedup<Ledger, sqlx::Postgres>),
     My(Dedup<Ledger, sqlx::MySql>),
+    Lite(Dedup<Ledger, sqlx::Sqlite>),
 }
 
 #[outbox::async_trait]
@@ -419,6 +447,7 @@ impl Handler for DedupLedger {
         match self {
             DedupLedger::Pg(h) => h.handle(event, ctx).await,
             DedupLedger::My(h) => h.handle(event, ctx).await,
+            DedupLedger::Lite(h) => h.handle(event, ctx).await,
         }
     }
 }
@@ -428,6 +457,7 @@ impl FromResources for DedupLedger {
         Ok(match resources.require::<SoakDb>()? {
             SoakDb::Pg(pool) => DedupLedger::Pg(Dedup::with_pool(Ledger, pool.clone())),
             SoakDb::My(pool) => DedupLedger::My(Dedup::with_pool(Ledger, pool.clone())),
+            SoakDb::Lite(pool) => DedupLedger::Lite(Dedup::with_pool(Ledger, pool.clone())),
         })
     }
 }
@@ -496,6 +526,15 @@ async fn main() -> ExitCode {
                     .acquire_timeout(Duration::from_secs(5))
                     .connect_lazy(url)
                     .expect("database URL parses"),
+            )
+        } else if url.starts_with("sqlite:") {
+            // The backend's own options (WAL, a busy timeout): the soak's writes wait for the
+            // outbox's, as a user's handlers on the same file do.
+            SoakDb::Lite(
+                sqlx::sqlite::SqlitePoolOptions::new()
+                    .max_connections(6)
+                    .acquire_timeout(Duration::from_secs(5))
+                    .connect_lazy_with(outbox::sqlite_options(url).expect("database URL parses")),
             )
         } else {
             SoakDb::Pg(
