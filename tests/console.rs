@@ -703,6 +703,7 @@ async fn the_overview_counts_what_outbox_stats_counts() {
             ("in-flight", "in_flight"),
             ("blocked", "blocked"),
             ("blocked-by-dead", "blocked_by_dead"),
+            ("awaiting-version", "awaiting_version"),
             ("stalled", "stalled"),
             ("dead", "dead"),
             ("done", "done_last_5m"),
@@ -729,7 +730,7 @@ async fn the_overview_counts_what_outbox_stats_counts() {
     );
     assert_eq!(
         compared,
-        9 * (topics.len() + 1),
+        10 * (topics.len() + 1),
         "every topic and all topics"
     );
     assert_eq!(cli["total"]["live_workers"], 1);

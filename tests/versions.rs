@@ -278,8 +278,12 @@ outbox_tests::all_backends! {
         let overview = page("/").await;
         assert!(
             overview.contains("id=\"unknown-versions\"")
-                && overview.contains("version 2 of <strong>ver.booking</strong>"),
-            "the console's overview names the waiting version: {overview}"
+                && overview.contains("version 2 of <strong>ver.booking</strong> (6 waiting, the oldest "),
+            "the console's overview names the waiting version and counts its messages: {overview}"
+        );
+        assert!(
+            overview.contains("<td class=\"n awaiting-version warn\">6</td>"),
+            "the topics table counts the awaiting messages in their own column: {overview}"
         );
 
         // The new build's worker starts beside the old one; everything drains in key order.

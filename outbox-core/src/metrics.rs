@@ -10,9 +10,10 @@
 //! | `outbox_handler_duration_seconds` | histogram | `topic`, `handler` | one handler call |
 //! | `outbox_claim_duration_seconds` | histogram | | one claim statement |
 //! | `outbox_handler_blocking_total` | counter | `topic`, `handler` | handler calls that held their thread without yielding for 500 ms or more |
-//! | `outbox_pending_messages` | gauge | `topic`, `state` (`ready`, `blocked`, `scheduled`, `in_flight`, `stalled`) | pending depth; `blocked`: due but held back by an earlier message of their ordering key; `stalled`: held by a worker that stopped renewing their lease (also counted as ready) |
+//! | `outbox_pending_messages` | gauge | `topic`, `state` (`ready`, `blocked`, `awaiting_version`, `scheduled`, `in_flight`, `stalled`) | pending depth; `blocked`: due but held back by an earlier message of their ordering key; `awaiting_version`: due, of a version no live worker of the topic knows (a rollout whose new workers have not started); `stalled`: held by a worker that stopped renewing their lease (also counted as ready) |
 //! | `outbox_oldest_ready_age_seconds` | gauge | `topic` | how long the oldest ready message has been due |
 //! | `outbox_oldest_blocked_age_seconds` | gauge | `topic` | how long the oldest blocked message has been due |
+//! | `outbox_oldest_awaiting_version_age_seconds` | gauge | `topic` | how long the oldest message awaiting a worker that knows its version has been due: alert on it apart from the oldest ready age, with a rollout's patience |
 //! | `outbox_blocked_by_dead_messages` | gauge | `topic` | blocked messages whose key holds a dead letter: they wait for `outbox dead retry` or `discard` |
 //! | `outbox_dead_messages` | gauge | `topic` | dead letters |
 //! | `outbox_unhandled_pending_messages` | gauge | `topic` | pending messages of topics this worker has no handler for |
@@ -38,6 +39,8 @@ pub const PENDING: &str = "outbox_pending_messages";
 pub const OLDEST_READY_AGE: &str = "outbox_oldest_ready_age_seconds";
 /// Gauge: age in seconds of the oldest blocked message, by `topic`.
 pub const OLDEST_BLOCKED_AGE: &str = "outbox_oldest_blocked_age_seconds";
+/// Gauge: age in seconds of the oldest message of a version no live worker knows, by `topic`.
+pub const OLDEST_AWAITING_VERSION_AGE: &str = "outbox_oldest_awaiting_version_age_seconds";
 /// Gauge: blocked messages whose ordering key holds a dead letter, by `topic`.
 pub const BLOCKED_BY_DEAD: &str = "outbox_blocked_by_dead_messages";
 /// Gauge: dead letters, by `topic`.
@@ -95,6 +98,11 @@ pub fn describe() {
         "How long the oldest message held back by an earlier message of its ordering key has been due"
     );
     describe_gauge!(
+        OLDEST_AWAITING_VERSION_AGE,
+        Unit::Seconds,
+        "How long the oldest message of a version no live worker knows has been due"
+    );
+    describe_gauge!(
         BLOCKED_BY_DEAD,
         "Messages held back by a dead letter of their ordering key"
     );
@@ -140,8 +148,9 @@ impl GaugeTopics {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         for gone in last.difference(&now) {
-            set_topic_gauges(gone, [0; 5], None, 0, 0);
+            set_topic_gauges(gone, [0; 6], None, 0, 0);
             set_blocked_gauges(gone, None, 0);
+            set_awaiting_age(gone, None);
             metrics::gauge!(UNSERVED, "topic" => gone.clone()).set(0.0);
         }
         for t in &stats.topics {
@@ -153,12 +162,20 @@ impl GaugeTopics {
             });
             set_topic_gauges(
                 &t.topic,
-                [t.ready, t.blocked, t.scheduled, t.in_flight, t.stalled],
+                [
+                    t.ready,
+                    t.blocked,
+                    t.awaiting_version,
+                    t.scheduled,
+                    t.in_flight,
+                    t.stalled,
+                ],
                 t.oldest_ready_age,
                 t.dead,
                 unhandled,
             );
             set_blocked_gauges(&t.topic, t.oldest_blocked_age, t.blocked_by_dead);
+            set_awaiting_age(&t.topic, t.oldest_awaiting_version_age);
         }
         *last = now;
     }
@@ -166,7 +183,7 @@ impl GaugeTopics {
 
 fn set_topic_gauges(
     topic: &str,
-    [ready, blocked, scheduled, in_flight, stalled]: [i64; 5],
+    [ready, blocked, awaiting_version, scheduled, in_flight, stalled]: [i64; 6],
     oldest_ready_age: Option<std::time::Duration>,
     dead: i64,
     unhandled: i64,
@@ -175,6 +192,7 @@ fn set_topic_gauges(
     for (state, n) in [
         ("ready", ready),
         ("blocked", blocked),
+        ("awaiting_version", awaiting_version),
         ("scheduled", scheduled),
         ("in_flight", in_flight),
         ("stalled", stalled),
@@ -191,6 +209,11 @@ fn set_blocked_gauges(topic: &str, oldest: Option<std::time::Duration>, by_dead:
     metrics::gauge!(OLDEST_BLOCKED_AGE, "topic" => topic.to_string())
         .set(oldest.map(|d| d.as_secs_f64()).unwrap_or(0.0));
     metrics::gauge!(BLOCKED_BY_DEAD, "topic" => topic.to_string()).set(by_dead as f64);
+}
+
+fn set_awaiting_age(topic: &str, oldest: Option<std::time::Duration>) {
+    metrics::gauge!(OLDEST_AWAITING_VERSION_AGE, "topic" => topic.to_string())
+        .set(oldest.map(|d| d.as_secs_f64()).unwrap_or(0.0));
 }
 
 #[cfg(test)]
@@ -284,5 +307,46 @@ mod tests {
         let third = refresh(&gauges, Vec::new(), &|_| true);
         assert_eq!(third.get("outbox_dead_messages{topic=search}"), Some(&0.0));
         assert_eq!(third.get("outbox_dead_messages{topic=mail}"), None);
+    }
+
+    #[test]
+    fn messages_awaiting_a_version_have_their_own_state_and_age() {
+        let gauges = GaugeTopics::new();
+        // A rollout: version 2 producers ran ahead of the version 2 workers.
+        let booking = crate::model::TopicStats {
+            topic: "booking".into(),
+            ready: 1,
+            awaiting_version: 6,
+            oldest_ready_age: Some(std::time::Duration::from_secs(2)),
+            oldest_awaiting_version_age: Some(std::time::Duration::from_secs(40)),
+            unknown_version: Some(2),
+            ..crate::model::TopicStats::default()
+        };
+        let first = refresh(&gauges, vec![booking], &|_| true);
+        assert_eq!(
+            first["outbox_pending_messages{state=awaiting_version,topic=booking}"],
+            6.0
+        );
+        assert_eq!(
+            first["outbox_pending_messages{state=ready,topic=booking}"], 1.0,
+            "the awaiting messages are not ready: {first:?}"
+        );
+        assert_eq!(
+            first["outbox_oldest_awaiting_version_age_seconds{topic=booking}"],
+            40.0
+        );
+        assert_eq!(
+            first["outbox_oldest_ready_age_seconds{topic=booking}"], 2.0,
+            "the oldest ready age leaves the awaiting messages out: {first:?}"
+        );
+
+        // The new workers started and drained the topic: it leaves the stats.
+        let second = refresh(&gauges, Vec::new(), &|_| true);
+        for name in [
+            "outbox_pending_messages{state=awaiting_version,topic=booking}",
+            "outbox_oldest_awaiting_version_age_seconds{topic=booking}",
+        ] {
+            assert_eq!(second.get(name), Some(&0.0), "{name}: {second:?}");
+        }
     }
 }

@@ -27,8 +27,9 @@ fn opt_age(d: Option<Duration>) -> String {
 }
 
 /// Per topic and in total, as `outbox stats` counts them: ready, scheduled, in flight,
-/// blocked and blocked by a dead letter, stalled, dead, done in 5 minutes, oldest ready age,
-/// live workers; topics nobody serves called out.
+/// blocked and blocked by a dead letter, awaiting a worker that knows their version, stalled,
+/// dead, done in 5 minutes, oldest ready age, live workers; topics nobody serves and versions
+/// nobody knows called out.
 pub(in crate::console) async fn overview(
     State(c): State<Shared>,
     Extension(Base(base)): Extension<Base>,
@@ -95,8 +96,14 @@ pub(in crate::console) async fn overview(
         .topics
         .iter()
         .filter_map(|t| {
-            t.unknown_version
-                .map(|v| format!("version {v} of <strong>{}</strong>", esc(&t.topic)))
+            t.unknown_version.map(|v| {
+                format!(
+                    "version {v} of <strong>{}</strong> ({} waiting, the oldest {})",
+                    esc(&t.topic),
+                    num(t.awaiting_version),
+                    opt_age(t.oldest_awaiting_version_age)
+                )
+            })
         })
         .collect();
     if !waiting.is_empty() {
@@ -200,6 +207,8 @@ pub(in crate::console) async fn overview(
              <th class=\"n\" title=\"waiting behind an earlier message of their ordering key\">Blocked</th>\
              <th class=\"n\" title=\"of the blocked, those behind a dead letter of their ordering key: \
              they wait until it is retried or discarded\">By dead</th>\
+             <th class=\"n\" title=\"due, of a version no live worker of the topic knows: they wait \
+             for workers built with it\">Awaiting version</th>\
              <th class=\"n\">Stalled</th>\
              <th class=\"n\">Dead</th><th class=\"n\">Done (5 min)</th><th class=\"n\">Oldest ready</th>\
              <th class=\"n\" title=\"workers whose heartbeat is recent; for all topics, the most \
@@ -296,7 +305,7 @@ fn topic_row(b: &mut String, f: &Frame<'_>, t: &TopicStats, total: bool) {
     let cell = |class: &str, v: String| format!("<td class=\"n {class}\">{v}</td>");
     let _ = write!(
         b,
-        "<tr data-topic=\"{}\"{class}>{name}{}{}{}{}{}{}{}{}{}{}</tr>",
+        "<tr data-topic=\"{}\"{class}>{name}{}{}{}{}{}{}{}{}{}{}{}</tr>",
         esc(&t.topic),
         cell("ready", num(t.ready)),
         cell("scheduled", num(t.scheduled)),
@@ -309,6 +318,14 @@ fn topic_row(b: &mut String, f: &Frame<'_>, t: &TopicStats, total: bool) {
                 "blocked-by-dead"
             },
             num(t.blocked_by_dead)
+        ),
+        cell(
+            if t.awaiting_version > 0 {
+                "awaiting-version warn"
+            } else {
+                "awaiting-version"
+            },
+            num(t.awaiting_version)
         ),
         cell(
             if t.stalled > 0 {
