@@ -13,13 +13,12 @@ use outbox_model::{check_with, Budget, Checked, Config, Search};
 /// check stops at the first), when the budget ran out first, or when the check did not reach
 /// the states named in `reached` (a model that never gets there checks little).
 fn holds(what: &str, config: Config, reached: &[&str]) -> Checked {
-    let checked = holds_with(
-        what,
-        config,
-        reached,
-        Search::BreadthFirst,
-        Some(Budget::DEFAULT.time),
-    );
+    holds_by(what, config, reached, Search::BreadthFirst)
+}
+
+/// [`holds`], walking the states by `search`.
+fn holds_by(what: &str, config: Config, reached: &[&str], search: Search) -> Checked {
+    let checked = holds_with(what, config, reached, search, Some(Budget::DEFAULT.time));
     assert!(
         !checked.cut_short,
         "{what}: the check outgrew its budget ({:?}) before it saw every state",
@@ -108,10 +107,11 @@ fn a_key_released_by_its_dead_letter() {
 
 #[test]
 fn batches_of_two_with_lapsed_leases() {
-    holds(
-        "batches of 2, 3 messages, 2 stalls, 1 crash",
+    holds_by(
+        "batches of 2, 2 workers, 3 messages, 2 stalls, 1 crash",
         Config::batched(),
         &[REACH_RECLAIMED_WHILE_WAITING, REACH_DONE_BY_CHAIN],
+        Search::Symmetric,
     );
 }
 
