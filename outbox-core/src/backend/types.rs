@@ -41,6 +41,9 @@ pub(crate) struct ClaimedMessage {
     pub(crate) last_error: Option<String>,
     /// Its ordering key, if it has one: when it is done, the next message of its key may start.
     pub(crate) key: Option<Arc<str>>,
+    /// Its place in its key's order (`seq`, the commit order of the key's writes), when it has
+    /// a key: recorded in the protocol trace, which orders a key by it.
+    pub(crate) seq: Option<i64>,
     /// The trace context stored at enqueue, if any.
     pub(crate) trace: Option<crate::trace::TraceContext>,
 }

@@ -5,7 +5,8 @@
 //!
 //! Fields: `action` (`claim`, `start`, `renew`, `done`, `failed`, `hand_back`, `error`, `stop`,
 //! `stopped`), `worker`, and as the action needs: `message` and `token` (one message), or
-//! `messages` and `tokens` (comma-separated, in the same order); `key`, `attempt`, `via`
+//! `messages` and `tokens` (comma-separated, in the same order); `key`, `seq` (a keyed
+//! message's place in its key's order), `attempt`, `via`
 //! (`claim` or `done`: which statement claimed), `retry` (a failed outcome: retry or dead),
 //! `written` (rows the statement changed: for a batch, how many of its messages), `statement`
 //! (of an `error`: the statement that failed, which may or may not have committed), `complete`
@@ -37,7 +38,7 @@ pub(crate) fn claimed(worker: Uuid, via: &'static str, claimed: &[ClaimedMessage
     }
     for m in claimed {
         tracing::debug!(target: TARGET, action = "claim", %worker, via, message = %m.id,
-            token = %m.claim_token, key = m.key.as_deref(), attempt = m.attempts);
+            token = %m.claim_token, key = m.key.as_deref(), seq = m.seq, attempt = m.attempts);
     }
 }
 

@@ -12,7 +12,8 @@
 //!   committed), and counts its attempt: the attempt it reads is one more than the model's
 //!   count, or more when claims were unseen (see below), never less;
 //! - a message with an ordering key is claimed and started only when no earlier message of
-//!   its key (by id, among the messages the trace saw) is live, or dead and holding the key;
+//!   its key (by `seq`, the key's commit order, among the messages the trace saw; by id in a
+//!   trace that records no `seq`) is live, or dead and holding the key;
 //! - a handler starts only under a claim its worker made;
 //! - outcome writes, hand-backs and renewals are fenced: a statement never changes more
 //!   messages than the model holds under its tokens (a done, failed or hand-back write, or a
@@ -71,6 +72,10 @@ pub struct Event {
     /// A claimed message's ordering key.
     #[serde(default)]
     pub key: Option<String>,
+    /// A claimed keyed message's place in its key's order (`seq`: the commit order of the
+    /// key's writes).
+    #[serde(default)]
+    pub seq: Option<i64>,
     /// A claimed message's attempt.
     #[serde(default)]
     pub attempt: Option<u32>,
@@ -170,6 +175,8 @@ struct Saved {
 struct Message {
     id: String,
     key: Option<String>,
+    /// Its place in its key's order, when the trace recorded it.
+    seq: Option<i64>,
     /// Its claims: token -> (claim number, worker).
     claims: HashMap<String, (Gen, String)>,
     /// A write under this claim may have changed it without the model knowing (an `error`
@@ -192,7 +199,8 @@ pub struct Validator {
     table: Table,
     messages: Vec<Message>,
     index: HashMap<String, usize>,
-    keys: HashMap<String, BTreeMap<String, usize>>,
+    /// Each key's messages in the key's order: by `seq`, then id.
+    keys: HashMap<String, BTreeMap<(Option<i64>, String), usize>>,
     holders: HashMap<String, u32>,
     stopped: HashSet<String>,
     workers: HashSet<String>,
@@ -294,7 +302,7 @@ impl Validator {
         self.restore(before);
         let mut claims = Vec::new();
         for id in ids {
-            let m = self.message(id, None);
+            let m = self.message(id, None, None);
             if let Some(undo) = &self.messages[m].before_claim {
                 if undo.0.t.saturating_add(REORDER_WINDOW_US) >= e.t {
                     claims.push((m, (**undo).clone()));
@@ -330,7 +338,7 @@ impl Validator {
         let rows = ids
             .iter()
             .map(|id| {
-                let m = self.message(id, None);
+                let m = self.message(id, None, None);
                 (m, self.table.rows[m], self.messages[m].clone())
             })
             .collect();
@@ -357,14 +365,15 @@ impl Validator {
         }
     }
 
-    fn message(&mut self, id: &str, key: Option<&str>) -> usize {
+    fn message(&mut self, id: &str, key: Option<&str>, seq: Option<i64>) -> usize {
         if let Some(&i) = self.index.get(id) {
             if key.is_some() && self.messages[i].key.is_none() {
                 self.messages[i].key = key.map(str::to_string);
+                self.messages[i].seq = seq;
                 self.keys
                     .entry(key.unwrap_or_default().to_string())
                     .or_default()
-                    .insert(id.to_string(), i);
+                    .insert((seq, id.to_string()), i);
             }
             return i;
         }
@@ -378,6 +387,7 @@ impl Validator {
         self.messages.push(Message {
             id: id.to_string(),
             key: key.map(str::to_string),
+            seq,
             claims: HashMap::new(),
             open: false,
             before_claim: None,
@@ -387,7 +397,7 @@ impl Validator {
             self.keys
                 .entry(k.to_string())
                 .or_default()
-                .insert(id.to_string(), i);
+                .insert((seq, id.to_string()), i);
         }
         i
     }
@@ -405,9 +415,9 @@ impl Validator {
     /// unseen step may have ended it.
     fn held_by(&self, m: usize) -> Option<String> {
         let key = self.messages[m].key.as_ref()?;
-        let id = &self.messages[m].id;
+        let place = (self.messages[m].seq, self.messages[m].id.clone());
         self.keys[key]
-            .range(..id.clone())
+            .range(..place)
             .map(|(_, &p)| p)
             .find(|&p| {
                 let row = self.table.rows[p];
@@ -431,14 +441,14 @@ impl Validator {
             .then(|| {
                 e.message
                     .as_deref()
-                    .map(|id| self.message(id, e.key.as_deref()))
+                    .map(|id| self.message(id, e.key.as_deref(), e.seq))
             })
             .flatten()
             .map(|m| (m, self.table.rows[m], self.messages[m].clone()));
         // A handler's start changes no row: the claim before it may still be undone.
         if e.action != "start" {
             for id in Self::touched(e) {
-                let m = self.message(&id, None);
+                let m = self.message(&id, None, None);
                 self.messages[m].before_claim = None;
             }
         }
@@ -457,7 +467,7 @@ impl Validator {
             "failed" => self.failed(e),
             "error" => {
                 for (id, _) in e.fences() {
-                    let m = self.message(&id, None);
+                    let m = self.message(&id, None, None);
                     self.messages[m].open = true;
                 }
             }
@@ -474,7 +484,7 @@ impl Validator {
             );
         };
         self.summary.claims += 1;
-        let m = self.message(id, e.key.as_deref());
+        let m = self.message(id, e.key.as_deref(), e.seq);
         let row = self.table.rows[m];
         let Status::Live { attempts, lease } = row.status else {
             if self.messages[m].open {
@@ -533,7 +543,7 @@ impl Validator {
         let (Some(id), Some(token)) = (&e.message, &e.token) else {
             return;
         };
-        let m = self.message(id, None);
+        let m = self.message(id, None, None);
         match self.messages[m].claims.get(token) {
             Some((_, w)) if *w == e.worker => {}
             _ => self.violation(
@@ -562,7 +572,7 @@ impl Validator {
             .fences()
             .iter()
             .map(|(id, token)| {
-                let m = self.message(id, None);
+                let m = self.message(id, None, None);
                 (m, self.gen_of(m, token))
             })
             .collect();
@@ -668,7 +678,7 @@ impl Validator {
         else {
             return;
         };
-        let m = self.message(id, None);
+        let m = self.message(id, None, None);
         let gen = self.gen_of(m, token);
         let current = gen.is_some_and(|g| self.table.rows[m].fenced(g, Bugs::default()));
         match (written > 0, current) {

@@ -14,6 +14,12 @@ fn claim(t: u64, worker: &str, m: &str, token: &str, attempt: u32, key: Option<&
     )
 }
 
+/// A claim of a keyed message that records its place in its key's order, as the workers do.
+fn claim_at(t: u64, worker: &str, m: &str, token: &str, key: &str, seq: i64) -> String {
+    let plain = claim(t, worker, m, token, 1, Some(key));
+    format!(r#"{},"seq":{seq}}}"#, plain.trim_end_matches('}'))
+}
+
 fn batch(t: u64, action: &str, worker: &str, m: &str, token: &str, written: u64) -> String {
     format!(
         r#"{{"t":{t},"action":"{action}","worker":"{worker}","messages":"{m}","tokens":"{token}","written":{written}}}"#
@@ -114,6 +120,33 @@ fn a_key_claimed_out_of_order_is_refused() {
     ];
     let errors = validate(&trace, &[(A, Final::Live), (B, Final::Live)]).unwrap_err();
     assert!(errors[0].contains("of its key holds it"), "{errors:?}");
+}
+
+/// B committed first (its `seq` is the smaller) though its id is the larger: the key's order
+/// is B, then A, and a claim of A while B is claimed breaks it. Ordered by id, A would come
+/// first and the claim would pass.
+#[test]
+fn a_key_is_ordered_by_seq_not_by_id() {
+    let trace = [
+        claim_at(1, "w1", B, "t1", "k", 1),
+        claim_at(2, "w2", A, "t2", "k", 2),
+        stopped(3, "w1"),
+        stopped(4, "w2"),
+    ];
+    let errors = validate(&trace, &[(A, Final::Live), (B, Final::Live)]).unwrap_err();
+    assert!(errors[0].contains("of its key holds it"), "{errors:?}");
+    let trace = [
+        claim_at(1, "w1", B, "t1", "k", 1),
+        batch(2, "done", "w1", B, "t1", 1),
+        claim_at(3, "w2", A, "t2", "k", 2),
+        batch(4, "done", "w2", A, "t2", 1),
+        stopped(5, "w1"),
+        stopped(6, "w2"),
+    ];
+    assert_eq!(
+        validate(&trace, &[(A, Final::Done), (B, Final::Done)]),
+        Ok(())
+    );
 }
 
 #[test]

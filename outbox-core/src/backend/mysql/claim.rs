@@ -41,7 +41,7 @@ use crate::error::Result;
 macro_rules! claimed_columns {
     () => {
         "id, topic, payload, version, idempotency_key, attempts, created_at, last_error, \
-         ordering_key, traceparent, tracestate"
+         ordering_key, seq, traceparent, tracestate"
     };
 }
 
@@ -503,6 +503,10 @@ fn claimed(r: &MySqlRow, claim_token: Uuid) -> Result<ClaimedMessage, sqlx::Erro
         created_at: time(created),
         claim_token,
         last_error: r.try_get("last_error")?,
+        seq: match key {
+            Some(_) => Some(r.try_get("seq")?),
+            None => None,
+        },
         key: key.map(Arc::from),
         trace: r
             .try_get::<Option<String>, _>("traceparent")?

@@ -69,7 +69,7 @@ const CLAIM_KEYED: &str = "WITH RECURSIVE after_cursor(k) AS ( \
                                WHERE l.ordering_key = h.k AND l.seq > h.seq AND l.locked_until >= ?3)) \
          LIMIT ?7) \
      RETURNING id, topic, payload, version, idempotency_key, attempts, created_at, last_error, ordering_key, \
-               traceparent, tracestate";
+               seq, traceparent, tracestate";
 
 /// As [`CLAIM_KEYED`], but the heads are those of the keys `?5` (a JSON array) only, one probe
 /// per key.
@@ -90,7 +90,7 @@ const CLAIM_RELEASED: &str = "WITH keys(k) AS (SELECT value FROM json_each(?5)),
                                WHERE l.ordering_key = h.k AND l.seq > h.seq AND l.locked_until >= ?3)) \
          LIMIT ?7) \
      RETURNING id, topic, payload, version, idempotency_key, attempts, created_at, last_error, ordering_key, \
-               traceparent, tracestate";
+               seq, traceparent, tracestate";
 
 /// The handlers of the messages `?1` (a JSON array) that already succeeded.
 const DELIVERY_COMPLETED: &str = "SELECT message_id, handler FROM outbox_deliveries WHERE message_id IN (SELECT value FROM json_each(?1))";
@@ -276,6 +276,10 @@ fn claimed(r: &SqliteRow, claim_token: Uuid) -> Result<ClaimedMessage, sqlx::Err
         created_at: time(created),
         claim_token,
         last_error: r.try_get("last_error")?,
+        seq: match ordered {
+            Some(_) => Some(r.try_get("seq")?),
+            None => None,
+        },
         key: ordered.map(Arc::from),
         trace: r
             .try_get::<Option<String>, _>("traceparent")?
