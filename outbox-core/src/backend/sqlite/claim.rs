@@ -21,15 +21,19 @@ use crate::error::{Error, Result};
 /// Up to `?6` unordered messages of topic `?5` and a version at most `?7`, in due order (one
 /// statement per topic keeps each claim on the ready index); newer versions wait for a worker
 /// that knows them.
-const CLAIM_UNKEYED: &str = "UPDATE outbox_messages \
-     SET attempts = attempts + 1, claim_token = ?1, claimed_by = ?2, locked_until = ?4 \
+const CLAIM_UNKEYED: &str = concat!(
+    "UPDATE outbox_messages \
+     SET attempts = attempts + 1, claim_token = ?1, claimed_by = ?2, locked_until = ",
+    db_now_ms!(),
+    " + ?4 \
      WHERE seq IN ( \
          SELECT seq FROM outbox_messages \
          WHERE topic = ?5 AND ordering_key IS NULL AND available_at <= ?3 \
            AND (locked_until IS NULL OR locked_until < ?3) AND version <= ?7 \
          ORDER BY available_at LIMIT ?6) \
      RETURNING id, topic, payload, version, idempotency_key, attempts, created_at, last_error, \
-               traceparent, tracestate";
+               traceparent, tracestate"
+);
 
 /// Up to `?7` heads of keys of the topics `?6` that may start: of a version at most the
 /// topic's in `?6` (a JSON object, topic to highest version), due, not running, and not behind
@@ -37,7 +41,8 @@ const CLAIM_UNKEYED: &str = "UPDATE outbox_messages \
 /// probe each (a loose index scan), starting after the key `?5` and wrapping around; each
 /// key's head is its live message with the smallest `seq` (its rowid: insert order), so a later message of a key is never
 /// a head while an earlier one exists, and two workers never start two messages of one key.
-const CLAIM_KEYED: &str = "WITH RECURSIVE after_cursor(k) AS ( \
+const CLAIM_KEYED: &str = concat!(
+    "WITH RECURSIVE after_cursor(k) AS ( \
         SELECT (SELECT min(ordering_key) FROM outbox_messages WHERE ordering_key > ?5) \
         UNION ALL \
         SELECT (SELECT min(ordering_key) FROM outbox_messages WHERE ordering_key > a.k) \
@@ -56,7 +61,7 @@ const CLAIM_KEYED: &str = "WITH RECURSIVE after_cursor(k) AS ( \
         SELECT k, (SELECT min(seq) FROM outbox_messages WHERE ordering_key = keys.k) FROM keys \
      ) \
      UPDATE outbox_messages \
-     SET attempts = attempts + 1, claim_token = ?1, claimed_by = ?2, locked_until = ?4 \
+     SET attempts = attempts + 1, claim_token = ?1, claimed_by = ?2, locked_until = ", db_now_ms!(), " + ?4 \
      WHERE seq IN ( \
          SELECT m.seq FROM heads h JOIN outbox_messages m ON m.seq = h.seq \
          WHERE m.version <= (SELECT value FROM json_each(?6) WHERE key = m.topic) \
@@ -69,15 +74,17 @@ const CLAIM_KEYED: &str = "WITH RECURSIVE after_cursor(k) AS ( \
                                WHERE l.ordering_key = h.k AND l.seq > h.seq AND l.locked_until >= ?3)) \
          LIMIT ?7) \
      RETURNING id, topic, payload, version, idempotency_key, attempts, created_at, last_error, ordering_key, \
-               seq, traceparent, tracestate";
+               seq, releases_key, traceparent, tracestate"
+);
 
 /// As [`CLAIM_KEYED`], but the heads are those of the keys `?5` (a JSON array) only, one probe
 /// per key.
-const CLAIM_RELEASED: &str = "WITH keys(k) AS (SELECT value FROM json_each(?5)), heads(k, seq) AS ( \
+const CLAIM_RELEASED: &str = concat!(
+    "WITH keys(k) AS (SELECT value FROM json_each(?5)), heads(k, seq) AS ( \
         SELECT k, (SELECT min(seq) FROM outbox_messages WHERE ordering_key = keys.k) FROM keys \
      ) \
      UPDATE outbox_messages \
-     SET attempts = attempts + 1, claim_token = ?1, claimed_by = ?2, locked_until = ?4 \
+     SET attempts = attempts + 1, claim_token = ?1, claimed_by = ?2, locked_until = ", db_now_ms!(), " + ?4 \
      WHERE seq IN ( \
          SELECT m.seq FROM heads h JOIN outbox_messages m ON m.seq = h.seq \
          WHERE m.version <= (SELECT value FROM json_each(?6) WHERE key = m.topic) \
@@ -90,7 +97,8 @@ const CLAIM_RELEASED: &str = "WITH keys(k) AS (SELECT value FROM json_each(?5)),
                                WHERE l.ordering_key = h.k AND l.seq > h.seq AND l.locked_until >= ?3)) \
          LIMIT ?7) \
      RETURNING id, topic, payload, version, idempotency_key, attempts, created_at, last_error, ordering_key, \
-               seq, traceparent, tracestate";
+               seq, releases_key, traceparent, tracestate"
+);
 
 /// The handlers of the messages `?1` (a JSON array) that already succeeded.
 const DELIVERY_COMPLETED: &str = "SELECT message_id, handler FROM outbox_deliveries WHERE message_id IN (SELECT value FROM json_each(?1))";
@@ -167,7 +175,7 @@ async fn unkeyed(
             .bind(&token)
             .bind(&worker)
             .bind(now)
-            .bind(now.saturating_add(ms(p.lease)))
+            .bind(ms(p.lease))
             .bind(*topic)
             .bind(want)
             .bind(version)
@@ -224,7 +232,7 @@ async fn keyed(
         .bind(p.claim_token.to_string())
         .bind(p.worker.to_string())
         .bind(now)
-        .bind(now.saturating_add(ms(p.lease)))
+        .bind(ms(p.lease))
         .bind(fifth)
         .bind(topics)
         .bind(want)
@@ -280,6 +288,7 @@ fn claimed(r: &SqliteRow, claim_token: Uuid) -> Result<ClaimedMessage, sqlx::Err
             Some(_) => Some(r.try_get("seq")?),
             None => None,
         },
+        releases_key: ordered.is_some() && r.try_get::<bool, _>("releases_key")?,
         key: ordered.map(Arc::from),
         trace: r
             .try_get::<Option<String>, _>("traceparent")?

@@ -24,6 +24,16 @@
 //! milliseconds; ids are UUIDs as hyphenated text; lists travel as one JSON array each, read
 //! with `json_each`.
 
+/// The database's clock in Unix milliseconds, when the statement runs (SQLite reads it once per
+/// step, after the write lock is taken): a lease written with it lasts its full length however
+/// long the statement waited for the lock or the pool, where one computed before the statement
+/// would have lost that wait.
+macro_rules! db_now_ms {
+    () => {
+        "CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)"
+    };
+}
+
 use std::sync::Arc;
 use std::time::Duration;
 

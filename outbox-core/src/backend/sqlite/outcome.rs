@@ -75,11 +75,15 @@ const HAND_BACK: &str = "UPDATE outbox_messages \
          JOIN outbox_messages AS m ON m.id = d.value ->> 0 AND m.claim_token = d.value ->> 1)";
 
 /// The leases of the messages of `?1`, a JSON array of (id, claim token) pairs, extended to
-/// `?2`.
-const RENEW: &str = "UPDATE outbox_messages SET locked_until = ?2 \
+/// `?2` milliseconds from when the statement runs.
+const RENEW: &str = concat!(
+    "UPDATE outbox_messages SET locked_until = ",
+    db_now_ms!(),
+    " + ?2 \
      WHERE seq IN ( \
          SELECT m.seq FROM json_each(?1) AS d \
-         JOIN outbox_messages AS m ON m.id = d.value ->> 0 AND m.claim_token = d.value ->> 1)";
+         JOIN outbox_messages AS m ON m.id = d.value ->> 0 AND m.claim_token = d.value ->> 1)"
+);
 
 /// Keeps the done messages of retained topics ([`DONE_KEEP`]), deletes them ([`DONE`]),
 /// counts them per topic ([`DONE_COUNT`]) and deletes their
@@ -189,7 +193,7 @@ pub(super) async fn hand_back(pool: &SqlitePool, fences: &[Fence]) -> Result<u64
 pub(super) async fn renew(pool: &SqlitePool, fences: &[Fence], lease: Duration) -> Result<u64> {
     let r = sqlx::query(RENEW)
         .bind(fence_pairs(fences))
-        .bind(now_ms().saturating_add(ms(lease)))
+        .bind(ms(lease))
         .execute(pool)
         .await?;
     Ok(r.rows_affected())
