@@ -22,7 +22,8 @@
 //! (20,000), so that it takes about two minutes.
 //!
 //! On a fresh database it starts with a backlog, then producers keep enqueuing (at least 50,000
-//! messages over three topics, `soak.billing` with two handlers) while three `soak-worker`
+//! messages over three topics, `soak.billing` with two handlers, `soak.index` ordered over 97 keys
+//! that both producers write) while three `soak-worker`
 //! processes (tests/bin/soak_worker.rs) drain them. Meanwhile a random worker is SIGKILLed every
 //! 1 to 3 seconds and restarted, and twice every connection to the database but the harness's
 //! own is killed (`pg_terminate_backend`, on MariaDB `KILL CONNECTION`). Handlers fail
@@ -33,11 +34,14 @@
 //! on two cores: the drain keeps up with the production.
 //!
 //! Right after each kill the ids of the messages then running (for a SIGKILL: claimed by that
-//! process) are recorded: only those, and the laggards, may be delivered twice. At the end,
+//! process) are recorded: only those, the laggards, and messages whose earlier attempt the
+//! trace shows ended failed (a handler timed out after its effect) or lost its lease (claimed
+//! again a lease or more after its last claim or renewal, a starved worker) may be delivered
+//! twice. At the end,
 //! with nothing left to do, it checks and fails loudly otherwise: every healthy message DONE
 //! (or DEAD by crash exhaustion, when kills caught it in flight on every attempt no injected
 //! fault explains), poison ones DEAD with their last error, none in flight, one dedup effect
-//! per message, every handler reached, duplicates only where a kill explains them, enqueued ==
+//! per message, every handler reached, duplicates only where a kill or the trace explains them, enqueued ==
 //! DONE + DEAD; and it prints one summary line.
 //!
 //! The workers also record their protocol steps (claims, starts, renewals, outcome writes,
@@ -63,7 +67,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use outbox::{enqueue_many, outbox_event};
-use outbox_model::trace::{Final, Validator};
+use outbox_model::trace::{Event, Final, Validator};
 use outbox_tests::{pg, protocol_trace, TestDb};
 use serde::{Deserialize, Serialize};
 use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions, MySqlRow};
@@ -143,12 +147,19 @@ struct EmailRequested {
     body: Body,
 }
 
-#[outbox_event(topic = "soak.index")]
+/// Ordered: a key of [`INDEX_KEYS`], written by both producers, so the trace's replay checks a
+/// key's order under the kills. A dead letter (poison, or a crash exhaustion) releases its key,
+/// or the key's later messages would wait for an operator and the drain never end.
+#[outbox_event(topic = "soak.index", ordering_key = "key", dead_releases_key)]
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct IndexChanged {
+    key: String,
     #[serde(flatten)]
     body: Body,
 }
+
+/// The ordering keys of `soak.index`.
+const INDEX_KEYS: i64 = 97;
 
 struct Settings {
     messages: i64,
@@ -645,7 +656,10 @@ async fn enqueue_range(pool: &Db, s: &Settings, lo: i64, hi: i64) -> Result<(), 
         match Settings::topic(n) {
             0 => orders.push(InvoiceIssued { body }),
             1 => emails.push(EmailRequested { body }),
-            _ => index.push(IndexChanged { body }),
+            _ => index.push(IndexChanged {
+                key: format!("doc-{}", n % INDEX_KEYS),
+                body,
+            }),
         }
     }
     let mut tries = 0;
@@ -1317,9 +1331,25 @@ async fn run(server: Server) {
         }
     }
 
-    let report = check(&db.pool, &s, &chaos, enqueued.load(Ordering::SeqCst)).await;
+    let events = read_traces(&logs);
+    let explained = events
+        .as_deref()
+        .map(explained_attempts)
+        .unwrap_or_default();
+    let report = check(
+        &db.pool,
+        &s,
+        &chaos,
+        &explained,
+        enqueued.load(Ordering::SeqCst),
+    )
+    .await;
     failures.extend(report.failures);
-    let traced = match validate_trace(&db.pool, &logs).await {
+    let validated = match events {
+        Ok(events) => validate_trace(&db.pool, events).await,
+        Err(e) => Err(e),
+    };
+    let traced = match validated {
         Ok(summary) => summary,
         Err(e) => {
             failures.push(e);
@@ -1370,10 +1400,8 @@ async fn run(server: Server) {
     }
 }
 
-/// Replays the workers' protocol traces through the model's statements (`tests/model`, see
-/// its `trace` module for what that checks and what a trace cannot tell) and compares the
-/// model's final state of every message with the database's. Returns the summary.
-async fn validate_trace(pool: &Db, logs: &Path) -> Result<String, String> {
+/// The workers' protocol traces, every process's events together.
+fn read_traces(logs: &Path) -> Result<Vec<Event>, String> {
     let mut events = Vec::new();
     let entries = std::fs::read_dir(logs).map_err(|e| format!("trace: {e}"))?;
     for entry in entries.flatten() {
@@ -1388,6 +1416,77 @@ async fn validate_trace(pool: &Db, logs: &Path) -> Result<String, String> {
     if events.is_empty() {
         return Err("trace: the workers recorded no protocol event".into());
     }
+    Ok(events)
+}
+
+/// How much earlier than its lease allows a re-claim may be recorded and still count as one
+/// that found the lease run out: an event is written after its statement returned, so the
+/// trace's times of a claim or renewal are late by up to this much on a loaded machine.
+const LEASE_SLACK: Duration = Duration::from_millis(500);
+
+/// The attempts (message id, attempt) after which the trace explains a second delivery
+/// without a kill, as at least once allows:
+/// - the claim ended in a failed outcome that landed: the handler ran (and may have had its
+///   effect) but the run counted as failed, a handler timeout for one;
+/// - the lease ran out under a live worker (renewals late on a starved machine, a done write
+///   slower than the lease): the message's next claim came a lease or more after this claim's
+///   last claim or renewal event (less [`LEASE_SLACK`]). A claim that took a lease still
+///   running would come sooner, and stays unexplained.
+fn explained_attempts(events: &[Event]) -> HashSet<(Uuid, i32)> {
+    // Per message, its claims (time, token, attempt) in time order.
+    let mut claims: HashMap<&str, Vec<(u64, &str, u32)>> = HashMap::new();
+    // The last time each claim (message, token) was claimed or renewed.
+    let mut touched: HashMap<(&str, &str), u64> = HashMap::new();
+    let mut failed: HashSet<(&str, &str)> = HashSet::new();
+    for e in events {
+        match e.action.as_str() {
+            "claim" => {
+                if let (Some(m), Some(t), Some(a)) = (&e.message, &e.token, e.attempt) {
+                    claims.entry(m).or_default().push((e.t, t, a));
+                    touched.insert((m, t), e.t);
+                }
+            }
+            "renew" => {
+                if let (Some(ms), Some(ts)) = (&e.messages, &e.tokens) {
+                    for (m, t) in ms.split(',').zip(ts.split(',')) {
+                        let last = touched.entry((m, t)).or_insert(e.t);
+                        *last = (*last).max(e.t);
+                    }
+                }
+            }
+            "failed" if e.written == Some(serde_json::Value::Bool(true)) => {
+                if let (Some(m), Some(t)) = (&e.message, &e.token) {
+                    failed.insert((m, t));
+                }
+            }
+            _ => {}
+        }
+    }
+    let lapse = (LEASE - LEASE_SLACK).as_micros() as u64;
+    let mut explained = HashSet::new();
+    for (m, mut list) in claims {
+        let Ok(id) = Uuid::parse_str(m) else { continue };
+        list.sort_unstable();
+        for (i, &(_, token, attempt)) in list.iter().enumerate() {
+            let lapsed = list.get(i + 1).is_some_and(|&(next, _, _)| {
+                touched
+                    .get(&(m, token))
+                    .is_some_and(|&last| next >= last.saturating_add(lapse))
+            });
+            if lapsed || failed.contains(&(m, token)) {
+                if let Ok(attempt) = i32::try_from(attempt) {
+                    explained.insert((id, attempt));
+                }
+            }
+        }
+    }
+    explained
+}
+
+/// Replays the workers' protocol traces through the model's statements (`tests/model`, see
+/// its `trace` module for what that checks and what a trace cannot tell) and compares the
+/// model's final state of every message with the database's. Returns the summary.
+async fn validate_trace(pool: &Db, events: Vec<Event>) -> Result<String, String> {
     let statuses: Vec<(Uuid, String)> = pool
         .rows("SELECT id, status FROM soak_messages")
         .await
@@ -1447,7 +1546,13 @@ fn sample<T: std::fmt::Debug>(rows: &[T]) -> String {
 
 /// The final checks. Their queries read the `soak_messages` view and the soak's tables in SQL
 /// that PostgreSQL and MariaDB/MySQL both run.
-async fn check(pool: &Db, s: &Settings, chaos: &Chaos, enqueued: i64) -> Report {
+async fn check(
+    pool: &Db,
+    s: &Settings,
+    chaos: &Chaos,
+    explained: &HashSet<(Uuid, i32)>,
+    enqueued: i64,
+) -> Report {
     let mut failures = Vec::new();
 
     let counts: BTreeMap<String, i64> = pool
@@ -1626,7 +1731,8 @@ async fn check(pool: &Db, s: &Settings, chaos: &Chaos, enqueued: i64) -> Report 
         ));
     }
 
-    // Duplicates only where a kill (or a staged laggard) explains them.
+    // Duplicates only where a kill, a staged laggard, or the trace (a failed outcome of the
+    // earlier delivery's attempt, or its lease run out: `explained_attempts`) explains them.
     let laggards: HashSet<Uuid> = pool
         .rows::<(Uuid,)>("SELECT id FROM soak_messages WHERE laggard")
         .await
@@ -1659,7 +1765,16 @@ async fn check(pool: &Db, s: &Settings, chaos: &Chaos, enqueued: i64) -> Report 
     let duplicates: i64 = dups.iter().map(|d| d.2 - 1).sum();
     let unexplained: Vec<_> = dups
         .iter()
-        .filter(|d| !chaos.in_flight_at_kills.contains_key(&d.0) && !laggards.contains(&d.0))
+        .filter(|d| {
+            // Every delivery's attempt but the last claim's must be explained (a starved
+            // process may deliver an older attempt after the newer one).
+            let last = d.3.iter().max().copied().unwrap_or_default();
+            let by_trace =
+                d.3.iter()
+                    .filter(|&&attempt| attempt != last)
+                    .all(|&attempt| explained.contains(&(d.0, attempt)));
+            !chaos.in_flight_at_kills.contains_key(&d.0) && !laggards.contains(&d.0) && !by_trace
+        })
         .collect();
     if !unexplained.is_empty() {
         failures.push(format!(

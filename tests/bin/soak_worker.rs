@@ -11,7 +11,8 @@
 //!   effect is an INSERT into `soak_effects` on the dedup transaction, a table with no unique
 //!   key: exactly one row per message proves the dedup.
 //! - `soak.emails`: `mail` (plain, logs to `soak_deliveries`).
-//! - `soak.index`: `index` (plain, logs to `soak_deliveries`).
+//! - `soak.index`: `index` (plain, logs to `soak_deliveries`); the harness enqueues it with
+//!   ordering keys.
 //!
 //! Faults, all decided from the payload and the delivery so that a run is reproducible:
 //!

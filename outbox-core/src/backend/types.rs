@@ -44,6 +44,9 @@ pub(crate) struct ClaimedMessage {
     /// Its place in its key's order (`seq`, the commit order of the key's writes), when it has
     /// a key: recorded in the protocol trace, which orders a key by it.
     pub(crate) seq: Option<i64>,
+    /// Its key's `dead_releases_key`: a dead letter of it does not hold its key's later
+    /// messages (false for a message without a key). Recorded in the protocol trace.
+    pub(crate) releases_key: bool,
     /// The trace context stored at enqueue, if any.
     pub(crate) trace: Option<crate::trace::TraceContext>,
 }

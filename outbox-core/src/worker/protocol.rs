@@ -6,7 +6,8 @@
 //! Fields: `action` (`claim`, `start`, `renew`, `done`, `failed`, `hand_back`, `error`, `stop`,
 //! `stopped`), `worker`, and as the action needs: `message` and `token` (one message), or
 //! `messages` and `tokens` (comma-separated, in the same order); `key`, `seq` (a keyed
-//! message's place in its key's order), `attempt`, `via`
+//! message's place in its key's order), `releases_key` (a keyed message's dead letter does not
+//! hold its key), `attempt`, `via`
 //! (`claim` or `done`: which statement claimed), `retry` (a failed outcome: retry or dead),
 //! `written` (rows the statement changed: for a batch, how many of its messages), `statement`
 //! (of an `error`: the statement that failed, which may or may not have committed), `complete`
@@ -38,7 +39,8 @@ pub(crate) fn claimed(worker: Uuid, via: &'static str, claimed: &[ClaimedMessage
     }
     for m in claimed {
         tracing::debug!(target: TARGET, action = "claim", %worker, via, message = %m.id,
-            token = %m.claim_token, key = m.key.as_deref(), seq = m.seq, attempt = m.attempts);
+            token = %m.claim_token, key = m.key.as_deref(), seq = m.seq,
+            releases_key = m.key.is_some().then_some(m.releases_key), attempt = m.attempts);
     }
 }
 

@@ -13,7 +13,8 @@
 //!   count, or more when claims were unseen (see below), never less;
 //! - a message with an ordering key is claimed and started only when no earlier message of
 //!   its key (by `seq`, the key's commit order, among the messages the trace saw; by id in a
-//!   trace that records no `seq`) is live, or dead and holding the key;
+//!   trace that records no `seq`) is live, or dead and holding the key (a dead letter whose
+//!   claim recorded `releases_key` does not hold it);
 //! - a handler starts only under a claim its worker made;
 //! - outcome writes, hand-backs and renewals are fenced: a statement never changes more
 //!   messages than the model holds under its tokens (a done, failed or hand-back write, or a
@@ -76,6 +77,9 @@ pub struct Event {
     /// key's writes).
     #[serde(default)]
     pub seq: Option<i64>,
+    /// A claimed keyed message's `releases_key`: dead, it does not hold its key.
+    #[serde(default)]
+    pub releases_key: Option<bool>,
     /// A claimed message's attempt.
     #[serde(default)]
     pub attempt: Option<u32>,
@@ -485,6 +489,9 @@ impl Validator {
         };
         self.summary.claims += 1;
         let m = self.message(id, e.key.as_deref(), e.seq);
+        if let Some(releases) = e.releases_key {
+            self.table.rows[m].releases_key = releases;
+        }
         let row = self.table.rows[m];
         let Status::Live { attempts, lease } = row.status else {
             if self.messages[m].open {

@@ -20,6 +20,15 @@ fn claim_at(t: u64, worker: &str, m: &str, token: &str, key: &str, seq: i64) -> 
     format!(r#"{},"seq":{seq}}}"#, plain.trim_end_matches('}'))
 }
 
+/// [`claim_at`], recording the key's `releases_key` as well.
+fn claim_releasing(t: u64, worker: &str, m: &str, token: &str, seq: i64, releases: bool) -> String {
+    let plain = claim_at(t, worker, m, token, "k", seq);
+    format!(
+        r#"{},"releases_key":{releases}}}"#,
+        plain.trim_end_matches('}')
+    )
+}
+
 fn batch(t: u64, action: &str, worker: &str, m: &str, token: &str, written: u64) -> String {
     format!(
         r#"{{"t":{t},"action":"{action}","worker":"{worker}","messages":"{m}","tokens":"{token}","written":{written}}}"#
@@ -147,6 +156,25 @@ fn a_key_is_ordered_by_seq_not_by_id() {
         validate(&trace, &[(A, Final::Done), (B, Final::Done)]),
         Ok(())
     );
+}
+
+/// A dead letter holds its key unless its claim recorded `releases_key`.
+#[test]
+fn a_dead_letter_holds_its_key_unless_it_releases_it() {
+    let trace = |releases: bool| {
+        [
+            claim_releasing(1, "w1", A, "t1", 1, releases),
+            failed(2, "w1", A, "t1", false, true),
+            claim_releasing(3, "w2", B, "t2", 2, releases),
+            batch(4, "done", "w2", B, "t2", 1),
+            stopped(5, "w1"),
+            stopped(6, "w2"),
+        ]
+    };
+    let finals = [(A, Final::Dead), (B, Final::Done)];
+    assert_eq!(validate(&trace(true), &finals), Ok(()));
+    let errors = validate(&trace(false), &finals).unwrap_err();
+    assert!(errors[0].contains("of its key holds it"), "{errors:?}");
 }
 
 #[test]

@@ -41,7 +41,7 @@ use crate::error::Result;
 macro_rules! claimed_columns {
     () => {
         "id, topic, payload, version, idempotency_key, attempts, created_at, last_error, \
-         ordering_key, seq, traceparent, tracestate"
+         ordering_key, seq, releases_key, traceparent, tracestate"
     };
 }
 
@@ -507,6 +507,7 @@ fn claimed(r: &MySqlRow, claim_token: Uuid) -> Result<ClaimedMessage, sqlx::Erro
             Some(_) => Some(r.try_get("seq")?),
             None => None,
         },
+        releases_key: key.is_some() && r.try_get::<bool, _>("releases_key")?,
         key: key.map(Arc::from),
         trace: r
             .try_get::<Option<String>, _>("traceparent")?

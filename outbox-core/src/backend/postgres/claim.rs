@@ -120,7 +120,7 @@ pub(super) const CLAIM_KEYED: &str = "WITH RECURSIVE after_cursor(k, seq) AS ( \
          locked_until = now() + make_interval(secs => $5) \
      WHERE m.ctid = ANY(ARRAY(SELECT ctid FROM picked)) \
      RETURNING m.id, m.topic, m.payload::text AS payload, m.version, m.idempotency_key, \
-               m.attempts, m.created_at, m.last_error, m.ordering_key, m.seq, m.traceparent, m.tracestate";
+               m.attempts, m.created_at, m.last_error, m.ordering_key, m.seq, m.releases_key, m.traceparent, m.tracestate";
 
 /// As [`CLAIM_KEYED`], but the heads are those of the keys `$6` only, one probe per key.
 const CLAIM_RELEASED: &str = "WITH heads AS ( \
@@ -152,7 +152,7 @@ const CLAIM_RELEASED: &str = "WITH heads AS ( \
          locked_until = now() + make_interval(secs => $5) \
      WHERE m.ctid = ANY(ARRAY(SELECT ctid FROM picked)) \
      RETURNING m.id, m.topic, m.payload::text AS payload, m.version, m.idempotency_key, \
-               m.attempts, m.created_at, m.last_error, m.ordering_key, m.seq, m.traceparent, m.tracestate";
+               m.attempts, m.created_at, m.last_error, m.ordering_key, m.seq, m.releases_key, m.traceparent, m.tracestate";
 
 /// The handlers of the messages `$1` that already succeeded.
 const DELIVERY_COMPLETED: &str =
@@ -390,6 +390,7 @@ pub(super) fn claimed(
         } else {
             None
         },
+        releases_key: ordered && r.try_get::<bool, _>("releases_key")?,
         trace: trace(r.try_get("traceparent")?, r.try_get("tracestate")?),
     })
 }

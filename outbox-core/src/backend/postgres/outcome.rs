@@ -102,7 +102,7 @@ const DONE_AND_CLAIM: &str = concat!(
                               WHERE l.ordering_key = m.ordering_key AND l.seq > m.seq \
                                 AND l.locked_until >= now())) \
         RETURNING m.id, m.topic, m.payload::text AS payload, m.version, m.idempotency_key, \
-                  m.attempts, m.created_at, m.last_error, m.ordering_key, m.seq, m.traceparent, m.tracestate \
+                  m.attempts, m.created_at, m.last_error, m.ordering_key, m.seq, m.releases_key, m.traceparent, m.tracestate \
      ) \
      SELECT (SELECT count(*) FROM del) AS done, c.* \
      FROM (SELECT 1) one LEFT JOIN claimed c ON true"
