@@ -28,6 +28,7 @@
 //! | W14 | PostgreSQL: W3 with a replay of 100,000 retained events running on the same worker (paced to outlast the measured messages), alternating with W3 on an idle worker (`--repeat` pairs, at most 3); p50 and p99 of each side's pooled messages, and the ratio of the p99s |
 //! | W15 | PostgreSQL: 1,000,000 events in today's partition of a topic retained for a day, dropped by the log's upkeep run as if three days later (`__log_upkeep_at`), against a `DELETE` of the same rows in a second identical setup (and the `VACUUM` it leaves owed) |
 //! | W16 | every backend: 100,000 pending messages over 1,000 ordering keys (each key's first ready, the rest blocked behind it); `Store::stats` timed 5 times with no worker, then 5 times while a default worker drains the keys (from its first hundred messages on); the slowest of each five |
+//! | W17 | every backend: 100,000 pending messages (at least 30,000 at any scale) drained by 4 default workers (a task and a pool each; the handler takes 20 ms); in `--repeat` rounds (5 by default; at least 3, at most 5), while every worker is handling messages, `Store::pause` of the topic, then `Store::resume`: from the pause returning to the last handler call started on any worker (an upper bound of the last claim), and from the resume returning to the first call on each worker; the slowest round of each |
 //! | RSS | peak RSS (VmHWM) of a worker process draining a 100,000-message backlog |
 //! | W2T | with `--features opentelemetry` only: W2's enqueue transactions (1 and 8 producers, a worker running), in at least 9 rounds of three variants, each round starting with the next: OpenTelemetry recording nothing; each transaction's business statements in a recorded request span, `enqueue` outside it (no context stored, as without the feature); the whole transaction in the span, its context stored and continued by the worker (spans and events at INFO and above, batch-exported to a sink that drops them); the ratios of the last to the other two, each the median of the rounds' ratios; then the target's figure: as many rounds in which each producer's transactions alternate between the context stored and not, every one timed, and the median over runs of 50 such pairs of the time without to the time with (pairs of neighbouring transactions meet the same disk and server, which separate runs do not), beside the ratio of all pairs' time summed |
 //!
@@ -239,6 +240,12 @@ const MYSQL_PICKUP_P99_MS: f64 = 50.0;
 
 /// W16's target on every backend: the slowest `Store::stats` call, in seconds.
 const STATS_MAX_S: f64 = 0.5;
+
+/// W17's target on every backend: a pause or a resume in force on every worker, in seconds.
+const PAUSE_MAX_S: f64 = 1.0;
+
+/// W17's workers, each a task with a pool of its own.
+const W17_WORKERS: usize = 4;
 
 /// MariaDB/MySQL's peak RSS target, MB (PostgreSQL's too).
 const MYSQL_RSS_MB: f64 = 50.0;
@@ -1439,6 +1446,31 @@ async fn run(args: &Args, db: &mut Db, report: &mut Report, pg_w1: Option<f64>) 
                 "s",
                 None,
             ),
+        }
+    }
+
+    // W17: a pause and a resume of a topic, seen by four workers draining it.
+    if args.wants("w17") {
+        db.reset().await?;
+        let n = args.scaled(100_000).max(30_000);
+        let rounds = repeat.clamp(3, 5);
+        match workloads::w17(db, n, W17_WORKERS, rounds).await {
+            Ok(t) => {
+                let most = |v: &[f64]| v.iter().copied().fold(0.0, f64::max);
+                let paused = format!(
+                    "Store::pause to the last call on any of {W17_WORKERS} draining workers, slowest of {rounds}"
+                );
+                let resumed = format!(
+                    "Store::resume to the first call on each of the {W17_WORKERS}, slowest of {rounds}"
+                );
+                for (name, times) in [(paused, &t.paused), (resumed, &t.resumed)] {
+                    report.push("W17", name, Ok(most(times)), "s", None);
+                    // The target is every backend's, not only PostgreSQL's.
+                    let row = report.rows.len() - 1;
+                    report.set_target(row, Target::at_most(PAUSE_MAX_S));
+                }
+            }
+            Err(e) => report.push("W17", "pause and resume on four workers", Err(e), "s", None),
         }
     }
 

@@ -479,6 +479,104 @@ async fn read_only_refuses_every_change() {
     db.drop_db().await;
 }
 
+/// The overview lists the live workers' handlers with a Pause button each; the button asks
+/// first, then pauses the handler for every worker, and Resume lifts it; read-only shows
+/// neither, and a form without the token is refused.
+#[tokio::test]
+async fn pause_and_resume_a_handler_from_the_overview() {
+    let db = pg().await;
+    let store = Store::from(&db.pool);
+    let worker = Worker::builder(&db.pool)
+        .handler(Bounce)
+        .handler(Reject)
+        .build()
+        .unwrap();
+    let (stop, running) = start(worker);
+    wait_until(Duration::from_secs(10), "the worker is live", async || {
+        store.workers().await.unwrap().iter().any(|w| w.live)
+    })
+    .await;
+    let addr = serve(&db, ConsoleConfig::new()).await;
+    let page = http(addr, "GET", "/", &[], "").await;
+    assert_eq!(page.status, 200);
+    assert!(page.body.contains("id=\"pause-bounce\""), "{}", page.body);
+    assert!(page.body.contains("id=\"pause-reject\""), "{}", page.body);
+    let csrf = csrf_of(&page.body);
+
+    let a = http(addr, "POST", "/pauses/confirm", &[], "op=pause:bounce").await;
+    assert_eq!(a.status, 403, "no token, no confirmation");
+    let a = http(
+        addr,
+        "POST",
+        "/pauses/confirm",
+        &[],
+        &format!("op=pause:bounce&csrf={csrf}"),
+    )
+    .await;
+    assert_eq!(a.status, 200, "{}", a.body);
+    assert!(a.body.contains("Pause handler bounce?"), "{}", a.body);
+    assert!(
+        store.pauses().await.unwrap().is_empty(),
+        "the confirmation changes nothing"
+    );
+
+    let form = format!("action=pause&handler=bounce&csrf={csrf}");
+    let a = http(addr, "POST", "/pauses/apply", &[], &form).await;
+    assert_eq!(
+        (a.status, a.header("location")),
+        (303, Some("/")),
+        "{}",
+        a.body
+    );
+    let pauses = store.pauses().await.unwrap();
+    assert_eq!(pauses.len(), 1);
+    assert_eq!(pauses[0].target, outbox::PauseTarget::handler("bounce"));
+    let page = http(addr, "GET", "/", &[], "").await;
+    assert!(page.body.contains("id=\"resume-bounce\""), "{}", page.body);
+    assert!(page.body.contains("paused</span>"), "{}", page.body);
+
+    let ro = serve(&db, ConsoleConfig::new().read_only(true)).await;
+    let page = http(ro, "GET", "/", &[], "").await;
+    assert!(
+        page.body.contains("bounce") && !page.body.contains("id=\"resume-bounce\""),
+        "{}",
+        page.body
+    );
+    let a = http(
+        ro,
+        "POST",
+        "/pauses/apply",
+        &[],
+        "action=resume&handler=bounce&csrf=x",
+    )
+    .await;
+    assert_eq!(a.status, 403);
+
+    let a = http(
+        addr,
+        "POST",
+        "/pauses/apply",
+        &[],
+        &format!("action=resume&handler=bounce&csrf={csrf}"),
+    )
+    .await;
+    assert_eq!(a.status, 303, "{}", a.body);
+    assert!(store.pauses().await.unwrap().is_empty());
+    let a = http(
+        addr,
+        "POST",
+        "/pauses/apply",
+        &[],
+        &format!("action=pause&handler=nobody&csrf={csrf}"),
+    )
+    .await;
+    assert_eq!(a.status, 400, "an unknown handler is refused: {}", a.body);
+    assert!(a.body.contains("known handlers"), "{}", a.body);
+    let _ = stop.send(());
+    running.await.unwrap().unwrap();
+    db.drop_db().await;
+}
+
 #[tokio::test]
 async fn dead_letters_page_and_filter() {
     let db = pg().await;

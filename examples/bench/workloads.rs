@@ -1397,3 +1397,145 @@ pub(crate) fn unhandled(n: u64) -> Vec<Unhandled> {
         })
         .collect()
 }
+
+/// W17's figures, in seconds, one per round: from `Store::pause` returning to the last handler
+/// call that any of the workers started (an upper bound of its last claim: a message claimed
+/// before the pause may wait in its worker for a handler slot), and from `Store::resume`
+/// returning to the first call on each worker, the slowest of them.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct PauseTimes {
+    pub(crate) paused: Vec<f64>,
+    pub(crate) resumed: Vec<f64>,
+}
+
+/// The calls of each of W17's workers, when they started.
+struct PacedCalls(Vec<Mutex<Vec<Instant>>>);
+
+impl PacedCalls {
+    /// The last call worker `i` started, if any.
+    fn last(&self, i: usize) -> Option<Instant> {
+        self.0[i].lock().ok().and_then(|c| c.last().copied())
+    }
+
+    /// The first call worker `i` started after `t`, if any.
+    fn first_after(&self, i: usize, t: Instant) -> Option<Instant> {
+        self.0[i]
+            .lock()
+            .ok()
+            .and_then(|c| c.iter().rev().take_while(|at| **at > t).last().copied())
+    }
+}
+
+/// W17's handler: notes the call under its worker's index and takes 20 ms, as a call to a
+/// provider would, so that four workers drain the backlog steadily rather than at once.
+struct Paced(Arc<PacedCalls>, usize);
+
+#[outbox::async_trait]
+impl Handler for Paced {
+    type Event = BenchMessage;
+    const NAME: &'static str = "bench-paced";
+
+    async fn handle(&self, _event: BenchMessage, _ctx: &Context) -> Result<(), HandlerError> {
+        if let Ok(mut calls) = self.0 .0[self.1].lock() {
+            calls.push(Instant::now());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        Ok(())
+    }
+}
+
+/// How long W17 waits after a pause before it reads when the last call started: twice the
+/// target, so that a pause that takes longer than the target shows as such.
+const W17_OBSERVE: Duration = Duration::from_secs(2);
+
+/// W17: `n` pending messages drained by `workers` default workers (a task and a pool each);
+/// in each of `rounds` rounds, while all of them are handling messages, the topic is paused,
+/// then resumed (see [`PauseTimes`]).
+pub(crate) async fn w17(db: &Db, n: u64, workers: usize, rounds: usize) -> Result<PauseTimes> {
+    db.seed(&messages(n)).await?;
+    db.analyze().await?;
+    let calls = Arc::new(PacedCalls(
+        (0..workers).map(|_| Mutex::new(Vec::new())).collect(),
+    ));
+    let (stop, stopped) = watch::channel(false);
+    let mut pools = Vec::new();
+    let mut running = Vec::new();
+    for i in 0..workers {
+        let pool = db.cold_pool(COLD_POOL_SIZE).await?;
+        let w = Worker::builder(pool.store())
+            .handler(Paced(calls.clone(), i))
+            .config(WorkerConfig::default().name(format!("bench-w17-{i}")))
+            .build()?;
+        let mut stopped = stopped.clone();
+        running.push(tokio::spawn(async move {
+            w.run_until(async move {
+                let _ = stopped.wait_for(|s| *s).await;
+            })
+            .await
+        }));
+        pools.push(pool);
+    }
+    let store = db.pool.store();
+    let target = outbox::PauseTarget::topic(TOPIC);
+    let mut times = PauseTimes::default();
+    let measured = async {
+        for _ in 0..rounds {
+            // Every worker is handling messages: each started a call in the last 200 ms.
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while !(0..workers).all(|i| {
+                calls
+                    .last(i)
+                    .is_some_and(|at| at.elapsed() < Duration::from_millis(200))
+            }) {
+                if Instant::now() > deadline {
+                    bail!("W17: not every worker was handling messages within 30 s");
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            store.pause(&target, None).await?;
+            let paused = Instant::now();
+            tokio::time::sleep(W17_OBSERVE).await;
+            let last = (0..workers)
+                .filter_map(|i| calls.last(i))
+                .filter(|at| *at > paused)
+                .max()
+                .map_or(0.0, |at| (at - paused).as_secs_f64());
+            if db.remaining(&[TOPIC]).await? == 0 {
+                bail!("W17: the backlog ran out during a pause; seed more messages");
+            }
+            store.resume(&target).await?;
+            let resumed = Instant::now();
+            let deadline = resumed + Duration::from_secs(10);
+            let mut slowest = 0.0f64;
+            for i in 0..workers {
+                loop {
+                    if let Some(at) = calls.first_after(i, resumed) {
+                        slowest = slowest.max((at - resumed).as_secs_f64());
+                        break;
+                    }
+                    if Instant::now() > deadline {
+                        bail!("W17: worker {i} took no message within 10 s of the resume");
+                    }
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+            }
+            times.paused.push(last);
+            times.resumed.push(slowest);
+        }
+        Ok(())
+    }
+    .await;
+    let _ = stop.send(true);
+    for r in running {
+        match r.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => bail!("a W17 worker failed: {e}"),
+            Err(e) => bail!("a W17 worker task failed: {e}"),
+        }
+    }
+    for p in pools {
+        p.close().await;
+    }
+    measured?;
+    Ok(times)
+}

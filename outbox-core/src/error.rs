@@ -139,6 +139,12 @@ pub enum Error {
     #[error("replay refused: {0}")]
     ReplayRefused(String),
 
+    /// A pause or a resume was refused: an unknown handler, an empty name, a duration out of
+    /// range. The [`PauseError`](crate::PauseError) says which, and what to do; nothing was
+    /// changed.
+    #[error(transparent)]
+    Pause(#[from] crate::pause::PauseError),
+
     /// The worker could not start its own thread or runtime. Restart the process.
     #[error("the worker failed: {0}")]
     Worker(String),

@@ -34,6 +34,7 @@ struct HealthInner {
     blocked_by_dead: std::sync::Mutex<Vec<(String, i64)>>,
     unknown_versions: std::sync::Mutex<Vec<(String, i32, Duration)>>,
     log_runway: std::sync::Mutex<Vec<(String, Duration)>>,
+    pauses: std::sync::Mutex<Vec<(String, Duration)>>,
     max_tick_age: Duration,
     max_oldest_ready: Duration,
     max_awaiting_version: Duration,
@@ -55,6 +56,7 @@ impl Health {
                 blocked_by_dead: std::sync::Mutex::new(Vec::new()),
                 unknown_versions: std::sync::Mutex::new(Vec::new()),
                 log_runway: std::sync::Mutex::new(Vec::new()),
+                pauses: std::sync::Mutex::new(Vec::new()),
                 max_tick_age,
                 max_oldest_ready,
                 max_awaiting_version,
@@ -142,6 +144,25 @@ impl Health {
     pub fn log_runway(&self) -> Vec<(String, Duration)> {
         self.inner
             .log_runway
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    pub(crate) fn set_pauses(&self, pauses: Vec<(String, Duration)>) {
+        *self
+            .inner
+            .pauses
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = pauses;
+    }
+
+    /// The pauses in force (`outbox pause`), as this worker last read them (twice a second):
+    /// each as `handler NAME` or `topic NAME`, with how long it has lasted. A pause is not
+    /// unhealthy: [`check`](Self::check) never fails for one.
+    pub fn pauses(&self) -> Vec<(String, Duration)> {
+        self.inner
+            .pauses
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone()

@@ -105,6 +105,7 @@ mod model;
 #[cfg(feature = "prometheus")]
 pub mod observe;
 mod ops;
+mod pause;
 mod registry;
 mod replay;
 mod resources;
@@ -137,6 +138,7 @@ pub use model::{
     UnknownStatus, WorkerInfo,
 };
 pub use ops::DEFAULT_PURGE_BATCH;
+pub use pause::{PauseError, PauseInfo, PauseTarget, Paused, Resumed, MAX_PAUSE};
 pub use registry::{
     assert_all_events_handled, HandlerInfo, HandlerRegistration, Registry, RegistryError,
 };

@@ -243,6 +243,7 @@ mod tests {
         let stats = crate::model::Stats {
             topics,
             total: crate::model::TopicStats::default(),
+            pauses: Vec::new(),
         };
         let recorder = DebuggingRecorder::new();
         metrics::with_local_recorder(&recorder, || gauges.record(&stats, handled));

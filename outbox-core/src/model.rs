@@ -111,6 +111,8 @@ pub struct Stats {
     pub topics: Vec<TopicStats>,
     /// All topics together.
     pub total: TopicStats,
+    /// The pauses in force (`outbox pause`), with how many messages wait on each.
+    pub pauses: Vec<crate::pause::PauseInfo>,
 }
 
 impl Stats {
@@ -122,7 +124,11 @@ impl Stats {
         for t in &topics {
             total.add(t);
         }
-        Stats { topics, total }
+        Stats {
+            topics,
+            total,
+            pauses: Vec::new(),
+        }
     }
 }
 

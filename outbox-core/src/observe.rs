@@ -120,12 +120,18 @@ async fn metrics_page(State(s): State<AppState>) -> String {
     s.prometheus.render()
 }
 
+/// `ok` (200) or `unhealthy: ...` (503), then one line per pause in force, with its age: a
+/// pause is not unhealthy, but an operator looking at a quiet worker should see it.
 async fn health_page(State(s): State<AppState>) -> (StatusCode, String) {
-    match s.health.check() {
-        Ok(()) => (StatusCode::OK, "ok\n".into()),
+    let (status, mut body) = match s.health.check() {
+        Ok(()) => (StatusCode::OK, "ok\n".to_string()),
         Err(reason) => (
             StatusCode::SERVICE_UNAVAILABLE,
             format!("unhealthy: {reason}\n"),
         ),
+    };
+    for (target, age) in s.health.pauses() {
+        body.push_str(&format!("paused: {target} for {}s\n", age.as_secs()));
     }
+    (status, body)
 }

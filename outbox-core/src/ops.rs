@@ -43,7 +43,8 @@ impl Store {
     /// Per-topic and total counts: ready, scheduled, in flight, dead, done in the last five
     /// minutes, and the age of the oldest ready message; and the messages blocked behind an
     /// earlier message of their ordering key (behind a dead letter, among them), with the age
-    /// of the oldest. Each due message with an ordering key costs one index probe.
+    /// of the oldest. Each due message with an ordering key costs one index probe. And the
+    /// pauses in force ([`Store::pause`]), with how many messages wait on each.
     ///
     /// # Errors
     ///
@@ -53,7 +54,15 @@ impl Store {
     ///
     /// Cancellation safe: it only reads.
     pub async fn stats(&self) -> Result<Stats> {
-        Ok(Stats::from_topics(self.backend().outbox_stats().await?))
+        let mut stats = Stats::from_topics(self.backend().outbox_stats().await?);
+        stats.pauses = self
+            .backend()
+            .pause_list(true)
+            .await?
+            .into_iter()
+            .filter(|p| p.active)
+            .collect();
+        Ok(stats)
     }
 
     /// The workers that registered and have not been gone for a minute, live ones first:

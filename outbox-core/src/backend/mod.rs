@@ -1,8 +1,8 @@
 //! The backend seam: every SQL statement lives in one folder per database below this one,
 //! `postgres/`, `sqlite/` and `mysql/` (MariaDB and MySQL), each with the same files: `mod.rs` (the backend and its
 //! [`Backend`] impl, which hands each method to the file of its part), `migrate.rs`,
-//! `enqueue.rs`, `claim.rs`, `outcome.rs`, `ops.rs`, `log.rs`, `replay.rs`, `workers.rs` and
-//! `wake.rs`.
+//! `enqueue.rs`, `claim.rs`, `outcome.rs`, `ops.rs`, `pause.rs`, `log.rs`, `replay.rs`,
+//! `workers.rs` and `wake.rs`.
 //!
 //! The [`Backend`] trait is internal and unstable; users see [`Store`](crate::store::Store) and
 //! [`Connection`].
@@ -205,8 +205,8 @@ impl<C: Connection + ?Sized> ConnectionMut for &mut C {
 /// Internal and unstable: `pub(crate)`, not part of the public API, changed whenever the worker
 /// needs it to. Each backend implements it in a folder of its own (`postgres/`, `sqlite/`) with
 /// the same files, and its methods are grouped here in the order and under the names of those
-/// files: the pool (`mod.rs`), then migrate, enqueue, claim, outcome, ops, log, replay,
-/// workers and wake.
+/// files: the pool (`mod.rs`), then migrate, enqueue, claim, outcome, ops, pause, log,
+/// replay, workers and wake.
 #[async_trait]
 pub(crate) trait Backend: Send + Sync + 'static {
     // ---- the pool (`mod.rs`) ----
@@ -279,6 +279,13 @@ pub(crate) trait Backend: Send + Sync + 'static {
     /// Extends the leases of messages still running under these claims.
     async fn outbox_renew(&self, fences: &[Fence], lease: std::time::Duration) -> Result<u64>;
 
+    /// Parks a claimed message for the paused handler `handler`: back to pending, its attempt
+    /// not counted, skipped by claims until the handler is resumed, recording the handlers
+    /// `succeeded` in this attempt. Fenced; false when the claim was taken over. When the
+    /// handler's pause ended meanwhile, the message is only given back (not parked), so a
+    /// resume can never strand it.
+    async fn outbox_park(&self, fence: Fence, handler: &str, succeeded: &[&str]) -> Result<bool>;
+
     // ---- ops (`ops.rs`) ----
 
     /// Pending topics with their counts, among topics not in `known`.
@@ -318,6 +325,26 @@ pub(crate) trait Backend: Send + Sync + 'static {
         older_than: std::time::Duration,
         batch: i64,
     ) -> Result<u64>;
+
+    // ---- pause (`pause.rs`) ----
+
+    /// Pauses a handler or a topic (or sets the end of its pause); returns the stored row.
+    async fn pause_set(&self, p: &crate::pause::PauseWrite<'_>) -> Result<crate::pause::PauseInfo>;
+
+    /// Deletes the pause of `target` and, for a handler, makes its parked messages claimable;
+    /// `None` when there was no pause, else how many messages were unparked.
+    async fn pause_remove(&self, target: &crate::pause::PauseTarget) -> Result<Option<u64>>;
+
+    /// Every pause, by scope and name; with `counts`, how many messages wait on each (without,
+    /// only the pauses table is read: what workers poll).
+    async fn pause_list(&self, counts: bool) -> Result<Vec<crate::pause::PauseInfo>>;
+
+    /// Deletes the pauses whose end has passed and makes the messages parked for those
+    /// handlers claimable; returns how many pauses it deleted.
+    async fn pause_expire(&self) -> Result<u64>;
+
+    /// Every (topic, handler) pair a worker has run (`outbox_handlers`).
+    async fn handlers_known(&self) -> Result<Vec<(String, String)>>;
 
     // ---- log (`log.rs`) ----
 

@@ -58,7 +58,7 @@ pub fn for_error(e: &Error) -> u8 {
             _ => FAILURE,
         },
         Error::MigrationChanged { .. } | Error::MigrationUnknown { .. } => SCHEMA,
-        Error::DelayOutOfRange(_) | Error::InvalidArgument(_) => USAGE,
+        Error::DelayOutOfRange(_) | Error::InvalidArgument(_) | Error::Pause(_) => USAGE,
         Error::Registry(_) | Error::Resource(_) | Error::Config(_) => CONFIG,
         // A worker that failed by itself is not misconfigured: a plain failure.
         Error::Worker(_) | Error::WorkerPanicked(_) => FAILURE,

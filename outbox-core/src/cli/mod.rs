@@ -19,6 +19,7 @@ mod args;
 mod events;
 pub mod exit;
 pub mod ops;
+mod pauses;
 mod print;
 mod replay;
 mod run;

@@ -13,6 +13,9 @@
 //! outbox replay --topic T --handler H [--since TIME] [--until TIME] [--key K] [--rate N] [--fresh] [--dry-run] [--follow]
 //! outbox replay status [ID] | pause ID | resume ID | cancel ID
 //! outbox workers [--all] [--json]
+//! outbox pause (--handler H | --topic T) [--for 30m] [--reason TEXT]
+//! outbox resume (--handler H | --topic T)
+//! outbox pauses [--json]
 //! outbox console [--addr 127.0.0.1:8080] [--read-only] [--token T | --user U --password P]
 //! ```
 //!
@@ -51,7 +54,7 @@ const EXIT_CODES: &str = "Exit codes:
 #[derive(Parser)]
 #[command(
     name = "outbox",
-    about = "Operate a transactional outbox: migrate, stats, dead letters, purge, the event log, workers",
+    about = "Operate a transactional outbox: migrate, stats, dead letters, purge, the event log, workers, pauses",
     after_help = EXIT_CODES
 )]
 struct Cli {
@@ -109,6 +112,13 @@ enum Command {
     /// The live workers: name, host, process id, state, last heartbeat, and per topic the
     /// version they know and their handlers' names (what `replay --handler` takes).
     Workers(super::workers::Workers),
+    /// Pause a handler or a topic for every worker (within a second): its messages wait,
+    /// no attempt counted, until `outbox resume` or the end given by `--for`.
+    Pause(super::pauses::Pause),
+    /// Lift the pause of a handler or a topic: its waiting messages run again.
+    Resume(super::pauses::Resume),
+    /// The pauses, with since when, until when, and how many messages wait on each.
+    Pauses(super::pauses::Pauses),
     /// Serve the operator's console in the browser.
     #[cfg(feature = "console")]
     Console(ConsoleArgs),
@@ -390,6 +400,9 @@ async fn run(command: Command, store: Store) -> crate::error::Result<u8> {
         Command::Events(events) => return super::events::run(events, store).await,
         Command::Replay(replay) => return super::replay::run(replay, store).await,
         Command::Workers(workers) => return super::workers::run(workers, &store).await,
+        Command::Pause(args) => return super::pauses::pause(args, &store).await,
+        Command::Resume(args) => return super::pauses::resume(args, &store).await,
+        Command::Pauses(args) => return super::pauses::list(args, &store).await,
         #[cfg(feature = "console")]
         Command::Console(args) => return console(&args, store).await,
     }

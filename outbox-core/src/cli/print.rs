@@ -123,6 +123,7 @@ pub fn print_stats(stats: &crate::model::Stats, registry: Option<&Registry>, jso
             "total": row(&stats.total),
             "unhandled": unhandled.iter().map(|t| row(t)).collect::<Vec<_>>(),
             "unserved": unserved.iter().map(|t| row(t)).collect::<Vec<_>>(),
+            "pauses": stats.pauses.iter().map(super::pauses::json_of).collect::<Vec<_>>(),
         });
         println!("{doc}");
         return;
@@ -181,6 +182,12 @@ pub fn print_stats(stats: &crate::model::Stats, registry: Option<&Registry>, jso
              handlers starts: is a handler crate not linked, or its workers down?):"
         );
         unserved.iter().for_each(|t| line(t));
+    }
+    if !stats.pauses.is_empty() {
+        println!("\npaused (their messages wait, no attempt counted, until `outbox resume`):");
+        for p in &stats.pauses {
+            println!("  {}", super::pauses::line_of(p));
+        }
     }
     let waiting: Vec<String> = stats
         .topics

@@ -239,6 +239,8 @@ pub fn router(store: impl Into<Store>, config: ConsoleConfig) -> Router {
         .route("/dead", get(pages::dead_letters))
         .route("/dead/confirm", post(pages::confirm))
         .route("/dead/apply", post(pages::apply))
+        .route("/pauses/confirm", post(pages::confirm_pause))
+        .route("/pauses/apply", post(pages::apply_pause))
         .route("/messages/{id}", get(pages::message))
         .route("/workers", get(pages::workers))
         .route("/events", get(pages::event_log))

@@ -246,6 +246,7 @@ impl WorkerBuilder {
                 id: Uuid::now_v7(),
                 next_topic: std::sync::atomic::AtomicUsize::new(0),
                 abandoned: std::sync::atomic::AtomicU64::new(0),
+                pauses: Arc::new(super::pauses::Pauses::default()),
             }),
         })
     }

@@ -5,6 +5,7 @@
 //! - the claim loop (here) and the idle/wake-up protocol ([`super::wake`]);
 //! - handler tasks and outcome writes ([`dispatch`]): successes in batches
 //!   ([`super::flush`]), failures one by one;
+//! - the pauses in force, read every [`PAUSE_POLL`](super::pauses::PAUSE_POLL) ([`chores`]);
 //! - chores ([`chores`]) every [`CHORE_TICK`]: handlers past their deadline are failed as timed out even if
 //!   they never yield, handlers that hold their thread are named, and every
 //!   [`WorkerConfig::lease`](crate::WorkerConfig::lease) / 5 the worker's heartbeat and the
@@ -31,6 +32,7 @@ pub(super) mod replays;
 mod tests;
 
 use claims::{claim_loop, start_claimed};
+pub(super) use dispatch::had_earlier_attempts;
 
 use super::config::{reconnect_delay, Wakeup};
 use super::process::{Outcome, Watch};
@@ -61,6 +63,8 @@ struct Flight {
     topic: &'static str,
     /// The attempt this claim counted.
     attempt: u32,
+    /// It may have per-handler progress from an earlier attempt or a park, to delete with it.
+    earlier: bool,
     /// Its ordering key, if it has one.
     key: Option<Arc<str>>,
     /// When the lease was last taken or renewed.
@@ -175,6 +179,8 @@ pub(super) async fn run(
         epoch: Instant::now(),
     });
     shared.heartbeat().await;
+    // Before the first claim: a worker that starts during a pause honours it at once.
+    worker.refresh_pauses(&*backend).await;
     // Before the first claim, so that the first deliveries of a newly retained topic are
     // logged.
     worker.declare_retention(&*backend).await;
@@ -197,6 +203,7 @@ pub(super) async fn run(
             lease: cfg.lease,
             start: start_tx,
             stop: stop.clone(),
+            pauses: worker.inner.pauses.clone(),
         },
     ));
     tokio::spawn(start_claimed(
@@ -217,6 +224,7 @@ pub(super) async fn run(
     let collector = tokio::spawn(dispatch::collect(shared.clone(), finished_rx));
     tokio::spawn(chores::chores(shared.clone(), tasks.clone()));
     tokio::spawn(chores::periodic(shared.clone(), tasks.clone()));
+    tokio::spawn(chores::pauses(shared.clone(), wake.clone(), tasks.clone()));
     tokio::spawn(replays::run(shared.clone(), stop.clone()));
 
     // Until the stop request. The claim loop is polled on after it, within the deadline: a

@@ -28,6 +28,8 @@ pub(crate) struct NextClaim {
     pub(crate) start: mpsc::UnboundedSender<Vec<ClaimedMessage>>,
     /// Once the worker stops claiming, so does the flusher.
     pub(crate) stop: CancellationToken,
+    /// The pauses in force: topics the worker does not claim are not claimed here either.
+    pub(crate) pauses: Arc<super::pauses::Pauses>,
 }
 
 /// Collects done messages and writes them every `interval` or every `max` messages, until
@@ -117,9 +119,17 @@ async fn write(
     let mut failures: u32 = 0;
     loop {
         let written = if keyed && !next.stop.is_cancelled() {
+            let paused = next.pauses.current();
+            let (topics, versions): (Vec<&str>, Vec<i32>) = next
+                .topics
+                .iter()
+                .zip(&next.versions)
+                .filter(|(t, _)| paused.claims(t))
+                .map(|(t, v)| (*t, *v))
+                .unzip();
             let params = ClaimParams {
-                topics: &next.topics,
-                versions: &next.versions,
+                topics: &topics,
+                versions: &versions,
                 limit: 0,
                 lease: next.lease,
                 claim_token: Uuid::now_v7(),

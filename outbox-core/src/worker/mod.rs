@@ -13,6 +13,7 @@ mod builder;
 mod config;
 mod engine;
 mod flush;
+mod pauses;
 mod process;
 mod protocol;
 mod retry;
@@ -28,6 +29,7 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 pub use builder::WorkerBuilder;
+pub(crate) use config::host;
 pub use config::{RetryPolicy, Wakeup, WorkerConfig};
 
 use crate::backend::{Backend, Done, Fence};
@@ -57,6 +59,8 @@ pub(super) struct Inner {
     next_topic: std::sync::atomic::AtomicUsize,
     /// Handler tasks left running by the last `run_until`.
     abandoned: std::sync::atomic::AtomicU64,
+    /// The pauses in force, as last read (shared with the done writes' claims).
+    pauses: Arc<pauses::Pauses>,
 }
 
 /// A worker: turns committed messages into handler calls until stopped.
@@ -124,6 +128,9 @@ pub struct BatchReport {
     pub retried: usize,
     /// Messages dead-lettered.
     pub dead: usize,
+    /// Messages parked for a paused handler (its other handlers ran), their attempt not
+    /// counted: they wait for `outbox resume`.
+    pub parked: usize,
 }
 
 impl Worker {
@@ -204,6 +211,9 @@ impl Worker {
             self.declare_retention(backend).await;
             engine::replays::record_handlers(self, backend).await;
         }
+        // The pauses in force now: a paused topic is not claimed, a paused handler not run.
+        self.refresh_pauses(backend).await;
+        let paused = self.inner.pauses.current();
         let claimed = self
             .claim(backend, self.inner.config.batch_size, &[])
             .await?;
@@ -216,7 +226,7 @@ impl Worker {
         let permits = tokio::sync::Semaphore::new(self.inner.config.concurrency);
         let runs = claimed.into_iter().map(|msg| {
             let finished = completed.remove(&msg.id).unwrap_or_default();
-            let (report, done, permits) = (&report, &done, &permits);
+            let (report, done, permits, paused) = (&report, &done, &permits, &paused);
             async move {
                 let Ok(_permit) = permits.acquire().await else {
                     return Ok(());
@@ -232,6 +242,7 @@ impl Worker {
                     &self.inner.config,
                     &self.inner.resources,
                     &watch,
+                    paused,
                 )
                 .await;
                 let fence = Fence {
@@ -243,10 +254,17 @@ impl Worker {
                         lock(report).done += 1;
                         lock(done).push(Done {
                             fence,
-                            had_attempts: msg.attempts > 1,
+                            had_attempts: engine::had_earlier_attempts(&msg),
                             key: msg.key.clone(),
                         });
                         Ok(())
+                    }
+                    Outcome::Parked { handler, succeeded } => {
+                        lock(report).parked += 1;
+                        backend
+                            .outbox_park(fence, handler, &succeeded)
+                            .await
+                            .map(drop)
                     }
                     Outcome::Failed {
                         retry_in,
@@ -381,6 +399,19 @@ impl Worker {
         self.inner
             .abandoned
             .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Reads the pauses in force into this worker's pause set, logging those that began or
+    /// ended since the last read; true when one ended. A database error keeps the set as it
+    /// was (logged).
+    pub(super) async fn refresh_pauses(&self, backend: &dyn Backend) -> bool {
+        match self.inner.pauses.refresh(backend, &self.inner.topics).await {
+            Ok(change) => change.log(&self.inner.config.name),
+            Err(e) => {
+                tracing::warn!(error = %e, "could not read the pauses; keeping the ones read before");
+                false
+            }
+        }
     }
 
     async fn refresh_stats(&self, backend: &dyn Backend) {

@@ -16,6 +16,7 @@ use crate::backend::{ClaimedMessage, Failure, Fence};
 use crate::handler::{Context, ErasedHandler, FailureKind, HandlerError};
 use crate::resources::Resources;
 use crate::worker::config::WorkerConfig;
+use crate::worker::pauses::PauseSet;
 
 /// What became of one message.
 #[derive(Debug)]
@@ -24,6 +25,12 @@ pub(crate) enum Outcome {
     Failed {
         retry_in: Option<Duration>,
         error: String,
+        succeeded: Vec<&'static str>,
+    },
+    /// Every handler that ran succeeded, and `handler` (the first of them) is paused and did
+    /// not run: the message waits for it, parked, its attempt not counted.
+    Parked {
+        handler: &'static str,
         succeeded: Vec<&'static str>,
     },
 }
@@ -228,12 +235,13 @@ pub(crate) async fn run_message(
     config: &WorkerConfig,
     resources: &Arc<Resources>,
     watch: &Watch,
+    paused: &PauseSet,
 ) -> Outcome {
     let attempt = u32::try_from(msg.attempts).unwrap_or(u32::MAX);
     let delivery = crate::trace::delivery_span(msg.id, &msg.topic, attempt, msg.trace.as_ref());
     watch.delivery_span(Some(&delivery));
     let outcome = run_handlers(
-        msg, handlers, completed, config, resources, watch, attempt, &delivery,
+        msg, handlers, completed, config, resources, watch, paused, attempt, &delivery,
     )
     .instrument(delivery.clone())
     .await;
@@ -254,6 +262,7 @@ async fn run_handlers(
     config: &WorkerConfig,
     resources: &Arc<Resources>,
     watch: &Watch,
+    paused: &PauseSet,
     attempt: u32,
     delivery: &tracing::Span,
 ) -> Outcome {
@@ -262,7 +271,13 @@ async fn run_handlers(
     let mut errors = Vec::new();
     let mut retry_in: Option<Duration> = Some(Duration::ZERO);
     let mut exhausted = false;
+    // The first paused handler that has not succeeded: the message waits for it.
+    let mut parked: Option<&'static str> = None;
     for h in handlers.iter().filter(|h| !completed.contains(h.name())) {
+        if paused.handler_paused(h.name()) {
+            parked = parked.or(Some(h.name()));
+            continue;
+        }
         let max_attempts = h
             .max_attempts()
             .unwrap_or(config.retry.attempt_limit())
@@ -363,7 +378,9 @@ async fn run_handlers(
             errors.push(format!("the last error recorded before: {before}"));
         }
     }
-    if errors.is_empty() {
+    if let (true, Some(handler)) = (errors.is_empty(), parked) {
+        Outcome::Parked { handler, succeeded }
+    } else if errors.is_empty() {
         Outcome::Done
     } else {
         Outcome::Failed {

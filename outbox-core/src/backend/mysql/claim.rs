@@ -51,7 +51,7 @@ pub(super) const CLAIM_UNKEYED: &str = concat!(
     "SELECT ",
     claimed_columns!(),
     " FROM outbox_messages FORCE INDEX (outbox_messages_ready_idx) \
-     WHERE topic = ? AND ordering_key IS NULL AND available_at <= ",
+     WHERE topic = ? AND ordering_key IS NULL AND parked_by IS NULL AND available_at <= ",
     now_ms!(),
     " AND (locked_until IS NULL OR locked_until < ",
     now_ms!(),
@@ -130,7 +130,7 @@ macro_rules! startable {
             "SELECT m.id, m.topic, m.version FROM outbox_messages m \
              WHERE m.",
             $column,
-            " IN ({list}) AND m.available_at <= ",
+            " IN ({list}) AND m.parked_by IS NULL AND m.available_at <= ",
             now_ms!(),
             " AND (m.locked_until IS NULL OR m.locked_until < ",
             now_ms!(),
@@ -165,7 +165,7 @@ const STILL_STARTABLE: &str = startable!("id");
 const LOCK_HEADS: &str = concat!(
     "SELECT ",
     claimed_columns!(),
-    " FROM outbox_messages WHERE id IN ({list}) AND available_at <= ",
+    " FROM outbox_messages WHERE id IN ({list}) AND parked_by IS NULL AND available_at <= ",
     now_ms!(),
     " AND (locked_until IS NULL OR locked_until < ",
     now_ms!(),

@@ -83,6 +83,11 @@ const MIGRATIONS: &[Migration] = &[
         description: "who each worker is: its host, process id and handlers per topic",
         sql: include_str!("../../../migrations/mysql/0013_worker_identity.sql"),
     },
+    Migration {
+        version: 14,
+        description: "pauses of handlers and topics, and the messages parked by a paused handler",
+        sql: include_str!("../../../migrations/mysql/0014_pauses.sql"),
+    },
 ];
 
 const CREATE_MIGRATIONS_TABLE: &str = "CREATE TABLE IF NOT EXISTS outbox_migrations ( \

@@ -80,6 +80,25 @@ const FAILED_SUCCEEDED: &str = concat!(
     ")"
 );
 
+/// Whether handler `?` is paused now, its pause row locked in share mode until the park
+/// commits (see `pause.rs`).
+const PARK_PAUSED: &str = concat!(
+    "SELECT 1 FROM outbox_pauses WHERE scope = 'handler' AND name = ? \
+     AND (`until` IS NULL OR `until` > ",
+    now_ms!(),
+    ") LOCK IN SHARE MODE"
+);
+
+/// Message `?` (third) under claim token `?` (fourth) parked for the paused handler `?`
+/// (first; NULL when its pause ended: then only given back), its attempt not counted. The
+/// first park notes it in `last_error` (the handler `?`, second), which tells the next claim
+/// to read the message's per-handler progress (its attempts may be back at 0).
+const PARK: &str = "UPDATE outbox_messages \
+     SET attempts = GREATEST(attempts - 1, 0), locked_until = NULL, claim_token = NULL, \
+         parked_by = ?, \
+         last_error = COALESCE(last_error, CONCAT('parked while handler `', ?, '` was paused')) \
+     WHERE id = ? AND claim_token = ?";
+
 /// The messages `{list}` under claim token `?` back to pending, ready at once, their attempt
 /// not counted.
 const HAND_BACK: &str = "UPDATE outbox_messages \
@@ -213,6 +232,53 @@ pub(super) async fn mark_failed(b: &MySqlBackend, f: &Failure<'_>) -> Result<boo
                 .bind(*handler)
                 .execute(&mut *tx)
                 .await?;
+        }
+        tx.commit().await?;
+        Ok(current)
+    })
+    .await
+}
+
+/// Parks a claimed message for a paused handler ([`PARK_PAUSED`], [`PARK`]) and records the
+/// handlers that succeeded, in one transaction; false when fenced out.
+pub(super) async fn park(
+    b: &MySqlBackend,
+    fence: Fence,
+    handler: &str,
+    succeeded: &[&str],
+) -> Result<bool> {
+    retrying("park", || async {
+        let mut tx = b.begin().await?;
+        let held: Option<Option<Uuid>> = sqlx::query_scalar(FAILED_LOCK)
+            .bind(fence.id)
+            .fetch_optional(&mut *tx)
+            .await?;
+        if held != Some(Some(fence.claim_token)) {
+            tx.commit().await?;
+            return Ok(false);
+        }
+        let paused = sqlx::query(PARK_PAUSED)
+            .bind(handler)
+            .fetch_optional(&mut *tx)
+            .await?
+            .is_some();
+        let current = sqlx::query(PARK)
+            .bind(paused.then_some(handler))
+            .bind(handler)
+            .bind(fence.id)
+            .bind(fence.claim_token)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected()
+            > 0;
+        if current {
+            for h in succeeded {
+                sqlx::query(FAILED_SUCCEEDED)
+                    .bind(fence.id)
+                    .bind(*h)
+                    .execute(&mut *tx)
+                    .await?;
+            }
         }
         tx.commit().await?;
         Ok(current)

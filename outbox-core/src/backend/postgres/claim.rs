@@ -51,7 +51,7 @@ const CLAIM_UNKEYED: &str = "WITH picked AS ( \
                          THEN $1::text[] END, $6::int4[]) AS t(topic, max_version) \
         CROSS JOIN LATERAL ( \
             SELECT ctid FROM outbox_messages \
-            WHERE topic = t.topic AND ordering_key IS NULL AND available_at <= now() \
+            WHERE topic = t.topic AND ordering_key IS NULL AND available_at <= now() AND parked_by IS NULL \
               AND (locked_until IS NULL OR locked_until < now()) AND version <= t.max_version \
             ORDER BY available_at \
             LIMIT $2 \
@@ -101,7 +101,7 @@ pub(super) const CLAIM_KEYED: &str = "WITH RECURSIVE after_cursor(k, seq) AS ( \
         WHERE m.topic = ANY(CASE WHEN set_config('synchronous_commit', 'off', true) = 'off' \
                                  THEN $1::text[] END) \
           AND m.version <= ($7::int4[])[array_position($1::text[], m.topic)] \
-          AND m.available_at <= now() \
+          AND m.available_at <= now() AND m.parked_by IS NULL \
           AND (m.locked_until IS NULL OR m.locked_until < now()) \
           AND (NOT EXISTS (SELECT 1 FROM outbox_dead \
                            WHERE ordering_key IS NOT NULL AND NOT releases_key) \
@@ -133,7 +133,7 @@ const CLAIM_RELEASED: &str = "WITH heads AS ( \
         WHERE m.topic = ANY(CASE WHEN set_config('synchronous_commit', 'off', true) = 'off' \
                                  THEN $1::text[] END) \
           AND m.version <= ($7::int4[])[array_position($1::text[], m.topic)] \
-          AND m.available_at <= now() \
+          AND m.available_at <= now() AND m.parked_by IS NULL \
           AND (m.locked_until IS NULL OR m.locked_until < now()) \
           AND (NOT EXISTS (SELECT 1 FROM outbox_dead \
                            WHERE ordering_key IS NOT NULL AND NOT releases_key) \

@@ -8,6 +8,7 @@
 //!   handlers a claimed message already passed.
 //! - `outcome.rs`: what became of claimed messages: done, failed, handed back, lease renewed.
 //! - `ops.rs`: statistics, dead letters and purges, for the operations tools.
+//! - `pause.rs`: pauses of handlers and topics, and the messages parked for a paused handler.
 //! - `log.rs`: the event log: retention per topic, its upkeep and its reads.
 //! - `replay.rs`: replays of the log to one handler, and the handlers the deployment has run.
 //! - `workers.rs`: the workers table: heartbeat, list, deregistration.
@@ -38,6 +39,7 @@ mod log;
 mod migrate;
 mod ops;
 mod outcome;
+mod pause;
 mod replay;
 mod wake;
 mod workers;
@@ -140,6 +142,10 @@ impl Backend for PgBackend {
         outcome::renew(&self.pool, f, lease).await
     }
 
+    async fn outbox_park(&self, fence: Fence, handler: &str, succeeded: &[&str]) -> Result<bool> {
+        outcome::park(&self.pool, fence, handler, succeeded).await
+    }
+
     // ---- ops (`ops.rs`) ----
 
     async fn outbox_unknown_topics(&self, known: &[&str]) -> Result<Vec<(String, i64)>> {
@@ -183,6 +189,28 @@ impl Backend for PgBackend {
         batch: i64,
     ) -> Result<u64> {
         ops::purge_processed(&self.pool, older_than, batch).await
+    }
+
+    // ---- pause (`pause.rs`) ----
+
+    async fn pause_set(&self, p: &crate::pause::PauseWrite<'_>) -> Result<crate::pause::PauseInfo> {
+        pause::set(&self.pool, p).await
+    }
+
+    async fn pause_remove(&self, target: &crate::pause::PauseTarget) -> Result<Option<u64>> {
+        pause::remove(&self.pool, target).await
+    }
+
+    async fn pause_list(&self, counts: bool) -> Result<Vec<crate::pause::PauseInfo>> {
+        pause::list(&self.pool, counts).await
+    }
+
+    async fn pause_expire(&self) -> Result<u64> {
+        pause::expire(&self.pool).await
+    }
+
+    async fn handlers_known(&self) -> Result<Vec<(String, String)>> {
+        pause::known(&self.pool).await
     }
 
     // ---- log (`log.rs`) ----

@@ -1,5 +1,6 @@
 //! What became of claimed messages: done (deleted and counted, optionally claiming the next
-//! messages of their keys), failed (retry or dead letter), handed back, lease renewed.
+//! messages of their keys), failed (retry or dead letter), handed back, parked for a paused
+//! handler, lease renewed.
 //!
 //! Every write is fenced: it touches a message only while its claim token is the one the
 //! worker claimed it under. The statements given many fences join the live table to
@@ -90,7 +91,7 @@ const DONE_AND_CLAIM: &str = concat!(
         WHERE m.ctid = ANY(ARRAY(SELECT ctid FROM heads)) \
           AND m.topic = ANY($5::text[]) \
           AND m.version <= ($8::int4[])[array_position($5::text[], m.topic)] \
-          AND m.available_at <= now() \
+          AND m.available_at <= now() AND m.parked_by IS NULL \
           AND (m.locked_until IS NULL OR m.locked_until < now()) \
           AND (NOT EXISTS (SELECT 1 FROM outbox_dead \
                            WHERE ordering_key IS NOT NULL AND NOT releases_key) \
@@ -148,6 +149,30 @@ const HAND_BACK: &str = "UPDATE outbox_messages m \
      SET attempts = greatest(m.attempts - 1, 0), locked_until = NULL, claim_token = NULL \
      FROM UNNEST((SELECT $1::uuid[]), (SELECT $2::uuid[])) AS d(id, claim_token) \
      WHERE m.id = d.id AND m.claim_token = d.claim_token";
+
+/// Message `$1` under claim token `$2` parked for the paused handler `$3`: back to pending, its
+/// attempt not counted, recording the handlers `$4` that succeeded. The pause row is read
+/// `FOR SHARE` (see `pause.rs`): when the pause is gone or past its end, the message is only
+/// given back, not parked. The first park notes it in `last_error`, which tells the next
+/// claim to read the message's per-handler progress (its attempts may be back at 0). Returns
+/// 1, or 0 when the claim was taken over.
+const PARK: &str = "WITH pause AS ( \
+        SELECT 1 FROM outbox_pauses \
+        WHERE scope = 'handler' AND name = $3 AND (until IS NULL OR until > now()) \
+        FOR SHARE \
+     ), upd AS ( \
+        UPDATE outbox_messages \
+        SET attempts = greatest(attempts - 1, 0), locked_until = NULL, claim_token = NULL, \
+            parked_by = CASE WHEN EXISTS (SELECT 1 FROM pause) THEN $3 END, \
+            last_error = coalesce(last_error, 'parked while handler `' || $3 || '` was paused') \
+        WHERE id = $1 AND claim_token = $2 \
+        RETURNING id \
+     ), ins AS ( \
+        INSERT INTO outbox_deliveries (message_id, handler) \
+        SELECT $1, h FROM unnest($4::text[]) AS h WHERE EXISTS (SELECT 1 FROM upd) \
+        ON CONFLICT DO NOTHING \
+     ) \
+     SELECT count(*) FROM upd";
 
 /// The leases of the messages `$1` under the claim tokens `$2` extended to `$3` seconds from
 /// now. A renewal lost in a server crash only shortens a lease: no WAL flush to wait for.
@@ -255,6 +280,23 @@ pub(super) async fn hand_back(pool: &PgPool, f: &[Fence]) -> Result<u64> {
         .execute(pool)
         .await?;
     Ok(r.rows_affected())
+}
+
+/// Parks a claimed message for a paused handler ([`PARK`]); false when fenced out.
+pub(super) async fn park(
+    pool: &PgPool,
+    fence: Fence,
+    handler: &str,
+    succeeded: &[&str],
+) -> Result<bool> {
+    let n: i64 = sqlx::query_scalar(PARK)
+        .bind(fence.id)
+        .bind(fence.claim_token)
+        .bind(handler)
+        .bind(succeeded)
+        .fetch_one(pool)
+        .await?;
+    Ok(n > 0)
 }
 
 /// Extends leases ([`RENEW`]); returns how many.

@@ -28,7 +28,7 @@ const CLAIM_UNKEYED: &str = concat!(
     " + ?4 \
      WHERE seq IN ( \
          SELECT seq FROM outbox_messages \
-         WHERE topic = ?5 AND ordering_key IS NULL AND available_at <= ?3 \
+         WHERE topic = ?5 AND ordering_key IS NULL AND available_at <= ?3 AND parked_by IS NULL \
            AND (locked_until IS NULL OR locked_until < ?3) AND version <= ?7 \
          ORDER BY available_at LIMIT ?6) \
      RETURNING id, topic, payload, version, idempotency_key, attempts, created_at, last_error, \
@@ -65,7 +65,7 @@ const CLAIM_KEYED: &str = concat!(
      WHERE seq IN ( \
          SELECT m.seq FROM heads h JOIN outbox_messages m ON m.seq = h.seq \
          WHERE m.version <= (SELECT value FROM json_each(?6) WHERE key = m.topic) \
-           AND m.available_at <= ?3 \
+           AND m.available_at <= ?3 AND m.parked_by IS NULL \
            AND (m.locked_until IS NULL OR m.locked_until < ?3) \
            AND NOT EXISTS (SELECT 1 FROM outbox_dead d \
                            WHERE d.ordering_key = h.k AND d.seq < h.seq AND d.releases_key = 0) \
@@ -88,7 +88,7 @@ const CLAIM_RELEASED: &str = concat!(
      WHERE seq IN ( \
          SELECT m.seq FROM heads h JOIN outbox_messages m ON m.seq = h.seq \
          WHERE m.version <= (SELECT value FROM json_each(?6) WHERE key = m.topic) \
-           AND m.available_at <= ?3 \
+           AND m.available_at <= ?3 AND m.parked_by IS NULL \
            AND (m.locked_until IS NULL OR m.locked_until < ?3) \
            AND NOT EXISTS (SELECT 1 FROM outbox_dead d \
                            WHERE d.ordering_key = h.k AND d.seq < h.seq AND d.releases_key = 0) \

@@ -74,6 +74,18 @@ const HAND_BACK: &str = "UPDATE outbox_messages \
          SELECT m.seq FROM json_each(?1) AS d \
          JOIN outbox_messages AS m ON m.id = d.value ->> 0 AND m.claim_token = d.value ->> 1)";
 
+/// Message `?1` under claim token `?2` parked for the paused handler `?3`: back to pending,
+/// its attempt not counted; when the handler's pause is gone or past its end at `?4`, only
+/// given back, not parked. The first park notes it in `last_error`, which tells the next claim
+/// to read the message's per-handler progress (its attempts may be back at 0).
+const PARK: &str = "UPDATE outbox_messages \
+     SET attempts = max(attempts - 1, 0), locked_until = NULL, claim_token = NULL, \
+         parked_by = CASE WHEN EXISTS (SELECT 1 FROM outbox_pauses \
+                                       WHERE scope = 'handler' AND name = ?3 \
+                                         AND (until IS NULL OR until > ?4)) THEN ?3 END, \
+         last_error = coalesce(last_error, 'parked while handler `' || ?3 || '` was paused') \
+     WHERE id = ?1 AND claim_token = ?2";
+
 /// The leases of the messages of `?1`, a JSON array of (id, claim token) pairs, extended to
 /// `?2` milliseconds from when the statement runs.
 const RENEW: &str = concat!(
@@ -187,6 +199,41 @@ pub(super) async fn hand_back(pool: &SqlitePool, fences: &[Fence]) -> Result<u64
         .execute(pool)
         .await?;
     Ok(r.rows_affected())
+}
+
+/// Parks a claimed message for a paused handler ([`PARK`]) and records the handlers that
+/// succeeded, in one transaction; false when fenced out.
+pub(super) async fn park(
+    pool: &SqlitePool,
+    fence: Fence,
+    handler: &str,
+    succeeded: &[&str],
+) -> Result<bool> {
+    let now = now_ms();
+    let id = fence.id.to_string();
+    let mut conn = pool.acquire().await?;
+    let mut tx = sqlx::Connection::begin_with(&mut *conn, "BEGIN IMMEDIATE").await?;
+    let current = sqlx::query(PARK)
+        .bind(&id)
+        .bind(fence.claim_token.to_string())
+        .bind(handler)
+        .bind(now)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected()
+        > 0;
+    if current {
+        for h in succeeded {
+            sqlx::query(FAILED_SUCCEEDED)
+                .bind(&id)
+                .bind(*h)
+                .bind(now)
+                .execute(&mut *tx)
+                .await?;
+        }
+    }
+    tx.commit().await?;
+    Ok(current)
 }
 
 /// Extends leases ([`RENEW`]); returns how many.

@@ -1,5 +1,6 @@
 //! The console's pages, one file each: the overview, the dead letters, retrying or discarding
-//! them (the confirmation page and the change it confirms), one message, the workers, the
+//! them (the confirmation page and the change it confirms), pausing or resuming a handler (the
+//! same), one message, the workers, the
 //! event log, and the sign-in. What every page shares is here: its frame, the error page and the 404.
 
 mod dead_actions;
@@ -7,6 +8,7 @@ mod dead_letters;
 mod event_log;
 mod message;
 mod overview;
+mod pause_actions;
 mod sign_in;
 mod workers;
 
@@ -20,6 +22,7 @@ pub(super) use self::dead_letters::dead_letters;
 pub(super) use self::event_log::event_log;
 pub(super) use self::message::message;
 pub(super) use self::overview::overview;
+pub(super) use self::pause_actions::{apply_pause, confirm_pause};
 pub(super) use self::sign_in::{login, login_page, logout};
 pub(super) use self::workers::workers;
 use super::html::{esc, Frame, Nav};

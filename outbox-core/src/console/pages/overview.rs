@@ -1,6 +1,7 @@
 //! The overview: the queue's numbers per topic and in total, the warnings that need an
 //! operator (topics nobody serves, messages blocked behind a dead letter, stalled leases, an
-//! event log running short of partitions), and the throughput of the last hour.
+//! event log running short of partitions), the throughput of the last hour, and the handlers
+//! with their pauses (a Pause or Resume button each, see `pause_actions`).
 
 use std::fmt::Write as _;
 use std::time::Duration;
@@ -37,10 +38,11 @@ pub(in crate::console) async fn overview(
 ) -> Response {
     let f = frame(&c, &base);
     // The event log's catalog only (no count of any log): the page reloads every few seconds.
-    let (stats, per_minute, retained) = match tokio::try_join!(
+    let (stats, per_minute, retained, workers) = match tokio::try_join!(
         c.store.stats(),
         c.store.done_per_minute(CHART_MINUTES),
-        c.store.retained_topics_brief()
+        c.store.retained_topics_brief(),
+        c.store.workers()
     ) {
         Ok(r) => r,
         Err(e) => return failure(&f, &e),
@@ -221,6 +223,7 @@ pub(in crate::console) async fn overview(
         topic_row(&mut b, &f, &stats.total, true);
         b.push_str("</tfoot></table>");
     }
+    super::pause_actions::handlers_table(&mut b, &c, &f, &stats, &workers);
     html(
         StatusCode::OK,
         f.page("Overview", Nav::Overview, refresh, &b),

@@ -8,8 +8,10 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 use super::super::lock;
+use super::super::pauses::PAUSE_POLL;
 use super::super::process::timed_out;
 use super::super::protocol;
+use super::super::wake::Wakeups;
 use super::{Flight, Shared, BLOCKING_AFTER, CHORE_TICK};
 
 /// How often a worker runs the event log's upkeep: days ahead, expired days.
@@ -172,5 +174,32 @@ pub(super) async fn periodic(shared: Arc<Shared>, stop: CancellationToken) {
             () = stop.cancelled() => return,
             () = tokio::time::sleep_until(next.into()) => {}
         }
+    }
+}
+
+/// Reads the pauses in force every [`PAUSE_POLL`], so a pause or a resume reaches this
+/// worker within a second; wakes the claim loop when one ended, and tells health what is
+/// paused.
+pub(super) async fn pauses(shared: Arc<Shared>, wake: Arc<Wakeups>, stop: CancellationToken) {
+    let backend = &*shared.backend;
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(PAUSE_POLL) => {}
+        }
+        if shared.worker.refresh_pauses(backend).await {
+            wake.notify.notify_one();
+        }
+        let now = chrono::Utc::now();
+        let paused = shared
+            .worker
+            .inner
+            .pauses
+            .current()
+            .active
+            .iter()
+            .map(|(t, since)| (t.to_string(), (now - *since).to_std().unwrap_or_default()))
+            .collect();
+        shared.worker.inner.health.set_pauses(paused);
     }
 }

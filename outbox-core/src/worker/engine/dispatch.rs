@@ -46,6 +46,7 @@ impl Shared {
                     },
                     topic: handlers[0].topic(),
                     attempt: u32::try_from(msg.attempts).unwrap_or(u32::MAX),
+                    earlier: had_earlier_attempts(msg),
                     key: msg.key.clone(),
                     leased_at: now,
                     claimed_at: now,
@@ -66,6 +67,7 @@ impl Shared {
             .worker
             .completed_handlers(&*self.backend, &claimed)
             .await;
+        let paused = self.worker.inner.pauses.current();
         for msg in claimed {
             let Some(handlers) = inner.topics.get(msg.topic.as_str()) else {
                 continue;
@@ -97,6 +99,7 @@ impl Shared {
                 let worker = self.worker.clone();
                 let tx = self.finished_tx.clone();
                 let running = self.running_tasks.clone();
+                let paused = paused.clone();
                 running.fetch_add(1, Ordering::Relaxed);
                 async move {
                     let _running = RunningGuard(running);
@@ -113,6 +116,7 @@ impl Shared {
                         &worker.inner.config,
                         &worker.inner.resources,
                         &watch,
+                        &paused,
                     )
                     .await;
                     drop(permit);
@@ -200,6 +204,44 @@ impl Shared {
             .increment(1);
     }
 
+    /// Parks a message for its paused handler, retrying with jittered backoff while the
+    /// database is away; given up, the message runs again when its lease runs out.
+    pub(super) async fn write_park(
+        self: Arc<Self>,
+        fence: Fence,
+        handler: &'static str,
+        succeeded: Vec<&'static str>,
+    ) {
+        // To the protocol's model a park is a hand-back: the claim ends, the attempt is not
+        // counted (that the message then waits for a resume is not the model's business).
+        let mut tries = 0u32;
+        loop {
+            match self.backend.outbox_park(fence, handler, &succeeded).await {
+                Ok(true) => {
+                    protocol::written(self.worker.inner.id, "hand_back", [fence], 1);
+                    return;
+                }
+                Ok(false) => {
+                    protocol::written(self.worker.inner.id, "hand_back", [fence], 0);
+                    tracing::warn!(message_id = %fence.id, "message not parked: the lease ran out and another claim owns it");
+                    return;
+                }
+                Err(e) if tries < 10 => {
+                    protocol::error(self.worker.inner.id, "hand_back", [fence]);
+                    tries += 1;
+                    let delay = reconnect_delay(tries);
+                    tracing::warn!(message_id = %fence.id, error = %e, retry_in = ?delay, "could not park a message for its paused handler; retrying");
+                    tokio::time::sleep(delay).await;
+                }
+                Err(e) => {
+                    protocol::error(self.worker.inner.id, "hand_back", [fence]);
+                    tracing::error!(message_id = %fence.id, error = %e, "giving up parking a message; it runs again when its lease runs out");
+                    return;
+                }
+            }
+        }
+    }
+
     /// Writes a failed attempt, retrying with jittered backoff while the database is away.
     pub(super) async fn write_failure(
         self: Arc<Self>,
@@ -262,7 +304,7 @@ pub(super) async fn collect(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver
                     .done_tx
                     .send(Done {
                         fence,
-                        had_attempts: flight.attempt > 1,
+                        had_attempts: flight.earlier,
                         key: flight.key,
                     })
                     .is_err()
@@ -285,8 +327,19 @@ pub(super) async fn collect(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver
                         .write_failure(fence, retry_in, error, succeeded),
                 );
             }
+            Outcome::Parked { handler, succeeded } => {
+                shared.record(flight.topic, "parked");
+                tokio::spawn(shared.clone().write_park(fence, handler, succeeded));
+            }
         }
     }
+}
+
+/// Whether a claimed message may have per-handler progress from before: it ran before
+/// (attempts count at claim), or it was parked (its attempts are back where they were, and
+/// the park noted itself in `last_error`).
+pub(in crate::worker) fn had_earlier_attempts(m: &ClaimedMessage) -> bool {
+    m.attempts > 1 || m.last_error.is_some()
 }
 
 impl Worker {
@@ -299,7 +352,7 @@ impl Worker {
         let multi: Vec<Uuid> = claimed
             .iter()
             .filter(|m| {
-                m.attempts > 1
+                had_earlier_attempts(m)
                     && self
                         .inner
                         .topics
@@ -332,7 +385,18 @@ impl Worker {
         released: &[Arc<str>],
     ) -> crate::error::Result<Vec<ClaimedMessage>> {
         // A claim fills its batch topic by topic; each claim starts one topic further on.
-        let mut topics: Vec<&str> = self.inner.topics.keys().copied().collect();
+        // Topics paused, or all of whose handlers are paused, are not claimed at all.
+        let paused = self.inner.pauses.current();
+        let mut topics: Vec<&str> = self
+            .inner
+            .topics
+            .keys()
+            .copied()
+            .filter(|t| paused.claims(t))
+            .collect();
+        if topics.is_empty() {
+            return Ok(Vec::new());
+        }
         let first = self.inner.next_topic.fetch_add(1, Ordering::Relaxed);
         let len = topics.len().max(1);
         topics.rotate_left(first % len);
