@@ -98,6 +98,7 @@ mod event;
 mod event_log;
 mod handler;
 mod health;
+mod host;
 mod message_id;
 pub mod metrics;
 mod migrate;

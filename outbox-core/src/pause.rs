@@ -17,9 +17,6 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use crate::error::{Error, Result};
-use crate::store::Store;
-
 /// What a pause applies to: one handler (by its [`Handler::NAME`](crate::Handler::NAME), on
 /// every topic it handles) or one topic (all of its handlers).
 ///
@@ -164,7 +161,7 @@ fn known_list(known: &[String]) -> String {
 pub const MAX_PAUSE: Duration = Duration::from_secs(366 * 86_400);
 
 /// The longest a name may be: the MariaDB column's width.
-const MAX_NAME: usize = 255;
+pub(crate) const MAX_NAME: usize = 255;
 
 /// What a backend writes for a pause.
 #[derive(Debug)]
@@ -173,152 +170,4 @@ pub(crate) struct PauseWrite<'a> {
     pub(crate) until: Option<Duration>,
     pub(crate) paused_by: &'a str,
     pub(crate) reason: Option<&'a str>,
-}
-
-/// Who a pause is by when the caller does not say: `user@host` of this process.
-fn default_paused_by() -> String {
-    let user = std::env::var("USER")
-        .or_else(|_| std::env::var("USERNAME"))
-        .unwrap_or_else(|_| "unknown".into());
-    format!("{user}@{}", crate::worker::host())
-}
-
-fn check_name(target: &PauseTarget) -> Result<()> {
-    let name = target.name();
-    if name.trim().is_empty() {
-        return Err(PauseError::EmptyName {
-            scope: target.scope(),
-        }
-        .into());
-    }
-    if name.len() > MAX_NAME {
-        return Err(Error::InvalidArgument(format!(
-            "the {} name is {} bytes, over the limit of {MAX_NAME}",
-            target.scope(),
-            name.len()
-        )));
-    }
-    Ok(())
-}
-
-/// Pause and resume: what `outbox pause`, `outbox resume` and `outbox pauses` do.
-///
-/// ```no_run
-/// use outbox::{PauseTarget, Store};
-/// use std::time::Duration;
-///
-/// # async fn run(pool: sqlx::PgPool) -> Result<(), outbox::Error> {
-/// let store = Store::from(&pool);
-/// // The search cluster is being migrated: hold its handler for half an hour at most.
-/// let target = PauseTarget::handler("index-booking");
-/// store.pause(&target, Some(Duration::from_secs(30 * 60))).await?;
-/// for p in store.pauses().await? {
-///     println!("{} since {} ({} waiting)", p.target, p.paused_at, p.waiting);
-/// }
-/// // Done early: its parked messages run now.
-/// let resumed = store.resume(&target).await?;
-/// println!("{} messages unparked", resumed.unparked);
-/// # Ok(()) }
-/// ```
-impl Store {
-    /// Pauses `target` for every worker, until [`resume`](Store::resume) or, with `until`,
-    /// for that long. Pausing what is paused already sets its end (and keeps its start).
-    /// Reaches every running worker within a second; messages already running finish.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Pause`] with [`PauseError::UnknownHandler`] when no worker has ever run a
-    /// handler of that name (the error lists the known ones), [`PauseError::EmptyName`] or
-    /// [`PauseError::DurationOutOfRange`]; [`Error::Database`] when the write fails. A topic
-    /// nobody serves is paused all the same: [`Paused::served`] says so.
-    ///
-    /// # Cancellation safety
-    ///
-    /// One statement: it happened or it did not.
-    pub async fn pause(&self, target: &PauseTarget, until: Option<Duration>) -> Result<Paused> {
-        self.pause_because(target, until, None).await
-    }
-
-    /// As [`pause`](Store::pause), with the operator's reason, shown by `outbox pauses` and
-    /// `outbox stats`.
-    ///
-    /// # Errors
-    ///
-    /// As [`pause`](Store::pause).
-    pub async fn pause_because(
-        &self,
-        target: &PauseTarget,
-        until: Option<Duration>,
-        reason: Option<&str>,
-    ) -> Result<Paused> {
-        check_name(target)?;
-        if let Some(d) = until {
-            if d.is_zero() || d > MAX_PAUSE {
-                return Err(PauseError::DurationOutOfRange { given: d }.into());
-            }
-        }
-        let known = self.backend().handlers_known().await?;
-        let served = match target {
-            PauseTarget::Handler(name) => {
-                if !known.iter().any(|(_, h)| h == name) {
-                    let mut names: Vec<String> = known.into_iter().map(|(_, h)| h).collect();
-                    names.sort();
-                    names.dedup();
-                    return Err(PauseError::UnknownHandler {
-                        name: name.clone(),
-                        known: names,
-                    }
-                    .into());
-                }
-                true
-            }
-            PauseTarget::Topic(topic) => known.iter().any(|(t, _)| t == topic),
-        };
-        let by = default_paused_by();
-        let pause = self
-            .backend()
-            .pause_set(&PauseWrite {
-                target,
-                until,
-                paused_by: &by,
-                reason: reason.filter(|r| !r.trim().is_empty()),
-            })
-            .await?;
-        Ok(Paused { pause, served })
-    }
-
-    /// Lifts the pause of `target`, expired or not: a handler's parked messages are claimable
-    /// again at once (only its handlers that have not succeeded run), and a topic's messages
-    /// are claimed again. Reaches every running worker within a second.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Pause`] with [`PauseError::EmptyName`]; [`Error::Database`] when the write
-    /// fails.
-    ///
-    /// # Cancellation safety
-    ///
-    /// One transaction: it happened or it did not.
-    pub async fn resume(&self, target: &PauseTarget) -> Result<Resumed> {
-        check_name(target)?;
-        let removed = self.backend().pause_remove(target).await?;
-        Ok(Resumed {
-            was_paused: removed.is_some(),
-            unparked: removed.unwrap_or(0),
-        })
-    }
-
-    /// Every pause, by scope and name, with how many messages wait on each; expired ones
-    /// (not yet deleted by a worker) have [`PauseInfo::active`] false.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Database`] when the query fails.
-    ///
-    /// # Cancellation safety
-    ///
-    /// Cancellation safe: it only reads.
-    pub async fn pauses(&self) -> Result<Vec<PauseInfo>> {
-        self.backend().pause_list(true).await
-    }
 }

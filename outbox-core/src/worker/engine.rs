@@ -174,7 +174,7 @@ pub(super) async fn run(
         permits: Arc::new(Semaphore::new(cfg.concurrency)),
         waiting: AtomicBool::new(false),
         peers: AtomicI64::new(1),
-        host: crate::worker::config::host(),
+        host: crate::host::host(),
         running_tasks: Arc::new(AtomicU64::new(0)),
         epoch: Instant::now(),
     });

@@ -29,7 +29,7 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 pub use builder::WorkerBuilder;
-pub(crate) use config::host;
+
 pub use config::{RetryPolicy, Wakeup, WorkerConfig};
 
 use crate::backend::{Backend, Done, Fence};

@@ -76,7 +76,7 @@ async fn a_lapsed_waiting_claim_reclaimed_by_its_worker_runs_under_the_new_claim
         peers: AtomicI64::new(1),
         running_tasks: Arc::new(AtomicU64::new(0)),
         epoch: Instant::now(),
-        host: crate::worker::config::host(),
+        host: crate::host::host(),
     });
     let collector = tokio::spawn(dispatch::collect(shared.clone(), finished_rx));
 
