@@ -1,4 +1,4 @@
-//! Pausing and resuming a handler or a topic, for every worker, as methods on [`Store`].
+//! Pausing and resuming a handler or a topic, for every worker, as methods on [`Store`](crate::Store).
 //!
 //! A pause is a row of `outbox_pauses`, which every running worker reads twice a second, so a
 //! pause or a resume reaches every worker within a second:
@@ -79,7 +79,7 @@ impl fmt::Display for PauseTarget {
     }
 }
 
-/// One pause, as [`Store::pauses`] lists it.
+/// One pause, as [`Store::pauses`](crate::Store::pauses) lists it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct PauseInfo {
@@ -97,12 +97,12 @@ pub struct PauseInfo {
     /// gone; the first worker to notice deletes it).
     pub active: bool,
     /// Messages that wait on it: for a handler, the messages parked for it; for a topic, its
-    /// messages not running. Counted by [`Store::pauses`] and [`Store::stats`]; 0 where a
+    /// messages not running. Counted by [`Store::pauses`](crate::Store::pauses) and [`Store::stats`](crate::Store::stats); 0 where a
     /// listing does not count them.
     pub waiting: i64,
 }
 
-/// What [`Store::pause`] did.
+/// What [`Store::pause`](crate::Store::pause) did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Paused {
@@ -113,7 +113,7 @@ pub struct Paused {
     pub served: bool,
 }
 
-/// What [`Store::resume`] did.
+/// What [`Store::resume`](crate::Store::resume) did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Resumed {
