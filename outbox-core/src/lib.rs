@@ -85,6 +85,7 @@
 )]
 
 mod backend;
+mod breaker;
 #[cfg(feature = "cli")]
 pub mod cli;
 mod clock;
@@ -124,6 +125,7 @@ pub use async_trait::async_trait;
 #[cfg(any(feature = "sqlite", feature = "sqlite-unbundled"))]
 pub use backend::sqlite::{sqlite_options, sqlite_pool};
 pub use backend::{Connection, ConnectionMut};
+pub use breaker::{Breaker, BreakerInfo};
 pub use enqueue::{
     enqueue, enqueue_many, enqueue_many_with, enqueue_with, EnqueueOptions,
     DEFAULT_MAX_PAYLOAD_BYTES, MAX_IDEMPOTENCY_KEY_BYTES, MAX_ORDERING_KEY_BYTES,

@@ -18,6 +18,8 @@
 //! | `outbox_dead_messages` | gauge | `topic` | dead letters |
 //! | `outbox_unhandled_pending_messages` | gauge | `topic` | pending messages of topics this worker has no handler for |
 //! | `outbox_unserved_ready_messages` | gauge | `topic` | ready messages of topics that no live worker serves (a forgotten handler crate, a pool that is down) |
+//! | `outbox_breaker_open` | gauge | `handler` | 1 while the handler's circuit breaker is open (its messages parked, waiting for a probe to succeed), else 0; as this worker last read it |
+//! | `outbox_paused` | gauge | `scope` (`handler`, `topic`), `name` | 1 while paused (`outbox pause`), else 0; as this worker last read it |
 //!
 //! Gauges are refreshed by the worker every
 //! [`WorkerConfig::stats_interval`](crate::WorkerConfig::stats_interval). A topic that no
@@ -25,6 +27,10 @@
 //! has its per-topic gauges set to 0 at the next refresh, so a dashboard never shows a stale
 //! dead count.
 
+/// Gauge: 1 while a handler's breaker is open, by `handler`.
+pub const BREAKER_OPEN: &str = "outbox_breaker_open";
+/// Gauge: 1 while a handler or a topic is paused, by `scope` and `name`.
+pub const PAUSED: &str = "outbox_paused";
 /// Counter: messages whose attempt ended, by `topic` and `outcome`.
 pub const PROCESSED: &str = "outbox_messages_processed_total";
 /// Histogram: seconds of one handler call, by `topic` and `handler`.
@@ -79,6 +85,11 @@ pub fn describe() {
         "Handler calls that held their thread without yielding for 500 ms or more"
     );
     describe_gauge!(PENDING, "Pending messages by topic and state");
+    describe_gauge!(
+        BREAKER_OPEN,
+        "1 while the handler's circuit breaker is open (its messages wait for a probe)"
+    );
+    describe_gauge!(PAUSED, "1 while the handler or topic is paused");
     describe_counter!(
         REPLAYED,
         "Events a replay delivered to its handler, by topic, handler and outcome"
@@ -244,6 +255,7 @@ mod tests {
             topics,
             total: crate::model::TopicStats::default(),
             pauses: Vec::new(),
+            breakers: Vec::new(),
         };
         let recorder = DebuggingRecorder::new();
         metrics::with_local_recorder(&recorder, || gauges.record(&stats, handled));

@@ -113,6 +113,8 @@ pub struct Stats {
     pub total: TopicStats,
     /// The pauses in force (`outbox pause`), with how many messages wait on each.
     pub pauses: Vec<crate::pause::PauseInfo>,
+    /// The open breakers ([`crate::Breaker`]), with how many messages wait on each.
+    pub breakers: Vec<crate::breaker::BreakerInfo>,
 }
 
 impl Stats {
@@ -128,6 +130,7 @@ impl Stats {
             topics,
             total,
             pauses: Vec::new(),
+            breakers: Vec::new(),
         }
     }
 }

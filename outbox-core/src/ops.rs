@@ -47,7 +47,8 @@ impl Store {
     /// minutes, and the age of the oldest ready message; and the messages blocked behind an
     /// earlier message of their ordering key (behind a dead letter, among them), with the age
     /// of the oldest. Each due message with an ordering key costs one index probe. And the
-    /// pauses in force ([`Store::pause`]), with how many messages wait on each.
+    /// pauses in force ([`Store::pause`]) and the open breakers ([`Store::breakers`]), with how
+    /// many messages wait on each.
     ///
     /// # Errors
     ///
@@ -65,7 +66,29 @@ impl Store {
             .into_iter()
             .filter(|p| p.active)
             .collect();
+        stats.breakers = self.breakers().await?;
         Ok(stats)
+    }
+
+    /// The open circuit breakers ([`Breaker`](crate::Breaker)): which handlers' deliveries
+    /// wait for their dependency, since when, how many messages are parked for each, and when
+    /// the next probe is due. `outbox stats` prints them.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Database`] when the query fails.
+    ///
+    /// # Cancellation safety
+    ///
+    /// Cancellation safe: it only reads.
+    pub async fn breakers(&self) -> Result<Vec<crate::breaker::BreakerInfo>> {
+        Ok(self
+            .backend()
+            .breaker_list(true)
+            .await?
+            .iter()
+            .filter_map(crate::breaker::BreakerRow::info)
+            .collect())
     }
 
     /// The workers that registered and have not been gone for a minute, live ones first:

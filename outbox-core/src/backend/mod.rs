@@ -346,6 +346,34 @@ pub(crate) trait Backend: Send + Sync + 'static {
     /// Every (topic, handler) pair a worker has run (`outbox_handlers`).
     async fn handlers_known(&self) -> Result<Vec<(String, String)>>;
 
+    // ---- breaker (`breaker.rs`) ----
+
+    /// Every breaker row, by handler; with `counts`, how many messages are parked for each
+    /// open one (without, only the breakers table is read: what workers poll).
+    async fn breaker_list(&self, counts: bool) -> Result<Vec<crate::breaker::BreakerRow>>;
+
+    /// Reads `handler`'s breaker row under its lock, with the database's clock, and writes
+    /// what `change` makes of it (deleting the row for `None`), in one transaction. When an
+    /// open breaker's row goes, the messages parked for the handler are made claimable in the
+    /// same transaction, unless the handler is paused. Returns the row before and after.
+    async fn breaker_update(
+        &self,
+        handler: &str,
+        change: crate::breaker::Transition<'_>,
+    ) -> Result<(
+        Option<crate::breaker::BreakerRow>,
+        Option<crate::breaker::BreakerRow>,
+    )>;
+
+    /// Claims one message parked for `handler`, of the topics and versions of `p`, as a claim
+    /// does (attempt counted, lease taken under `p.claim_token`) and no longer parked: the
+    /// message a breaker's probe runs. `None` when none is parked.
+    async fn claim_parked(
+        &self,
+        handler: &str,
+        p: &ClaimParams<'_>,
+    ) -> Result<Option<ClaimedMessage>>;
+
     // ---- log (`log.rs`) ----
 
     /// Records the event log's windows `windows` (topic, window), each growing a recorded one

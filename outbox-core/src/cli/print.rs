@@ -124,6 +124,11 @@ pub fn print_stats(stats: &crate::model::Stats, registry: Option<&Registry>, jso
             "unhandled": unhandled.iter().map(|t| row(t)).collect::<Vec<_>>(),
             "unserved": unserved.iter().map(|t| row(t)).collect::<Vec<_>>(),
             "pauses": stats.pauses.iter().map(super::pauses::json_of).collect::<Vec<_>>(),
+            "breakers": stats.breakers.iter().map(|b| serde_json::json!({
+                "handler": b.handler, "opened_at": b.opened_at.to_rfc3339(),
+                "next_probe_at": b.next_probe_at.to_rfc3339(), "failed_probes": b.failed_probes,
+                "last_error": b.last_error, "waiting": b.waiting,
+            })).collect::<Vec<_>>(),
         });
         println!("{doc}");
         return;
@@ -187,6 +192,21 @@ pub fn print_stats(stats: &crate::model::Stats, registry: Option<&Registry>, jso
         println!("\npaused (their messages wait, no attempt counted, until `outbox resume`):");
         for p in &stats.pauses {
             println!("  {}", super::pauses::line_of(p));
+        }
+    }
+    if !stats.breakers.is_empty() {
+        println!("\nbreakers open (their dependency fails; messages wait, no attempt counted, until a probe succeeds):");
+        let now = chrono::Utc::now();
+        for b in &stats.breakers {
+            println!(
+                "  handler {}: open {}s, {} waiting, next probe in {}s, {} failed probes; {}",
+                b.handler,
+                (now - b.opened_at).num_seconds().max(0),
+                b.waiting,
+                (b.next_probe_at - now).num_seconds().max(0),
+                b.failed_probes,
+                b.last_error.as_deref().unwrap_or("")
+            );
         }
     }
     let waiting: Vec<String> = stats

@@ -103,6 +103,13 @@ pub trait Handler: Send + Sync + 'static {
         let _ = attempt;
         None
     }
+
+    /// This handler's circuit breaker, overriding the worker's
+    /// ([`WorkerConfig::breaker`](crate::WorkerConfig::breaker)); return
+    /// [`Breaker::disabled`](crate::Breaker::disabled) for none. `None` uses the worker's.
+    fn breaker(&self) -> Option<crate::breaker::Breaker> {
+        None
+    }
 }
 
 /// A handler of a topic's payload as stored, the JSON written at enqueue, without decoding it
@@ -153,6 +160,11 @@ pub trait RawHandler: Send + Sync + 'static {
     /// As [`Handler::backoff`].
     fn backoff(&self, attempt: u32) -> Option<Duration> {
         let _ = attempt;
+        None
+    }
+
+    /// As [`Handler::breaker`].
+    fn breaker(&self) -> Option<crate::breaker::Breaker> {
         None
     }
 }
@@ -267,6 +279,7 @@ pub(crate) trait ErasedHandler: Send + Sync + 'static {
     fn max_attempts(&self) -> Option<u32>;
     fn timeout(&self) -> Option<Duration>;
     fn backoff(&self, attempt: u32) -> Option<Duration>;
+    fn breaker(&self) -> Option<crate::breaker::Breaker>;
     /// The highest version of its topic this handler decodes; `None` for a raw handler,
     /// which takes the payload of any version as it is.
     fn version(&self) -> Option<u32>;
@@ -304,6 +317,9 @@ impl<H: Handler> ErasedHandler for Typed<H> {
     }
     fn backoff(&self, attempt: u32) -> Option<Duration> {
         self.0.backoff(attempt)
+    }
+    fn breaker(&self) -> Option<crate::breaker::Breaker> {
+        self.0.breaker()
     }
     fn version(&self) -> Option<u32> {
         Some(<H::Event as Event>::VERSION)
@@ -366,6 +382,9 @@ impl<H: RawHandler> ErasedHandler for Raw<H> {
     }
     fn backoff(&self, attempt: u32) -> Option<Duration> {
         self.handler.backoff(attempt)
+    }
+    fn breaker(&self) -> Option<crate::breaker::Breaker> {
+        self.handler.breaker()
     }
     fn version(&self) -> Option<u32> {
         None

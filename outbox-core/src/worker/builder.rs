@@ -182,6 +182,11 @@ impl WorkerBuilder {
             .max()
             .unwrap_or(self.config.handler_timeout);
         self.config.validate(longest)?;
+        for h in &handlers {
+            if let Some(b) = h.breaker() {
+                b.validate(h.name()).map_err(crate::error::Error::Config)?;
+            }
+        }
         let mut topics: BTreeMap<&'static str, Vec<Arc<dyn ErasedHandler>>> = BTreeMap::new();
         for h in handlers {
             topics.entry(h.topic()).or_default().push(h);

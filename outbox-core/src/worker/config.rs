@@ -70,6 +70,8 @@ pub struct WorkerConfig {
     pub(crate) health_max_awaiting_version: Duration,
     pub(crate) purge_retention: Option<Duration>,
     pub(crate) purge_interval: Duration,
+    pub(crate) breaker: crate::breaker::Breaker,
+    pub(crate) control_poll: Duration,
 }
 
 impl Default for WorkerConfig {
@@ -94,6 +96,8 @@ impl Default for WorkerConfig {
             health_max_awaiting_version: Duration::from_secs(900),
             purge_retention: None,
             purge_interval: Duration::from_secs(600),
+            breaker: crate::breaker::Breaker::default(),
+            control_poll: super::pauses::PAUSE_POLL,
         }
     }
 }
@@ -265,8 +269,33 @@ impl WorkerConfig {
         (self.lease / 5).clamp(Duration::from_millis(100), Duration::from_secs(1))
     }
 
+    /// The circuit breaker of every handler that sets none of its own
+    /// ([`Handler::breaker`](crate::Handler::breaker)); [`Breaker::default`](crate::Breaker::default)
+    /// unless set: on.
+    pub fn breaker(mut self, breaker: crate::breaker::Breaker) -> Self {
+        self.breaker = breaker;
+        self
+    }
+
+    /// How often the worker reads the pauses and breakers that every worker shares (500 ms by
+    /// default): a pause, a resume or a breaker that opened elsewhere reaches this worker
+    /// within this time. Shorter costs one small query per worker more often.
+    pub fn control_poll(mut self, interval: Duration) -> Self {
+        self.control_poll = interval;
+        self
+    }
+
     pub(crate) fn validate(&self, longest_timeout: Duration) -> Result<()> {
         self.retry.validate()?;
+        self.breaker.validate("").map_err(Error::Config)?;
+        if self.control_poll < Duration::from_millis(10)
+            || self.control_poll > Duration::from_secs(60)
+        {
+            return Err(Error::Config(format!(
+                "control_poll is {:?}; it must be between 10 ms and 60 s",
+                self.control_poll
+            )));
+        }
         let bounded = [
             ("lease", self.lease),
             ("poll_interval", self.poll_interval),

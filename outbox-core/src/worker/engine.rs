@@ -24,6 +24,7 @@ use tokio::sync::{mpsc, Semaphore};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+mod breakers;
 mod chores;
 mod claims;
 mod dispatch;
@@ -79,6 +80,8 @@ struct Flight {
     /// The handler task, once spawned (a claimed message may wait for a permit).
     abort: Option<tokio::task::AbortHandle>,
     warned_blocking: bool,
+    /// The handler whose breaker this delivery probes: it runs although the breaker is open.
+    probe: Option<&'static str>,
 }
 
 impl Flight {
@@ -121,6 +124,12 @@ struct Shared {
     /// Handler tasks started and not yet ended, abandoned ones included.
     running_tasks: Arc<AtomicU64>,
     epoch: Instant,
+    /// The claim loop's wake-ups: a breaker that closed makes messages claimable.
+    wake: Arc<Wakeups>,
+    /// Handlers whose breaker this worker probes now.
+    probing: Mutex<std::collections::BTreeSet<&'static str>>,
+    /// Handlers whose breaker's failure count this worker reset since the last read.
+    reset_sent: Mutex<std::collections::BTreeSet<&'static str>>,
 }
 
 /// Runs the worker until `stop`, on the calling (engine) runtime; handlers go to
@@ -163,6 +172,7 @@ pub(super) async fn run(
 
     let (finished_tx, finished_rx) = mpsc::unbounded_channel();
     let (done_tx, done_rx) = mpsc::unbounded_channel();
+    let wake = Arc::new(Wakeups::default());
     let shared = Arc::new(Shared {
         worker: worker.clone(),
         backend: backend.clone(),
@@ -177,6 +187,9 @@ pub(super) async fn run(
         host: crate::host::host(),
         running_tasks: Arc::new(AtomicU64::new(0)),
         epoch: Instant::now(),
+        wake: wake.clone(),
+        probing: Mutex::new(std::collections::BTreeSet::new()),
+        reset_sent: Mutex::new(std::collections::BTreeSet::new()),
     });
     shared.heartbeat().await;
     // Before the first claim: a worker that starts during a pause honours it at once.
@@ -186,7 +199,6 @@ pub(super) async fn run(
     worker.declare_retention(&*backend).await;
     replays::record_handlers(&worker, &*backend).await;
 
-    let wake = Arc::new(Wakeups::default());
     let tasks = CancellationToken::new();
     // The next messages of keys that the flusher's done writes claim start here.
     let (start_tx, start_rx) = mpsc::unbounded_channel();

@@ -243,6 +243,7 @@ impl Worker {
                     &self.inner.resources,
                     &watch,
                     paused,
+                    None,
                 )
                 .await;
                 let fence = Fence {
@@ -270,6 +271,7 @@ impl Worker {
                         retry_in,
                         error,
                         succeeded,
+                        ..
                     } => {
                         {
                             let mut r = lock(report);

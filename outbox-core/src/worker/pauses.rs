@@ -1,11 +1,13 @@
-//! What a worker knows of the pauses in force (`outbox pause`): read from the database every
-//! [`PAUSE_POLL`], so a pause or a resume reaches every worker within a second.
+//! What a worker knows of the pauses in force (`outbox pause`) and of the open breakers
+//! ([`crate::breaker`]): read from the database every [`PAUSE_POLL`] (by default), so a pause,
+//! a resume or a breaker that opened reaches every worker within a second.
 //!
 //! - A topic that is paused, or all of whose handlers in this worker are paused, is left out of
 //!   this worker's claims (and of the claims its done writes make for the next messages of
 //!   their keys).
-//! - A paused handler of a topic still claimed is skipped when its messages run; the message
-//!   is then parked for it ([`Outcome::Parked`](super::process::Outcome::Parked)).
+//! - A paused handler, or one whose breaker is open, is skipped when its topic's messages run
+//!   (a topic is not left out of claims for a breaker: the probe needs parked messages); the
+//!   message is then parked for it ([`Outcome::Parked`](super::process::Outcome::Parked)).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
@@ -14,15 +16,20 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 
 use crate::backend::Backend;
+use crate::breaker::BreakerRow;
 use crate::handler::ErasedHandler;
 use crate::pause::{PauseInfo, PauseTarget};
 
 /// How often a running worker reads the pauses.
 pub(crate) const PAUSE_POLL: Duration = Duration::from_millis(500);
 
-/// The pauses in force, as one worker last read them.
+/// The pauses in force and the breakers open, as one worker last read them.
 #[derive(Debug, Default)]
 pub(crate) struct PauseSet {
+    /// The open breakers, by handler.
+    pub(crate) open: BTreeMap<String, BreakerRow>,
+    /// Handlers whose breaker counts failures (closed): a success of theirs resets it.
+    pub(crate) counting: BTreeSet<String>,
     /// Every pause in force, with when it began.
     pub(crate) active: BTreeMap<PauseTarget, DateTime<Utc>>,
     /// The paused handlers' names.
@@ -35,8 +42,19 @@ impl PauseSet {
     /// The set of `pauses` in force, for a worker of `topics`.
     fn new(
         pauses: &[PauseInfo],
+        breakers: Vec<BreakerRow>,
         topics: &BTreeMap<&'static str, Vec<Arc<dyn ErasedHandler>>>,
     ) -> Self {
+        let counting = breakers
+            .iter()
+            .filter(|b| !b.open && (b.failures > 0 || b.repeats > 0))
+            .map(|b| b.handler.clone())
+            .collect();
+        let open = breakers
+            .into_iter()
+            .filter(|b| b.open)
+            .map(|b| (b.handler.clone(), b))
+            .collect();
         let active: BTreeMap<PauseTarget, DateTime<Utc>> = pauses
             .iter()
             .filter(|p| p.active)
@@ -62,6 +80,8 @@ impl PauseSet {
             .map(|(topic, _)| *topic)
             .collect();
         PauseSet {
+            open,
+            counting,
             active,
             handlers,
             excluded,
@@ -77,6 +97,12 @@ impl PauseSet {
     pub(crate) fn handler_paused(&self, name: &str) -> bool {
         self.handlers.contains(name)
     }
+
+    /// Whether the handler `name` must not run now: paused, or its breaker open (unless this
+    /// delivery is the breaker's probe, `probe`).
+    pub(crate) fn handler_held(&self, name: &str, probe: Option<&str>) -> bool {
+        self.handler_paused(name) || (self.open.contains_key(name) && probe != Some(name))
+    }
 }
 
 /// The pause set a worker works with, replaced whole at each read.
@@ -91,6 +117,10 @@ pub(crate) struct PauseChange {
     pub(crate) began: Vec<PauseInfo>,
     /// Pauses that ended (resumed, or past their end), with when they began.
     pub(crate) ended: Vec<(PauseTarget, DateTime<Utc>)>,
+    /// Breakers that this worker sees open for the first time.
+    pub(crate) opened: Vec<BreakerRow>,
+    /// Breakers that closed since the last read, with when they opened.
+    pub(crate) closed: Vec<(String, DateTime<Utc>)>,
 }
 
 impl Pauses {
@@ -117,7 +147,8 @@ impl Pauses {
                 }
             }
         }
-        let next = Arc::new(PauseSet::new(&rows, topics));
+        let breakers = backend.breaker_list(false).await?;
+        let next = Arc::new(PauseSet::new(&rows, breakers, topics));
         let before = std::mem::replace(&mut *super::lock(&self.current), next.clone());
         let began = rows
             .into_iter()
@@ -129,7 +160,24 @@ impl Pauses {
             .filter(|(t, _)| !next.active.contains_key(*t))
             .map(|(t, at)| (t.clone(), *at))
             .collect();
-        Ok(PauseChange { began, ended })
+        let opened = next
+            .open
+            .values()
+            .filter(|b| !before.open.contains_key(&b.handler))
+            .cloned()
+            .collect();
+        let closed = before
+            .open
+            .values()
+            .filter(|b| !next.open.contains_key(&b.handler))
+            .map(|b| (b.handler.clone(), b.opened_at.unwrap_or(b.window_start)))
+            .collect();
+        Ok(PauseChange {
+            began,
+            ended,
+            opened,
+            closed,
+        })
     }
 }
 
@@ -159,6 +207,38 @@ impl PauseChange {
                 "pause ended: {t}; its messages run again"
             );
         }
-        !self.ended.is_empty()
+        for b in &self.opened {
+            let next = b.probe_at.map(|t| t.to_rfc3339());
+            tracing::warn!(
+                worker,
+                handler = %b.handler,
+                next_probe = next.as_deref().unwrap_or(""),
+                error = b.last_error.as_deref().unwrap_or(""),
+                "breaker open: handler `{}` is failing; its messages wait, no attempt counted, until a probe succeeds",
+                b.handler
+            );
+        }
+        for (h, since) in &self.closed {
+            let secs = (Utc::now() - *since).num_seconds().max(0);
+            tracing::info!(
+                worker,
+                handler = %h,
+                open_secs = secs,
+                "breaker closed: handler `{h}` runs again"
+            );
+        }
+        for p in &self.began {
+            metrics::gauge!(crate::metrics::PAUSED, "scope" => p.target.scope(), "name" => p.target.name().to_string()).set(1.0);
+        }
+        for (t, _) in &self.ended {
+            metrics::gauge!(crate::metrics::PAUSED, "scope" => t.scope(), "name" => t.name().to_string()).set(0.0);
+        }
+        for b in &self.opened {
+            metrics::gauge!(crate::metrics::BREAKER_OPEN, "handler" => b.handler.clone()).set(1.0);
+        }
+        for (h, _) in &self.closed {
+            metrics::gauge!(crate::metrics::BREAKER_OPEN, "handler" => h.clone()).set(0.0);
+        }
+        !self.ended.is_empty() || !self.closed.is_empty()
     }
 }

@@ -26,6 +26,9 @@ pub(crate) enum Outcome {
         retry_in: Option<Duration>,
         error: String,
         succeeded: Vec<&'static str>,
+        /// The handlers whose failure counts towards their breaker (a retryable failure of a
+        /// payload that decodes), with the delay a `retry_after` asked for.
+        breaker: Vec<(&'static str, Option<Duration>)>,
     },
     /// Every handler that ran succeeded, and `handler` (the first of them) is paused and did
     /// not run: the message waits for it, parked, its attempt not counted.
@@ -228,6 +231,7 @@ pub(crate) fn timed_out(
 /// Runs every handler of `msg` that has not succeeded yet, one after another, in the span of
 /// this delivery (which continues the trace stored with the message, see [`crate::trace`]);
 /// that span and each failed handler's span get an error status when the attempt fails.
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn run_message(
     msg: &ClaimedMessage,
     handlers: &[Arc<dyn ErasedHandler>],
@@ -236,12 +240,13 @@ pub(crate) async fn run_message(
     resources: &Arc<Resources>,
     watch: &Watch,
     paused: &PauseSet,
+    probe: Option<&str>,
 ) -> Outcome {
     let attempt = u32::try_from(msg.attempts).unwrap_or(u32::MAX);
     let delivery = crate::trace::delivery_span(msg.id, &msg.topic, attempt, msg.trace.as_ref());
     watch.delivery_span(Some(&delivery));
     let outcome = run_handlers(
-        msg, handlers, completed, config, resources, watch, paused, attempt, &delivery,
+        msg, handlers, completed, config, resources, watch, paused, probe, attempt, &delivery,
     )
     .instrument(delivery.clone())
     .await;
@@ -263,6 +268,7 @@ async fn run_handlers(
     resources: &Arc<Resources>,
     watch: &Watch,
     paused: &PauseSet,
+    probe: Option<&str>,
     attempt: u32,
     delivery: &tracing::Span,
 ) -> Outcome {
@@ -273,8 +279,9 @@ async fn run_handlers(
     let mut exhausted = false;
     // The first paused handler that has not succeeded: the message waits for it.
     let mut parked: Option<&'static str> = None;
+    let mut breaker = Vec::new();
     for h in handlers.iter().filter(|h| !completed.contains(h.name())) {
-        if paused.handler_paused(h.name()) {
+        if paused.handler_held(h.name(), probe) {
             parked = parked.or(Some(h.name()));
             continue;
         }
@@ -344,6 +351,14 @@ async fn run_handlers(
                 let chain = e.chain_string();
                 crate::trace::set_error(&span, &chain);
                 let _enter = span.enter();
+                // The dependency's fault, not the message's: counted towards the breaker.
+                match e.kind() {
+                    FailureKind::Retry if h.decodes(&msg.payload, msg.version).is_ok() => {
+                        breaker.push((h.name(), None));
+                    }
+                    FailureKind::RetryAfter(d) => breaker.push((h.name(), Some(d))),
+                    _ => {}
+                }
                 let delay = match e.kind() {
                     FailureKind::Permanent => None,
                     _ if attempt >= max_attempts => None,
@@ -387,6 +402,7 @@ async fn run_handlers(
             retry_in,
             error: crate::diagnostics::bound_error(&errors.join("; "), config.max_error_bytes),
             succeeded,
+            breaker,
         }
     }
 }

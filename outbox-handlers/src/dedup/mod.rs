@@ -210,6 +210,11 @@ pub trait TxHandler<DB: Database>: Send + Sync + 'static {
         let _ = attempt;
         None
     }
+
+    /// See [`Handler::breaker`].
+    fn breaker(&self) -> Option<outbox::Breaker> {
+        None
+    }
 }
 
 /// Runs a [`TxHandler`] at most once per message: records the message id in `outbox_processed`
@@ -361,6 +366,10 @@ where
 
     fn backoff(&self, attempt: u32) -> Option<Duration> {
         self.inner.backoff(attempt)
+    }
+
+    fn breaker(&self) -> Option<outbox::Breaker> {
+        self.inner.breaker()
     }
 }
 

@@ -490,7 +490,7 @@ pub(super) async fn delivery_completed(
 }
 
 /// A claimed row as the worker sees it, its attempt counted.
-fn claimed(r: &MySqlRow, claim_token: Uuid) -> Result<ClaimedMessage, sqlx::Error> {
+pub(super) fn claimed(r: &MySqlRow, claim_token: Uuid) -> Result<ClaimedMessage, sqlx::Error> {
     let created: i64 = r.try_get("created_at")?;
     let key: Option<String> = r.try_get("ordering_key")?;
     Ok(ClaimedMessage {

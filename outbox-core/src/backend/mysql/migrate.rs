@@ -88,6 +88,11 @@ const MIGRATIONS: &[Migration] = &[
         description: "pauses of handlers and topics, and the messages parked by a paused handler",
         sql: include_str!("../../../migrations/mysql/0014_pauses.sql"),
     },
+    Migration {
+        version: 15,
+        description: "circuit breakers per handler, shared by every worker",
+        sql: include_str!("../../../migrations/mysql/0015_breakers.sql"),
+    },
 ];
 
 const CREATE_MIGRATIONS_TABLE: &str = "CREATE TABLE IF NOT EXISTS outbox_migrations ( \

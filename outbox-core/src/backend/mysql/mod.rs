@@ -9,6 +9,7 @@
 //! - `outcome.rs`: what became of claimed messages: done, failed, handed back, lease renewed.
 //! - `ops.rs`: statistics, dead letters and purges, for the operations tools.
 //! - `pause.rs`: pauses of handlers and topics, and the messages parked for a paused handler.
+//! - `breaker.rs`: the circuit breakers of handlers, and the claim of a breaker's probe.
 //! - `log.rs`: the event log: retention per topic, its upkeep and its reads.
 //! - `replay.rs`: replays of the log to one handler, and the handlers the deployment has run.
 //! - `workers.rs`: the workers table: heartbeat, list, deregistration.
@@ -57,6 +58,7 @@ use crate::clock::{ms, time};
 use crate::error::Result;
 use crate::model::{DeadLetterFilter, DeadSelection, MessageInfo, TopicStats, WorkerInfo};
 
+mod breaker;
 mod claim;
 mod enqueue;
 mod log;
@@ -292,6 +294,31 @@ impl Backend for MySqlBackend {
 
     async fn outbox_purge_processed(&self, older_than: Duration, batch: i64) -> Result<u64> {
         ops::purge_processed(self, older_than, batch).await
+    }
+
+    // ---- breaker (`breaker.rs`) ----
+
+    async fn breaker_list(&self, counts: bool) -> Result<Vec<crate::breaker::BreakerRow>> {
+        breaker::list(self, counts).await
+    }
+
+    async fn breaker_update(
+        &self,
+        handler: &str,
+        change: crate::breaker::Transition<'_>,
+    ) -> Result<(
+        Option<crate::breaker::BreakerRow>,
+        Option<crate::breaker::BreakerRow>,
+    )> {
+        breaker::update(self, handler, change).await
+    }
+
+    async fn claim_parked(
+        &self,
+        handler: &str,
+        p: &ClaimParams<'_>,
+    ) -> Result<Option<ClaimedMessage>> {
+        breaker::claim_parked(self, handler, p).await
     }
 
     // ---- pause (`pause.rs`) ----

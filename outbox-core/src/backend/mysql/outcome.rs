@@ -89,6 +89,11 @@ const PARK_PAUSED: &str = concat!(
     ") LOCK IN SHARE MODE"
 );
 
+/// Whether handler `?`'s breaker is open now, its row locked in share mode until the park
+/// commits (see `breaker.rs`).
+const PARK_BREAKER: &str =
+    "SELECT 1 FROM outbox_breakers WHERE handler = ? AND `open` LOCK IN SHARE MODE";
+
 /// Message `?` (third) under claim token `?` (fourth) parked for the paused handler `?`
 /// (first; NULL when its pause ended: then only given back), its attempt not counted. The
 /// first park notes it in `last_error` (the handler `?`, second), which tells the next claim
@@ -96,7 +101,7 @@ const PARK_PAUSED: &str = concat!(
 const PARK: &str = "UPDATE outbox_messages \
      SET attempts = GREATEST(attempts - 1, 0), locked_until = NULL, claim_token = NULL, \
          parked_by = ?, \
-         last_error = COALESCE(last_error, CONCAT('parked while handler `', ?, '` was paused')) \
+         last_error = COALESCE(last_error, CONCAT('parked for handler `', ?, '` (paused, or its breaker open)')) \
      WHERE id = ? AND claim_token = ?";
 
 /// The messages `{list}` under claim token `?` back to pending, ready at once, their attempt
@@ -261,7 +266,12 @@ pub(super) async fn park(
             .bind(handler)
             .fetch_optional(&mut *tx)
             .await?
-            .is_some();
+            .is_some()
+            || sqlx::query(PARK_BREAKER)
+                .bind(handler)
+                .fetch_optional(&mut *tx)
+                .await?
+                .is_some();
         let current = sqlx::query(PARK)
             .bind(paused.then_some(handler))
             .bind(handler)

@@ -78,6 +78,11 @@ const MIGRATIONS: &[Migration] = &[
         description: "pauses of handlers and topics, and the messages parked by a paused handler",
         sql: include_str!("../../../migrations/postgres/0014_pauses.sql"),
     },
+    Migration {
+        version: 15,
+        description: "circuit breakers per handler, shared by every worker",
+        sql: include_str!("../../../migrations/postgres/0015_breakers.sql"),
+    },
 ];
 
 /// The advisory lock key that serialises migrations ("outbox" in ASCII).

@@ -150,21 +150,24 @@ const HAND_BACK: &str = "UPDATE outbox_messages m \
      FROM UNNEST((SELECT $1::uuid[]), (SELECT $2::uuid[])) AS d(id, claim_token) \
      WHERE m.id = d.id AND m.claim_token = d.claim_token";
 
-/// Message `$1` under claim token `$2` parked for the paused handler `$3`: back to pending, its
-/// attempt not counted, recording the handlers `$4` that succeeded. The pause row is read
-/// `FOR SHARE` (see `pause.rs`): when the pause is gone or past its end, the message is only
-/// given back, not parked. The first park notes it in `last_error`, which tells the next
+/// Message `$1` under claim token `$2` parked for the handler `$3`, paused or its breaker open:
+/// back to pending, its attempt not counted, recording the handlers `$4` that succeeded. The
+/// pause row and the breaker row are read `FOR SHARE` (see `pause.rs` and `breaker.rs`): when
+/// neither holds the handler any more, the message is only given back, not parked. The first park notes it in `last_error`, which tells the next
 /// claim to read the message's per-handler progress (its attempts may be back at 0). Returns
 /// 1, or 0 when the claim was taken over.
 const PARK: &str = "WITH pause AS ( \
         SELECT 1 FROM outbox_pauses \
         WHERE scope = 'handler' AND name = $3 AND (until IS NULL OR until > now()) \
         FOR SHARE \
+     ), breaker AS ( \
+        SELECT 1 FROM outbox_breakers WHERE handler = $3 AND open FOR SHARE \
      ), upd AS ( \
         UPDATE outbox_messages \
         SET attempts = greatest(attempts - 1, 0), locked_until = NULL, claim_token = NULL, \
-            parked_by = CASE WHEN EXISTS (SELECT 1 FROM pause) THEN $3 END, \
-            last_error = coalesce(last_error, 'parked while handler `' || $3 || '` was paused') \
+            parked_by = CASE WHEN EXISTS (SELECT 1 FROM pause) OR EXISTS (SELECT 1 FROM breaker) \
+                             THEN $3 END, \
+            last_error = coalesce(last_error, 'parked for handler `' || $3 || '` (paused, or its breaker open)') \
         WHERE id = $1 AND claim_token = $2 \
         RETURNING id \
      ), ins AS ( \

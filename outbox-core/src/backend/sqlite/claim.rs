@@ -270,7 +270,7 @@ pub(super) async fn delivery_completed(
 }
 
 /// A claimed row as the worker sees it.
-fn claimed(r: &SqliteRow, claim_token: Uuid) -> Result<ClaimedMessage, sqlx::Error> {
+pub(super) fn claimed(r: &SqliteRow, claim_token: Uuid) -> Result<ClaimedMessage, sqlx::Error> {
     let created: i64 = r.try_get("created_at")?;
     // Only the claim of ordered messages returns the key.
     let ordered: Option<String> = r.try_get("ordering_key").unwrap_or(None);

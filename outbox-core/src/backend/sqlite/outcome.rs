@@ -74,16 +74,18 @@ const HAND_BACK: &str = "UPDATE outbox_messages \
          SELECT m.seq FROM json_each(?1) AS d \
          JOIN outbox_messages AS m ON m.id = d.value ->> 0 AND m.claim_token = d.value ->> 1)";
 
-/// Message `?1` under claim token `?2` parked for the paused handler `?3`: back to pending,
-/// its attempt not counted; when the handler's pause is gone or past its end at `?4`, only
-/// given back, not parked. The first park notes it in `last_error`, which tells the next claim
+/// Message `?1` under claim token `?2` parked for the handler `?3`, paused or its breaker open:
+/// back to pending, its attempt not counted; when the handler's pause is gone or past its end
+/// at `?4` and its breaker is not open, only given back, not parked. The first park notes it in `last_error`, which tells the next claim
 /// to read the message's per-handler progress (its attempts may be back at 0).
 const PARK: &str = "UPDATE outbox_messages \
      SET attempts = max(attempts - 1, 0), locked_until = NULL, claim_token = NULL, \
          parked_by = CASE WHEN EXISTS (SELECT 1 FROM outbox_pauses \
                                        WHERE scope = 'handler' AND name = ?3 \
-                                         AND (until IS NULL OR until > ?4)) THEN ?3 END, \
-         last_error = coalesce(last_error, 'parked while handler `' || ?3 || '` was paused') \
+                                         AND (until IS NULL OR until > ?4)) \
+                              OR EXISTS (SELECT 1 FROM outbox_breakers \
+                                         WHERE handler = ?3 AND open) THEN ?3 END, \
+         last_error = coalesce(last_error, 'parked for handler `' || ?3 || '` (paused, or its breaker open)') \
      WHERE id = ?1 AND claim_token = ?2";
 
 /// The leases of the messages of `?1`, a JSON array of (id, claim token) pairs, extended to

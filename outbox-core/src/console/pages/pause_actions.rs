@@ -149,6 +149,22 @@ pub(super) fn handlers_table(
             ),
             None => "running".to_string(),
         };
+        let breaker = stats.breakers.iter().find(|x| &x.handler == name);
+        let state = match breaker {
+            Some(x) => format!(
+                "{state}{}<span class=\"badge warn\">breaker open</span> for {}, next probe in {}, {} waiting",
+                if pause.is_some() { "; " } else { "" },
+                age((now - x.opened_at).to_std().unwrap_or_default()),
+                age((x.next_probe_at - now).to_std().unwrap_or_default()),
+                x.waiting
+            ),
+            None => state,
+        };
+        let state = if breaker.is_some() && pause.is_none() {
+            state.trim_start_matches("running").to_string()
+        } else {
+            state
+        };
         let button = if writable {
             let action = if pause.is_some() {
                 Action::Resume
@@ -173,7 +189,10 @@ pub(super) fn handlers_table(
             esc(name),
             esc(name),
             esc(&topics.join(", ")),
-            pause.map_or_else(String::new, |p| p.waiting.to_string()),
+            pause
+                .map(|p| p.waiting)
+                .or(breaker.map(|x| x.waiting))
+                .map_or_else(String::new, |n| n.to_string()),
         );
     }
     b.push_str("</tbody></table>");

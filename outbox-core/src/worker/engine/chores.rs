@@ -8,7 +8,6 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 use super::super::lock;
-use super::super::pauses::PAUSE_POLL;
 use super::super::process::timed_out;
 use super::super::protocol;
 use super::super::wake::Wakeups;
@@ -177,7 +176,8 @@ pub(super) async fn periodic(shared: Arc<Shared>, stop: CancellationToken) {
     }
 }
 
-/// Reads the pauses in force every [`PAUSE_POLL`], so a pause or a resume reaches this
+/// Reads the pauses in force and the breakers every [`WorkerConfig::control_poll`](crate::WorkerConfig::control_poll), starting the
+/// breakers' probes that are due, so a pause or a resume reaches this
 /// worker within a second; wakes the claim loop when one ended, and tells health what is
 /// paused.
 pub(super) async fn pauses(shared: Arc<Shared>, wake: Arc<Wakeups>, stop: CancellationToken) {
@@ -185,20 +185,26 @@ pub(super) async fn pauses(shared: Arc<Shared>, wake: Arc<Wakeups>, stop: Cancel
     loop {
         tokio::select! {
             () = stop.cancelled() => return,
-            () = tokio::time::sleep(PAUSE_POLL) => {}
+            () = tokio::time::sleep(shared.worker.inner.config.control_poll) => {}
         }
         if shared.worker.refresh_pauses(backend).await {
             wake.notify.notify_one();
         }
+        shared.start_probes();
         let now = chrono::Utc::now();
-        let paused = shared
-            .worker
-            .inner
-            .pauses
-            .current()
+        let current = shared.worker.inner.pauses.current();
+        // Open breakers are reported beside the pauses: held work, not ill health.
+        let paused = current
             .active
             .iter()
             .map(|(t, since)| (t.to_string(), (now - *since).to_std().unwrap_or_default()))
+            .chain(current.open.values().map(|b| {
+                let since = b.opened_at.unwrap_or(b.window_start);
+                (
+                    format!("breaker open: handler {}", b.handler),
+                    (now - since).to_std().unwrap_or_default(),
+                )
+            }))
             .collect();
         shared.worker.inner.health.set_pauses(paused);
     }

@@ -54,6 +54,7 @@ impl Shared {
                     watch: Arc::new(Watch::new(self.epoch)),
                     abort: None,
                     warned_blocking: false,
+                    probe: None,
                 },
             );
         }
@@ -87,11 +88,11 @@ impl Shared {
             };
             // This claim's record only: a lease that lapsed while the message waited may have
             // let this worker claim it again, and the newer claim's record is not this one's.
-            let Some(watch) = lock(&self.flights)
+            let Some((watch, probe)) = lock(&self.flights)
                 .get(&msg.id)
                 .filter(|f| f.fence == fence)
-                .map(|f| f.watch.clone())
-                .filter(|w| !w.withdrawn())
+                .map(|f| (f.watch.clone(), f.probe))
+                .filter(|(w, _)| !w.withdrawn())
             else {
                 continue; // handed back meanwhile (shutdown), or claimed again since
             };
@@ -117,6 +118,7 @@ impl Shared {
                         &worker.inner.resources,
                         &watch,
                         &paused,
+                        probe,
                     )
                     .await;
                     drop(permit);
@@ -297,6 +299,7 @@ pub(super) async fn collect(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver
             tracing::debug!(message_id = %fence.id, "a handler finished after its message was failed or handed back");
             continue;
         };
+        let outcome = shared.breaker_outcome(flight.topic, flight.attempt, flight.probe, outcome);
         match outcome {
             Outcome::Done => {
                 shared.record(flight.topic, "done");
@@ -316,6 +319,7 @@ pub(super) async fn collect(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver
                 retry_in,
                 error,
                 succeeded,
+                ..
             } => {
                 shared.record(
                     flight.topic,

@@ -77,6 +77,9 @@ async fn a_lapsed_waiting_claim_reclaimed_by_its_worker_runs_under_the_new_claim
         running_tasks: Arc::new(AtomicU64::new(0)),
         epoch: Instant::now(),
         host: crate::host::host(),
+        wake: Arc::new(super::super::wake::Wakeups::default()),
+        probing: Mutex::new(Default::default()),
+        reset_sent: Mutex::new(Default::default()),
     });
     let collector = tokio::spawn(dispatch::collect(shared.clone(), finished_rx));
 

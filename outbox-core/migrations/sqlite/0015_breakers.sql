@@ -1,0 +1,13 @@
+-- Circuit breakers per handler, as on PostgreSQL; times in milliseconds since the epoch.
+CREATE TABLE outbox_breakers (
+    handler       TEXT    PRIMARY KEY,
+    open          INTEGER NOT NULL,
+    failures      INTEGER NOT NULL,
+    repeats       INTEGER NOT NULL DEFAULT 0,
+    window_start  INTEGER NOT NULL,
+    opened_at     INTEGER,
+    probe_at      INTEGER,
+    failed_probes INTEGER NOT NULL DEFAULT 0,
+    probe_by      TEXT,
+    last_error    TEXT
+);
