@@ -255,7 +255,7 @@ conformance! {
         let (a, b) = tokio::join!(outbox::migrate(&db.pool), outbox::migrate(&db.pool));
         a.unwrap();
         b.unwrap();
-        assert_eq!(db.migration_versions().await, (1..=14).collect::<Vec<i64>>());
+        assert_eq!(db.migration_versions().await, (1..=15).collect::<Vec<i64>>());
         sqlx::query("UPDATE outbox_migrations SET checksum = checksum + 1 WHERE version = 1")
             .execute(&db.pool)
             .await

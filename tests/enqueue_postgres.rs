@@ -76,7 +76,7 @@ async fn migrate_is_idempotent_and_safe_concurrently() {
             .fetch_all(&db.pool)
             .await
             .unwrap();
-    assert_eq!(versions, (1..=14).collect::<Vec<i64>>());
+    assert_eq!(versions, (1..=15).collect::<Vec<i64>>());
 
     // The host application's own sqlx migrations table is never touched.
     let sqlx_table: Option<String> =
