@@ -30,9 +30,8 @@ const MAX: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// The circuit breaker of a handler: when it opens, and how long it stays open.
 ///
-/// On by default for every handler, with [`Breaker::default`]; set another for all handlers of
-/// a worker with [`WorkerConfig::breaker`](crate::WorkerConfig::breaker), or for one handler
-/// with [`Handler::breaker`](crate::Handler::breaker).
+/// Set for all handlers of a worker with [`WorkerConfig::breaker`](crate::WorkerConfig::breaker)
+/// (off unless set), or for one handler with [`Handler::breaker`](crate::Handler::breaker).
 ///
 /// ```
 /// use outbox::{Breaker, WorkerConfig};

@@ -96,7 +96,8 @@ impl Default for WorkerConfig {
             health_max_awaiting_version: Duration::from_secs(900),
             purge_retention: None,
             purge_interval: Duration::from_secs(600),
-            breaker: crate::breaker::Breaker::default(),
+            // Off until its failure count is reset by successes at once (see docs/outages.md).
+            breaker: crate::breaker::Breaker::disabled(),
             control_poll: super::pauses::PAUSE_POLL,
         }
     }
@@ -270,8 +271,11 @@ impl WorkerConfig {
     }
 
     /// The circuit breaker of every handler that sets none of its own
-    /// ([`Handler::breaker`](crate::Handler::breaker)); [`Breaker::default`](crate::Breaker::default)
-    /// unless set: on.
+    /// ([`Handler::breaker`](crate::Handler::breaker)). Off unless set: pass
+    /// [`Breaker::default()`](crate::Breaker::default) to turn it on with its defaults. It is
+    /// not on by default yet because a success resets the shared failure count only at the
+    /// next read of the breakers: under heavy traffic with scattered transient failures the
+    /// breaker can open although most deliveries succeed.
     pub fn breaker(mut self, breaker: crate::breaker::Breaker) -> Self {
         self.breaker = breaker;
         self
