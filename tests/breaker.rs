@@ -354,7 +354,7 @@ on_every_backend! {
         assert!(o.calls_while_down <= 60, "the provider took {} calls while down", o.calls_while_down);
     }
 
-    async fn permanent_errors_and_bad_payloads_never_open_the_breaker(db) {
+    async fn permanent_errors_panics_and_bad_payloads_never_open_the_breaker(db) {
         let pool = Db::from(&db.pool);
         let calls = Arc::new(AtomicUsize::new(0));
         let w = Worker::builder(pool.store())
@@ -362,19 +362,22 @@ on_every_backend! {
             .config(scaled(scaled_breaker()).config.retry(RetryPolicy::default().max_attempts(1)))
             .build()
             .unwrap();
+        // Payloads that do not decode into `Refused`: they fail before the handler is called.
+        db.insert_raw("breaker.refused", r#"{"n": "not a number"}"#, 6).await;
         let running = outbox_tests::start(vec![w]);
         for n in 0..12 {
             pool.enqueue_one(&Refused { n }).await;
         }
         outbox_tests::wait_until(Duration::from_secs(20), "all refused", async || {
-            calls.load(Ordering::SeqCst) >= 12
+            pool.store().stats().await.unwrap().total.dead == 18
         })
         .await;
         tokio::time::sleep(Duration::from_millis(300)).await;
         let stats = pool.store().stats().await.unwrap();
         outbox_tests::stop(running).await;
         assert!(stats.breakers.is_empty(), "{:?}", stats.breakers);
-        assert_eq!(stats.total.dead, 12, "each message is dead-lettered at once, as before");
+        assert_eq!(calls.load(Ordering::SeqCst), 12, "every decodable message reached the handler");
+        assert_eq!(stats.total.dead, 18, "each message is dead-lettered at once, as before");
     }
 
     async fn retry_after_opens_the_breaker_for_that_long(db) {
@@ -419,15 +422,19 @@ struct Refused {
     n: i64,
 }
 
-/// Refuses every message for good: the message's fault, not a dependency's.
+/// Refuses every message for good, or panics on it (every other one): the message's or the
+/// code's fault, not a dependency's.
 struct Refuses(Arc<AtomicUsize>);
 
 #[outbox::async_trait]
 impl Handler for Refuses {
     type Event = Refused;
     const NAME: &'static str = "refuses";
-    async fn handle(&self, _: Refused, _: &Context) -> Result<(), HandlerError> {
+    async fn handle(&self, r: Refused, _: &Context) -> Result<(), HandlerError> {
         self.0.fetch_add(1, Ordering::SeqCst);
+        if r.n % 2 == 0 {
+            panic!("a bug in the handler, on message {}", r.n);
+        }
         Err(HandlerError::permanent("invalid address"))
     }
 }

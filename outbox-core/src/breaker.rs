@@ -5,11 +5,12 @@
 //! pauses (every [`WorkerConfig::control_poll`](crate::WorkerConfig::control_poll), half a
 //! second by default):
 //! - **Closed** (the usual state, no row or a row counting failures): deliveries run. Each
-//!   retryable failure of the handler (an error, a timeout, a panic, a
+//!   retryable failure of the handler (an error, a timeout, a
 //!   [`HandlerError::retry_after`](crate::HandlerError::retry_after)) is counted in the row,
 //!   by whichever worker saw it; a success resets the count. A
-//!   [permanent](crate::HandlerError::permanent) error or a payload that does not decode is
-//!   the message's fault, not the dependency's, and is never counted.
+//!   [permanent](crate::HandlerError::permanent) error, a payload that does not decode (or
+//!   whose upcast panics) and a panicking handler are the message's or the code's fault, not
+//!   the dependency's, and are never counted.
 //! - **Open**, once [`Breaker::failures`] failures were counted within [`Breaker::window`]
 //!   with no success in between, or at once for a `retry_after` (open for that long): no
 //!   worker runs the handler. Its messages still run the topic's other handlers, and are then

@@ -205,6 +205,9 @@ pub enum FailureKind {
 pub struct HandlerError {
     kind: FailureKind,
     source: BoxError,
+    /// Set by the worker for a payload that does not decode and for a panic: the message's
+    /// fault (or the code's), not the dependency's, so it never counts towards a breaker.
+    not_dependency: bool,
 }
 
 impl HandlerError {
@@ -213,6 +216,7 @@ impl HandlerError {
         Self {
             kind: FailureKind::Retry,
             source: source.into(),
+            not_dependency: false,
         }
     }
 
@@ -221,6 +225,7 @@ impl HandlerError {
         Self {
             kind: FailureKind::RetryAfter(delay),
             source: source.into(),
+            not_dependency: false,
         }
     }
 
@@ -229,6 +234,7 @@ impl HandlerError {
         Self {
             kind: FailureKind::Permanent,
             source: source.into(),
+            not_dependency: false,
         }
     }
 
@@ -245,6 +251,19 @@ impl HandlerError {
     /// The error and its chain of sources as one line, `outer: inner: ...`.
     pub fn chain_string(&self) -> String {
         crate::diagnostics::error_chain(&*self.source)
+    }
+
+    /// Marks a failure that is not the dependency's: a payload that does not decode, a panic.
+    pub(crate) fn not_dependency(mut self) -> Self {
+        self.not_dependency = true;
+        self
+    }
+
+    /// Whether this failure says the handler's dependency is failing, so that it counts
+    /// towards the handler's breaker: a retryable error, a timeout or a `retry_after`, but
+    /// never a permanent error, a payload that does not decode or a panic.
+    pub(crate) fn counts_towards_breaker(&self) -> bool {
+        !self.not_dependency && !matches!(self.kind, FailureKind::Permanent)
     }
 }
 
@@ -336,15 +355,26 @@ impl<H: Handler> ErasedHandler for Typed<H> {
         H::START
     }
     fn decodes(&self, payload: &str, version: u32) -> Result<(), String> {
-        <H::Event as Event>::decode_versioned(version, payload)
+        // An upcast (`From`) may panic: that is a failure to decode, not the caller's crash.
+        std::panic::catch_unwind(|| <H::Event as Event>::decode_versioned(version, payload))
+            .map_err(|panic| format!("the upcast panicked: {}", panic_message(&*panic)))?
             .map(drop)
             .map_err(|e| e.to_string())
     }
     async fn call(&self, payload: &str, version: u32, ctx: &Context) -> Result<(), HandlerError> {
-        let event =
-            <H::Event as Event>::decode_versioned(version, payload).map_err(HandlerError::retry)?;
+        let event = <H::Event as Event>::decode_versioned(version, payload)
+            .map_err(|e| HandlerError::retry(e).not_dependency())?;
         self.0.handle(event, ctx).await
     }
+}
+
+/// What a caught panic said, for the error it becomes.
+pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "non-string panic payload".to_string())
 }
 
 pub(crate) fn erase<H: Handler>(h: H) -> Arc<dyn ErasedHandler> {

@@ -352,12 +352,12 @@ async fn run_handlers(
                 crate::trace::set_error(&span, &chain);
                 let _enter = span.enter();
                 // The dependency's fault, not the message's: counted towards the breaker.
-                match e.kind() {
-                    FailureKind::Retry if h.decodes(&msg.payload, msg.version).is_ok() => {
-                        breaker.push((h.name(), None));
-                    }
-                    FailureKind::RetryAfter(d) => breaker.push((h.name(), Some(d))),
-                    _ => {}
+                if e.counts_towards_breaker() {
+                    let retry_after = match e.kind() {
+                        FailureKind::RetryAfter(d) => Some(d),
+                        _ => None,
+                    };
+                    breaker.push((h.name(), retry_after));
                 }
                 let delay = match e.kind() {
                     FailureKind::Permanent => None,
@@ -424,14 +424,11 @@ pub(super) async fn call_handler(
     let call = AssertUnwindSafe(h.call(payload, version, ctx)).catch_unwind();
     match tokio::time::timeout(timeout, call).await {
         Ok(Ok(result)) => result,
-        Ok(Err(panic)) => {
-            let msg = panic
-                .downcast_ref::<&str>()
-                .map(|s| (*s).to_string())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "non-string panic payload".to_string());
-            Err(HandlerError::retry(format!("handler panicked: {msg}")))
-        }
+        Ok(Err(panic)) => Err(HandlerError::retry(format!(
+            "handler panicked: {}",
+            crate::handler::panic_message(&*panic)
+        ))
+        .not_dependency()),
         Err(_) => Err(HandlerError::retry(format!(
             "handler timed out after {timeout:?}"
         ))),
