@@ -380,6 +380,77 @@ on_every_backend! {
         assert_eq!(stats.total.dead, 18, "each message is dead-lettered at once, as before");
     }
 
+    async fn a_poison_message_among_the_parked_does_not_hold_the_breaker_open(db) {
+        let pool = Db::from(&db.pool);
+        let delivered = Arc::new(AtomicUsize::new(0));
+        // Opens at the first failure, probes 300 ms later, then at most every 600 ms.
+        let breaker = Breaker::default()
+            .failures(1)
+            .window(Duration::from_secs(3))
+            .cooldown(Duration::from_millis(300))
+            .max_cooldown(Duration::from_millis(600));
+        let w = Worker::builder(pool.store())
+            .handler(Picky(delivered.clone()))
+            .config(scaled(breaker).config)
+            .build()
+            .unwrap();
+        let running = outbox_tests::start(vec![w]);
+        let store = pool.store();
+        // The poison message opens the breaker, and is parked first, at its retry.
+        pool.enqueue_one(&Picked { n: 0 }).await;
+        outbox_tests::wait_until(Duration::from_secs(10), "the poison message parked", async || {
+            store.breakers().await.unwrap().first().is_some_and(|b| b.waiting == 1)
+        })
+        .await;
+        // Healthy messages, parked after it: the first probe takes the poison message, which
+        // fails; the next must take one of these, or the breaker never closes.
+        for n in 1..=5 {
+            pool.enqueue_one(&Picked { n }).await;
+        }
+        outbox_tests::wait_until(Duration::from_secs(20), "the healthy messages delivered", async || {
+            delivered.load(Ordering::SeqCst) == 5
+        })
+        .await;
+        outbox_tests::stop(running).await;
+    }
+
+    async fn probes_take_the_parked_messages_in_turn(db) {
+        let pool = Db::from(&db.pool);
+        let calls = Arc::new(Mutex::new(Vec::new()));
+        let breaker = Breaker::default()
+            .failures(1)
+            .window(Duration::from_secs(3))
+            .cooldown(Duration::from_millis(100))
+            .max_cooldown(Duration::from_millis(100));
+        let w = Worker::builder(pool.store())
+            .handler(AlwaysFails(calls.clone()))
+            .config(scaled(breaker).config)
+            .build()
+            .unwrap();
+        let running = outbox_tests::start(vec![w]);
+        let store = pool.store();
+        for n in 0..3 {
+            pool.enqueue_one(&Doomed { n }).await;
+        }
+        outbox_tests::wait_until(Duration::from_secs(10), "all three parked", async || {
+            store.breakers().await.unwrap().first().is_some_and(|b| b.waiting == 3)
+        })
+        .await;
+        // From now on every call is a probe, and each fails and parks its message again.
+        let from = calls.lock().unwrap().len();
+        outbox_tests::wait_until(Duration::from_secs(20), "nine probes", async || {
+            calls.lock().unwrap().len() >= from + 9
+        })
+        .await;
+        outbox_tests::stop(running).await;
+        let probed: Vec<i64> = calls.lock().unwrap()[from..from + 9].to_vec();
+        for turn in probed.chunks(3) {
+            let mut t = turn.to_vec();
+            t.sort_unstable();
+            assert_eq!(t, [0, 1, 2], "each parked message is probed once per turn: {probed:?}");
+        }
+    }
+
     async fn retry_after_opens_the_breaker_for_that_long(db) {
         let pool = Db::from(&db.pool);
         let calls = Arc::new(AtomicUsize::new(0));
@@ -436,6 +507,48 @@ impl Handler for Refuses {
             panic!("a bug in the handler, on message {}", r.n);
         }
         Err(HandlerError::permanent("invalid address"))
+    }
+}
+
+#[outbox_event(topic = "breaker.picked")]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Picked {
+    n: i64,
+}
+
+/// Fails message 0 on every attempt (a retryable error: to the breaker, a failing
+/// dependency), delivers the others.
+struct Picky(Arc<AtomicUsize>);
+
+#[outbox::async_trait]
+impl Handler for Picky {
+    type Event = Picked;
+    const NAME: &'static str = "picky";
+    async fn handle(&self, p: Picked, _: &Context) -> Result<(), HandlerError> {
+        if p.n == 0 {
+            return Err(HandlerError::retry("503 for this one"));
+        }
+        self.0.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+}
+
+#[outbox_event(topic = "breaker.doomed")]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Doomed {
+    n: i64,
+}
+
+/// Fails every message with a retryable error, recording which.
+struct AlwaysFails(Arc<Mutex<Vec<i64>>>);
+
+#[outbox::async_trait]
+impl Handler for AlwaysFails {
+    type Event = Doomed;
+    const NAME: &'static str = "always_fails";
+    async fn handle(&self, d: Doomed, _: &Context) -> Result<(), HandlerError> {
+        self.0.lock().unwrap().push(d.n);
+        Err(HandlerError::retry("503"))
     }
 }
 

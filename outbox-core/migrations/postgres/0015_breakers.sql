@@ -17,3 +17,8 @@ CREATE TABLE outbox_breakers (
     probe_by      UUID,
     last_error    TEXT
 );
+
+-- A probe takes the message parked longest ago (a park moves `available_at` to its time), so
+-- that a message whose probe failed goes last.
+CREATE INDEX outbox_messages_probe_idx ON outbox_messages (parked_by, available_at)
+    WHERE parked_by IS NOT NULL;

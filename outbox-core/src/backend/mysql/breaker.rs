@@ -54,12 +54,13 @@ const UNPARK: &str = concat!(
     "))"
 );
 
-/// One message parked for `?` of the topic `?` at a version up to `?`, locked.
+/// One message parked for `?` of the topic `?` at a version up to `?`, locked: the one parked
+/// longest ago (see the PostgreSQL backend's `CLAIM_PARKED`).
 const PICK_PARKED: &str =
     "SELECT id, topic, payload, version, idempotency_key, attempts, created_at, \
          last_error, ordering_key, seq, releases_key, traceparent, tracestate \
      FROM outbox_messages WHERE parked_by = ? AND topic = ? AND version <= ? \
-     LIMIT 1 FOR UPDATE SKIP LOCKED";
+     ORDER BY available_at LIMIT 1 FOR UPDATE SKIP LOCKED";
 
 /// Counts the attempt of the locked message `?` (last) and leases it under claim token `?` to
 /// worker `?` for `?` ms, no longer parked.

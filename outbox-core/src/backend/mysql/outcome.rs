@@ -95,14 +95,19 @@ const PARK_BREAKER: &str =
     "SELECT 1 FROM outbox_breakers WHERE handler = ? AND `open` LOCK IN SHARE MODE";
 
 /// Message `?` (third) under claim token `?` (fourth) parked for the paused handler `?`
-/// (first; NULL when its pause ended: then only given back), its attempt not counted. The
+/// (first; NULL when its pause ended: then only given back), its attempt not counted, its
+/// `available_at` now (last in a breaker's probe order). The
 /// first park notes it in `last_error` (the handler `?`, second), which tells the next claim
 /// to read the message's per-handler progress (its attempts may be back at 0).
-const PARK: &str = "UPDATE outbox_messages \
+const PARK: &str = concat!(
+    "UPDATE outbox_messages \
      SET attempts = GREATEST(attempts - 1, 0), locked_until = NULL, claim_token = NULL, \
-         parked_by = ?, \
+         available_at = ",
+    now_ms!(),
+    ", parked_by = ?, \
          last_error = COALESCE(last_error, CONCAT('parked for handler `', ?, '` (paused, or its breaker open)')) \
-     WHERE id = ? AND claim_token = ?";
+     WHERE id = ? AND claim_token = ?"
+);
 
 /// The messages `{list}` under claim token `?` back to pending, ready at once, their attempt
 /// not counted.

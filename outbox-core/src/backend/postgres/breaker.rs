@@ -48,12 +48,14 @@ const UNPARK: &str = "UPDATE outbox_messages SET parked_by = NULL WHERE parked_b
                      AND (until IS NULL OR until > now()))";
 
 /// One message parked for `$1`, of the topics `$2` at versions up to `$6`, claimed under claim
-/// token `$3` by worker `$4` for a lease of `$5` seconds, no longer parked.
+/// token `$3` by worker `$4` for a lease of `$5` seconds, no longer parked: the one parked
+/// longest ago, so that a message whose probe failed (parked again) is probed last, and a
+/// poison message among the parked cannot hold the breaker open.
 const CLAIM_PARKED: &str = "WITH picked AS ( \
         SELECT m.ctid FROM outbox_messages m \
         JOIN unnest($2::text[], $6::int4[]) AS t(topic, max_version) ON t.topic = m.topic \
         WHERE m.parked_by = $1 AND m.version <= t.max_version \
-        LIMIT 1 FOR UPDATE OF m SKIP LOCKED \
+        ORDER BY m.available_at LIMIT 1 FOR UPDATE OF m SKIP LOCKED \
      ) \
      UPDATE outbox_messages m \
      SET attempts = m.attempts + 1, claim_token = $3, claimed_by = $4, parked_by = NULL, \

@@ -151,7 +151,8 @@ const HAND_BACK: &str = "UPDATE outbox_messages m \
      WHERE m.id = d.id AND m.claim_token = d.claim_token";
 
 /// Message `$1` under claim token `$2` parked for the handler `$3`, paused or its breaker open:
-/// back to pending, its attempt not counted, recording the handlers `$4` that succeeded. The
+/// back to pending, its attempt not counted, recording the handlers `$4` that succeeded; its
+/// `available_at` moves to now, which puts it last in a breaker's probe order. The
 /// pause row and the breaker row are read `FOR SHARE` (see `pause.rs` and `breaker.rs`): when
 /// neither holds the handler any more, the message is only given back, not parked. The first park notes it in `last_error`, which tells the next
 /// claim to read the message's per-handler progress (its attempts may be back at 0). Returns
@@ -165,6 +166,7 @@ const PARK: &str = "WITH pause AS ( \
      ), upd AS ( \
         UPDATE outbox_messages \
         SET attempts = greatest(attempts - 1, 0), locked_until = NULL, claim_token = NULL, \
+            available_at = now(), \
             parked_by = CASE WHEN EXISTS (SELECT 1 FROM pause) OR EXISTS (SELECT 1 FROM breaker) \
                              THEN $3 END, \
             last_error = coalesce(last_error, 'parked for handler `' || $3 || '` (paused, or its breaker open)') \

@@ -48,7 +48,8 @@ const UNPARK: &str = "UPDATE outbox_messages SET parked_by = NULL WHERE parked_b
                      AND (until IS NULL OR until > ?2))";
 
 /// One message parked for `?3` of the topic `?5` at a version up to `?6`, claimed under claim
-/// token `?1` by worker `?2` for a lease of `?4` milliseconds, no longer parked.
+/// token `?1` by worker `?2` for a lease of `?4` milliseconds, no longer parked: the one parked
+/// longest ago (see the PostgreSQL backend's `CLAIM_PARKED`).
 const CLAIM_PARKED: &str = concat!(
     "UPDATE outbox_messages \
      SET attempts = attempts + 1, claim_token = ?1, claimed_by = ?2, parked_by = NULL, \
@@ -57,7 +58,7 @@ const CLAIM_PARKED: &str = concat!(
     " + ?4 \
      WHERE seq IN ( \
          SELECT seq FROM outbox_messages \
-         WHERE parked_by = ?3 AND topic = ?5 AND version <= ?6 LIMIT 1) \
+         WHERE parked_by = ?3 AND topic = ?5 AND version <= ?6 ORDER BY available_at LIMIT 1) \
      RETURNING id, topic, payload, version, idempotency_key, attempts, created_at, last_error, \
                ordering_key, seq, releases_key, traceparent, tracestate"
 );

@@ -75,11 +75,13 @@ const HAND_BACK: &str = "UPDATE outbox_messages \
          JOIN outbox_messages AS m ON m.id = d.value ->> 0 AND m.claim_token = d.value ->> 1)";
 
 /// Message `?1` under claim token `?2` parked for the handler `?3`, paused or its breaker open:
-/// back to pending, its attempt not counted; when the handler's pause is gone or past its end
+/// back to pending, its attempt not counted, its `available_at` now (last in a breaker's probe
+/// order); when the handler's pause is gone or past its end
 /// at `?4` and its breaker is not open, only given back, not parked. The first park notes it in `last_error`, which tells the next claim
 /// to read the message's per-handler progress (its attempts may be back at 0).
 const PARK: &str = "UPDATE outbox_messages \
      SET attempts = max(attempts - 1, 0), locked_until = NULL, claim_token = NULL, \
+         available_at = ?4, \
          parked_by = CASE WHEN EXISTS (SELECT 1 FROM outbox_pauses \
                                        WHERE scope = 'handler' AND name = ?3 \
                                          AND (until IS NULL OR until > ?4)) \
