@@ -12,7 +12,8 @@
 //!   whose upcast panics) and a panicking handler are the message's or the code's fault, not
 //!   the dependency's, and are never counted.
 //! - **Open**, once [`Breaker::failures`] failures were counted within [`Breaker::window`]
-//!   with no success in between, or at once for a `retry_after` (open for that long): no
+//!   with no success in between, the count having lasted one read of the shared state, or
+//!   at once for a `retry_after` (open for that long): no
 //!   worker runs the handler. Its messages still run the topic's other handlers, and are then
 //!   parked for it, their attempt given back, as for a [pause](crate::Store::pause).
 //! - **Probing**: once the cool-down ([`Breaker::cooldown`]) has passed, one worker takes the
@@ -31,8 +32,9 @@ const MAX: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// The circuit breaker of a handler: when it opens, and how long it stays open.
 ///
-/// Set for all handlers of a worker with [`WorkerConfig::breaker`](crate::WorkerConfig::breaker)
-/// (off unless set), or for one handler with [`Handler::breaker`](crate::Handler::breaker).
+/// Every handler has one, [`Breaker::default()`] unless set: for all handlers of a worker with
+/// [`WorkerConfig::breaker`](crate::WorkerConfig::breaker), or for one handler with
+/// [`Handler::breaker`](crate::Handler::breaker).
 ///
 /// ```
 /// use outbox::{Breaker, WorkerConfig};
@@ -88,9 +90,14 @@ impl Breaker {
     }
 
     /// How many messages failing, counted across all workers within [`window`](Self::window)
-    /// with no success between them, open the breaker (5 by default; at least 1). It also
-    /// opens when a message fails again while another message failed too, so an outage
-    /// charges no message more than two attempts; one message failing on its own (a poison
+    /// with no success between them, open the breaker (5 by default; at least 1), once the
+    /// count has lasted one read of the shared state
+    /// ([`WorkerConfig::control_poll`](crate::WorkerConfig::control_poll)), so that every
+    /// worker's successes had their chance to reset it.
+    /// It also opens when a message fails again while another message failed too, so an
+    /// outage charges no message more than two attempts (unless the worker that saw it has
+    /// seen no success of the handler since it started: a fresh worker's first outcomes are
+    /// mostly its failures, which return sooner); one message failing on its own (a poison
     /// message) never opens it.
     pub fn failures(mut self, n: u32) -> Self {
         self.failures = n;
@@ -224,19 +231,47 @@ fn add(at: DateTime<Utc>, d: Duration) -> DateTime<Utc> {
     at + chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX / 4)
 }
 
-/// The row after a retryable failure of `handler` at attempt `attempt` of its message, seen
-/// at `now` (`retry_after`: what the handler asked for): counted, and opened when
-/// [`Breaker::failures`] messages failed, or when a message failed again while another one
-/// failed too (so that no message is charged a third attempt by an outage), or at once for a
-/// `retry_after`.
+/// A retryable failure of a handler, as the worker that saw it reports it to the breaker.
+pub(crate) struct Failure<'a> {
+    /// The attempt of the message that failed.
+    pub(crate) attempt: u32,
+    /// What the handler asked for with `HandlerError::retry_after`.
+    pub(crate) retry_after: Option<Duration>,
+    pub(crate) error: &'a str,
+    /// When the failure happened, by the reporting worker's clock. The count's window is
+    /// kept in the workers' clocks, the times of the failures and successes themselves, not
+    /// of their writes: under load a write lands well after what it reports.
+    pub(crate) at: DateTime<Utc>,
+    /// When the reporting worker last saw the handler succeed (its own clock), `None` if it
+    /// has not since it started. A success after the row's count began means the failures
+    /// counted were not in a row: the count starts again. (Other workers' successes also reset
+    /// the row at their next read of the breakers; this makes the failing worker's own count
+    /// at once, so that scattered failures of a busy handler never add up, while a success
+    /// from before the count began, as every worker has when an outage starts, resets nothing.)
+    /// A worker with no success yet does not trigger the rule for a message failing again:
+    /// the first outcomes of a fresh worker's first claim are mostly failures, which return
+    /// sooner than successes, a poison message's retry among them.
+    pub(crate) last_success: Option<DateTime<Utc>>,
+    /// How long a count must have lasted before it opens the breaker (but for a
+    /// `retry_after`): two reads of the shared state, so that every worker has read the row
+    /// and, if it sees the handler succeed, reset it. A busy handler's few failures from
+    /// several workers can land within milliseconds of each other while each worker's last
+    /// success came just before; only the reset from a success after them tells them from the
+    /// start of an outage.
+    pub(crate) settle: Duration,
+}
+
+/// The row after a retryable failure of `handler`, written at `now` (the database's clock):
+/// counted, and opened when
+/// [`Breaker::failures`] messages failed with no success between them, or when a message
+/// failed again while another one failed too (so that no message is charged a third attempt
+/// by an outage), or at once for a `retry_after`.
 pub(crate) fn failed(
     row: Option<&BreakerRow>,
     now: DateTime<Utc>,
     handler: &str,
     cfg: &Breaker,
-    retry_after: Option<Duration>,
-    error: &str,
-    attempt: u32,
+    f: &Failure<'_>,
 ) -> Option<BreakerRow> {
     if let Some(r) = row.filter(|r| r.open) {
         // Already open: a failure of a delivery that started before it opened changes nothing.
@@ -247,7 +282,7 @@ pub(crate) fn failed(
         open: false,
         failures: 0,
         repeats: 0,
-        window_start: now,
+        window_start: f.at,
         opened_at: None,
         probe_at: None,
         failed_probes: 0,
@@ -256,22 +291,27 @@ pub(crate) fn failed(
         waiting: 0,
     });
     let window = chrono::Duration::from_std(cfg.window).unwrap_or(chrono::Duration::MAX / 4);
-    if (r.failures == 0 && r.repeats == 0) || now - r.window_start > window {
+    let success_since = row.is_some() && f.last_success.is_some_and(|s| s >= r.window_start);
+    if (r.failures == 0 && r.repeats == 0) || success_since || f.at - r.window_start > window {
         r.failures = 0;
         r.repeats = 0;
-        r.window_start = now;
+        r.window_start = f.at;
     }
-    if attempt <= 1 {
+    if f.attempt <= 1 {
         r.failures = r.failures.saturating_add(1);
     } else {
         r.repeats = r.repeats.saturating_add(1);
     }
-    r.last_error = Some(error.to_string());
-    let spreading = r.failures >= 2.min(cfg.failures) && r.repeats >= 1;
-    if r.failures >= cfg.failures || spreading || retry_after.is_some() {
+    r.last_error = Some(f.error.to_string());
+    // Not on the word of a worker that has seen no success of the handler yet (see
+    // `Failure::last_success`).
+    let spreading = f.last_success.is_some() && r.failures >= 2.min(cfg.failures) && r.repeats >= 1;
+    let settled = f.at - r.window_start
+        >= chrono::Duration::from_std(f.settle).unwrap_or(chrono::Duration::MAX / 4);
+    if ((r.failures >= cfg.failures || spreading) && settled) || f.retry_after.is_some() {
         r.open = true;
         r.opened_at = Some(now);
-        r.probe_at = Some(add(now, retry_after.unwrap_or(cfg.cooldown)));
+        r.probe_at = Some(add(now, f.retry_after.unwrap_or(cfg.cooldown)));
         r.failed_probes = 0;
         r.probe_by = None;
     }
@@ -348,6 +388,26 @@ mod tests {
         DateTime::from_timestamp(1_800_000_000 + s, 0).unwrap()
     }
 
+    /// `failed` for a failure of attempt `attempt` (`retry_after`: what it asked for), with no
+    /// success seen in between.
+    fn fail(
+        row: Option<&BreakerRow>,
+        now: DateTime<Utc>,
+        cfg: &Breaker,
+        retry_after: Option<Duration>,
+        attempt: u32,
+    ) -> Option<BreakerRow> {
+        let f = Failure {
+            attempt,
+            retry_after,
+            error: "503",
+            at: now,
+            last_success: Some(at(-100)),
+            settle: Duration::ZERO,
+        };
+        failed(row, now, "h", cfg, &f)
+    }
+
     #[test]
     fn opens_after_the_threshold_within_the_window() {
         let cfg = Breaker::default()
@@ -355,7 +415,7 @@ mod tests {
             .window(Duration::from_secs(10));
         let mut row = None;
         for s in [0, 1, 2] {
-            row = failed(row.as_ref(), at(s), "h", &cfg, None, "503", 1);
+            row = fail(row.as_ref(), at(s), &cfg, None, 1);
         }
         let r = row.clone().unwrap();
         assert!(r.open);
@@ -364,7 +424,7 @@ mod tests {
         // Failures spread wider than the window start the count again.
         let mut row = None;
         for s in [0, 5, 20, 25] {
-            row = failed(row.as_ref(), at(s), "h", &cfg, None, "503", 1);
+            row = fail(row.as_ref(), at(s), &cfg, None, 1);
         }
         assert!(!row.as_ref().unwrap().open);
         assert_eq!(row.as_ref().unwrap().failures, 2);
@@ -378,39 +438,83 @@ mod tests {
         // One message failing on its own (a poison message) never opens it.
         let mut row = None;
         for attempt in 1..=8 {
-            row = failed(
-                row.as_ref(),
-                at(i64::from(attempt)),
-                "h",
-                &cfg,
-                None,
-                "503",
-                attempt,
-            );
+            row = fail(row.as_ref(), at(i64::from(attempt)), &cfg, None, attempt);
         }
         assert!(!row.as_ref().unwrap().open, "{row:?}");
         // A second message failing while the first failed again does: the first is charged
         // two attempts, not three.
-        let row = failed(None, at(0), "h", &cfg, None, "503", 1);
-        let row = failed(row.as_ref(), at(1), "h", &cfg, None, "503", 2);
+        let row = fail(None, at(0), &cfg, None, 1);
+        let row = fail(row.as_ref(), at(1), &cfg, None, 2);
         assert!(!row.as_ref().unwrap().open);
-        let row = failed(row.as_ref(), at(2), "h", &cfg, None, "503", 1);
+        let before = row.clone();
+        let row = fail(row.as_ref(), at(2), &cfg, None, 1);
         assert!(row.as_ref().unwrap().open, "{row:?}");
+        // Not on the word of a worker that has seen no success yet.
+        let f = Failure {
+            attempt: 1,
+            retry_after: None,
+            error: "503",
+            at: at(2),
+            last_success: None,
+            settle: Duration::ZERO,
+        };
+        let row = failed(before.as_ref(), at(2), "h", &cfg, &f);
+        assert!(!row.as_ref().unwrap().open, "{row:?}");
+    }
+
+    #[test]
+    fn failures_with_successes_between_them_never_add_up() {
+        let cfg = Breaker::default();
+        // A busy handler failing now and then: each failure comes after a success seen by
+        // the worker that reports it, so the count starts again each time.
+        let mut row = None;
+        for s in 0..50 {
+            let f = Failure {
+                attempt: if s % 3 == 0 { 2 } else { 1 },
+                retry_after: None,
+                error: "503",
+                at: at(s),
+                last_success: Some(at(s)),
+                settle: Duration::ZERO,
+            };
+            row = failed(row.as_ref(), at(s), "h", &cfg, &f);
+            let r = row.as_ref().unwrap();
+            assert!(!r.open, "{r:?}");
+            assert_eq!(r.failures + r.repeats, 1);
+        }
+        // The same failures in a row open it, successes from before they began included.
+        let mut row = None;
+        for s in 0..3 {
+            row = fail(row.as_ref(), at(s), &cfg, None, if s == 0 { 2 } else { 1 });
+        }
+        assert!(row.unwrap().open);
+    }
+
+    #[test]
+    fn a_count_opens_only_once_it_has_lasted_two_reads() {
+        let cfg = Breaker::default().failures(3);
+        let f = |at: DateTime<Utc>| Failure {
+            attempt: 1,
+            retry_after: None,
+            error: "503",
+            at,
+            last_success: Some(DateTime::from_timestamp(0, 0).unwrap()),
+            settle: Duration::from_secs(1),
+        };
+        let ms = |n: i64| at(0) + chrono::Duration::milliseconds(n);
+        let mut row = None;
+        for n in [0, 10, 20, 30, 40] {
+            row = failed(row.as_ref(), ms(n), "h", &cfg, &f(ms(n)));
+        }
+        assert!(!row.as_ref().unwrap().open, "too soon: {row:?}");
+        let row = failed(row.as_ref(), ms(1000), "h", &cfg, &f(ms(1000)));
+        assert!(row.unwrap().open);
     }
 
     #[test]
     fn retry_after_opens_for_that_long() {
         let cfg = Breaker::default();
-        let r = failed(
-            None,
-            at(0),
-            "h",
-            &cfg,
-            Some(Duration::from_secs(90)),
-            "429",
-            1,
-        )
-        .unwrap();
+        let r = fail(None, at(0), &cfg, Some(Duration::from_secs(90)), 1).unwrap();
         assert!(r.open);
         assert_eq!(r.probe_at, Some(at(90)));
         // A success does not close an open breaker: only a probe does.
@@ -424,7 +528,7 @@ mod tests {
             .cooldown(Duration::from_secs(10))
             .max_cooldown(Duration::from_secs(35));
         let (a, b) = (Uuid::from_u128(1), Uuid::from_u128(2));
-        let r = failed(None, at(0), "h", &cfg, None, "503", 1);
+        let r = fail(None, at(0), &cfg, None, 1);
         // Not due yet: nobody takes it.
         let r = probe_taken(r.as_ref(), at(5), a, Duration::from_secs(30));
         assert!(!holds_probe(r.as_ref(), a));

@@ -97,7 +97,7 @@ impl Default for WorkerConfig {
             purge_retention: None,
             purge_interval: Duration::from_secs(600),
             // Off until its failure count is reset by successes at once (see docs/outages.md).
-            breaker: crate::breaker::Breaker::disabled(),
+            breaker: crate::breaker::Breaker::default(),
             control_poll: super::pauses::PAUSE_POLL,
         }
     }
@@ -271,11 +271,8 @@ impl WorkerConfig {
     }
 
     /// The circuit breaker of every handler that sets none of its own
-    /// ([`Handler::breaker`](crate::Handler::breaker)). Off unless set: pass
-    /// [`Breaker::default()`](crate::Breaker::default) to turn it on with its defaults. It is
-    /// not on by default yet because a success resets the shared failure count only at the
-    /// next read of the breakers: under heavy traffic with scattered transient failures the
-    /// breaker can open although most deliveries succeed.
+    /// ([`Handler::breaker`](crate::Handler::breaker)): [`Breaker::default()`](crate::Breaker::default)
+    /// unless set; [`Breaker::disabled()`](crate::Breaker::disabled) turns it off.
     pub fn breaker(mut self, breaker: crate::breaker::Breaker) -> Self {
         self.breaker = breaker;
         self

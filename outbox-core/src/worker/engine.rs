@@ -130,6 +130,10 @@ struct Shared {
     probing: Mutex<std::collections::BTreeSet<&'static str>>,
     /// Handlers whose breaker's failure count this worker reset since the last read.
     reset_sent: Mutex<std::collections::BTreeSet<&'static str>>,
+    /// Per handler with a breaker: when it last succeeded here, in Unix microseconds (0:
+    /// not since this worker started), which its failures tell the breaker
+    /// (`breaker::Failure::last_success`).
+    last_success: HashMap<&'static str, AtomicI64>,
 }
 
 /// Runs the worker until `stop`, on the calling (engine) runtime; handlers go to
@@ -190,6 +194,7 @@ pub(super) async fn run(
         wake: wake.clone(),
         probing: Mutex::new(std::collections::BTreeSet::new()),
         reset_sent: Mutex::new(std::collections::BTreeSet::new()),
+        last_success: worker.success_clocks(),
     });
     shared.heartbeat().await;
     // Before the first claim: a worker that starts during a pause honours it at once.

@@ -6,6 +6,8 @@
 //! retryable failure, the first success of a handler whose breaker counts failures (once per
 //! read of the breakers), a probe. A worker whose handlers all succeed writes nothing.
 
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 
 use uuid::Uuid;
@@ -39,6 +41,19 @@ impl Worker {
             .unwrap_or(self.inner.config.breaker)
     }
 
+    /// Per handler whose breaker is on, when it last succeeded here (`Shared::last_success`):
+    /// Unix microseconds, 0 for never.
+    pub(in crate::worker) fn success_clocks(&self) -> HashMap<&'static str, AtomicI64> {
+        self.inner
+            .topics
+            .values()
+            .flatten()
+            .map(|h| h.name())
+            .filter(|n| self.breaker_of(n).is_enabled())
+            .map(|n| (n, AtomicI64::new(0)))
+            .collect()
+    }
+
     /// The handler named `name` of this worker, as the static name its handlers carry.
     fn handler_name(&self, name: &str) -> Option<&'static str> {
         self.inner
@@ -60,22 +75,32 @@ impl Shared {
         probe: Option<&'static str>,
         outcome: Outcome,
     ) -> Outcome {
+        if self.last_success.is_empty() {
+            // No handler of this worker has a breaker on.
+            return outcome;
+        }
         let current = self.worker.inner.pauses.current();
-        // Successes reset the failure counts of closed breakers, once per read of them.
-        if !current.counting.is_empty() {
-            let ok: Vec<&'static str> = match &outcome {
-                Outcome::Done => self.worker.inner.topics[topic]
-                    .iter()
-                    .map(|h| h.name())
-                    .collect(),
-                Outcome::Failed { succeeded, .. } | Outcome::Parked { succeeded, .. } => {
-                    succeeded.clone()
+        let now = std::cell::OnceCell::new();
+        let succeeded = |h: &'static str| {
+            // Seen by this worker's next failure write of the handler at once...
+            if let Some(at) = self.last_success.get(h) {
+                let now = *now.get_or_init(|| chrono::Utc::now().timestamp_micros());
+                at.store(now, Ordering::Relaxed);
+            }
+            // ...and by the other workers' once this reset reaches the row (once per read
+            // of the breakers).
+            if current.counting.contains(h) && lock(&self.reset_sent).insert(h) {
+                self.change_breaker(h, "reset", Box::new(|row, _| breaker::succeeded(row)));
+            }
+        };
+        match &outcome {
+            Outcome::Done => {
+                for h in self.worker.inner.topics.get(topic).into_iter().flatten() {
+                    succeeded(h.name());
                 }
-            };
-            for h in ok {
-                if current.counting.contains(h) && lock(&self.reset_sent).insert(h) {
-                    self.change_breaker(h, "reset", Box::new(|row, _| breaker::succeeded(row)));
-                }
+            }
+            Outcome::Failed { succeeded: ok, .. } | Outcome::Parked { succeeded: ok, .. } => {
+                ok.iter().copied().for_each(succeeded);
             }
         }
         if let Outcome::Failed { breaker, error, .. } = &outcome {
@@ -83,16 +108,30 @@ impl Shared {
                 if Some(h) == probe || current.open.contains_key(h) {
                     continue;
                 }
+                let Some(at) = self.last_success.get(h) else {
+                    continue; // its breaker is off
+                };
                 let cfg = self.worker.breaker_of(h);
-                if !cfg.is_enabled() {
-                    continue;
-                }
+                let last_success = match at.load(Ordering::Relaxed) {
+                    0 => None,
+                    micros => chrono::DateTime::from_timestamp_micros(micros),
+                };
+                let failed_at = chrono::Utc::now();
+                let settle = self.worker.inner.config.control_poll;
                 let error = error.clone();
                 self.change_breaker(
                     h,
                     "failure",
                     Box::new(move |row, now| {
-                        breaker::failed(row, now, h, &cfg, retry_after, &error, attempt)
+                        let seen = breaker::Failure {
+                            attempt,
+                            retry_after,
+                            error: &error,
+                            at: failed_at,
+                            last_success,
+                            settle,
+                        };
+                        breaker::failed(row, now, h, &cfg, &seen)
                     }),
                 );
             }

@@ -80,6 +80,7 @@ async fn a_lapsed_waiting_claim_reclaimed_by_its_worker_runs_under_the_new_claim
         wake: Arc::new(super::super::wake::Wakeups::default()),
         probing: Mutex::new(Default::default()),
         reset_sent: Mutex::new(Default::default()),
+        last_success: Default::default(),
     });
     let collector = tokio::spawn(dispatch::collect(shared.clone(), finished_rx));
 
