@@ -8,7 +8,7 @@
 //! which does not scale, stays small beside it): retries from 200 ms doubling to 12.8 s over 8
 //! attempts (spent in about 12.7 s on average), a breaker window of 3 s, cool-downs of 0.5 s
 //! doubling to 3 s, the shared state read every 25 ms, and an outage of 20 s. The ignored `ten_minute_outage_with_unscaled_defaults` runs the same
-//! with a real ten-minute outage and the defaults as they are (the breaker's turned on).
+//! with a real ten-minute outage and the defaults as they are.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -605,7 +605,7 @@ async fn ten_minute_outage_with_unscaled_defaults() {
         outage: Duration::from_secs(600),
         rate: 1,
         before: Duration::from_secs(30),
-        config: WorkerConfig::default().breaker(Breaker::default()),
+        config: WorkerConfig::default(),
     };
     let o = outage_run(&pool, scale, Duration::from_secs(300)).await;
     check_no_dead_letters(&o);
