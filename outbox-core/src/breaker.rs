@@ -189,6 +189,8 @@ pub(crate) struct BreakerRow {
     pub(crate) failures: u32,
     /// Failures of later attempts since `window_start` (closed).
     pub(crate) repeats: u32,
+    /// When the count began: the time of its first failure by the clock of the worker that
+    /// saw it (see [`Failure::at`]).
     pub(crate) window_start: DateTime<Utc>,
     /// Open: since when.
     pub(crate) opened_at: Option<DateTime<Utc>>,

@@ -218,6 +218,15 @@ pub(crate) fn bound_error(error: &str, max: usize) -> String {
     format!("{}{marker}", &error[..end])
 }
 
+/// The message of a caught panic's payload (`&str` or `String`), or a placeholder.
+pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "non-string panic payload".to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

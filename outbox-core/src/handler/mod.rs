@@ -357,7 +357,12 @@ impl<H: Handler> ErasedHandler for Typed<H> {
     fn decodes(&self, payload: &str, version: u32) -> Result<(), String> {
         // An upcast (`From`) may panic: that is a failure to decode, not the caller's crash.
         std::panic::catch_unwind(|| <H::Event as Event>::decode_versioned(version, payload))
-            .map_err(|panic| format!("the upcast panicked: {}", panic_message(&*panic)))?
+            .map_err(|panic| {
+                format!(
+                    "the upcast panicked: {}",
+                    crate::diagnostics::panic_message(&*panic)
+                )
+            })?
             .map(drop)
             .map_err(|e| e.to_string())
     }
@@ -366,15 +371,6 @@ impl<H: Handler> ErasedHandler for Typed<H> {
             .map_err(|e| HandlerError::retry(e).not_dependency())?;
         self.0.handle(event, ctx).await
     }
-}
-
-/// What a caught panic said, for the error it becomes.
-pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
-    panic
-        .downcast_ref::<&str>()
-        .map(|s| (*s).to_string())
-        .or_else(|| panic.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "non-string panic payload".to_string())
 }
 
 pub(crate) fn erase<H: Handler>(h: H) -> Arc<dyn ErasedHandler> {

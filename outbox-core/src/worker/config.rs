@@ -96,7 +96,6 @@ impl Default for WorkerConfig {
             health_max_awaiting_version: Duration::from_secs(900),
             purge_retention: None,
             purge_interval: Duration::from_secs(600),
-            // Off until its failure count is reset by successes at once (see docs/outages.md).
             breaker: crate::breaker::Breaker::default(),
             control_poll: super::pauses::PAUSE_POLL,
         }

@@ -358,8 +358,10 @@ impl Worker {
                 }));
                 rt.shutdown_timeout(Duration::from_millis(100));
                 let _ = tx.send(
-                    ran.map_err(|panic| Error::WorkerPanicked(panic_message(&*panic)))
-                        .and_then(|r| r),
+                    ran.map_err(|panic| {
+                        Error::WorkerPanicked(crate::diagnostics::panic_message(&*panic))
+                    })
+                    .and_then(|r| r),
                 );
             })
             .map_err(|e| Error::Worker(format!("could not start the worker's thread: {e}")))?;
@@ -581,13 +583,4 @@ impl Worker {
 
 pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-/// The message of a panic payload (`&str` or `String`), or a placeholder.
-fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
-    panic
-        .downcast_ref::<&str>()
-        .map(|s| (*s).to_string())
-        .or_else(|| panic.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "non-string panic payload".to_string())
 }

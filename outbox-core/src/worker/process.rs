@@ -426,7 +426,7 @@ pub(super) async fn call_handler(
         Ok(Ok(result)) => result,
         Ok(Err(panic)) => Err(HandlerError::retry(format!(
             "handler panicked: {}",
-            crate::handler::panic_message(&*panic)
+            crate::diagnostics::panic_message(&*panic)
         ))
         .not_dependency()),
         Err(_) => Err(HandlerError::retry(format!(
